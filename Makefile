@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` and `make test` (README quick start).
+# The venv sees system site-packages, so a CUDA torch already installed on the machine is used
+# as it is; torch==$(TORCH_PIN) (the CPU wheel on this machine's disk) is installed only when no
+# torch can be imported at all.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= 2.13.0
+DEMO_DATA ?= demo_data
+NUM_GPUS ?= 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install demo test bench clean-demo
+
+$(VENV)/.installed: requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null && echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)') (kept)" \
+		|| $(PY) -m pip install -q torch==$(TORCH_PIN)
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+install: $(VENV)/.installed
+
+$(DEMO_DATA)/.complete: | $(VENV)/.installed
+	$(PY) tools/make_demo_dataset.py $(DEMO_DATA)
+
+demo: install $(DEMO_DATA)/.complete
+	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/e2v_tiny.yaml
+
+test: install
+	$(PY) -m pytest -q -x tests
+
+bench: install
+	$(PY) tools/bench.py
+
+clean-demo:
+	rm -rf $(DEMO_DATA) runs

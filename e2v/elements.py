@@ -1,0 +1,163 @@
+"""Sample discovery: which files make one training sample.
+
+A sample is an id that links a target video, its prompt and its element images. Sources:
+- `e2v`: a folder `ID.mp4 ID.txt ID<suffix>` (first suffix in an element's list that exists wins);
+- `csv`: columns `video`, `prompt`, optionally one column per element name (paths relative to the
+  CSV's folder, or to data_root);
+- `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e2v.config import Dataset, Element
+
+VIDEO_EXTS = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".npz")
+
+# Openers that captioning LLMs put before nearly every caption; they carry no information and
+# dominate the first text tokens. Removed when `remove_common_llm_caption_prefixes` is on.
+COMMON_LLM_CAPTION_PREFIXES = (
+    "The video shows",
+    "The video depicts",
+    "The video features",
+    "The video captures",
+    "The video showcases",
+    "This video shows",
+    "This video depicts",
+    "In this video,",
+    "In the video,",
+    "The clip shows",
+    "The footage shows",
+    "The scene shows",
+    "The image shows",
+)
+
+
+@dataclass
+class Sample:
+    id: str
+    video: Path
+    prompt: str
+    elements: dict[str, Path] = field(default_factory=dict)  # element name -> image path
+    dataset: int = 0  # index into data.datasets
+
+
+@dataclass
+class Problem:
+    sample: str
+    file: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.sample}: {self.file}: {self.problem} -> {self.fix}"
+
+
+def strip_caption_prefix(prompt: str) -> str:
+    text = prompt.strip()
+    for prefix in COMMON_LLM_CAPTION_PREFIXES:
+        if text.lower().startswith(prefix.lower()):
+            rest = text[len(prefix):].lstrip(" ,:")
+            return rest[:1].upper() + rest[1:] if rest else rest
+    return text
+
+
+def find_element(stem: Path, element: Element) -> Path | None:
+    """First existing `<stem><suffix>` in the element's suffix order."""
+    for suffix in element.suffixes:
+        p = stem.parent / f"{stem.name}{suffix}"
+        if p.exists():
+            return p
+    return None
+
+
+def _resolve(root: Path, p: str) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else root / path
+
+
+def _discover_folder(ds: Dataset, elements: list[Element]) -> tuple[list[Sample], list[Problem]]:
+    root = Path(ds.data_root)
+    # ids are video stems; element images share the stem plus a suffix, so skip files whose stem
+    # is an element stem (e.g. `001_mask.mp4` would never be a target).
+    videos = sorted(p for p in root.iterdir() if p.suffix.lower() in VIDEO_EXTS and p.is_file())
+    samples, problems = [], []
+    for video in videos:
+        stem = video.with_suffix("")
+        prompt_file = stem.with_suffix(".txt")
+        prompt = prompt_file.read_text().strip() if prompt_file.exists() else ""
+        found = {}
+        for el in elements:
+            p = find_element(stem, el)
+            if p is not None:
+                found[el.name] = p
+            elif el.required:
+                problems.append(Problem(
+                    video.stem, str(video), f"required element '{el.name}' missing",
+                    f"add one of {', '.join(video.stem + s for s in el.suffixes)}",
+                ))
+                break
+        else:
+            samples.append(Sample(video.stem, video, prompt, found))
+    return samples, problems
+
+
+def _rows_csv(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _rows_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e}); each line must be one object") from None
+    return rows
+
+
+def _discover_table(ds: Dataset, elements: list[Element]) -> tuple[list[Sample], list[Problem]]:
+    root = Path(ds.data_root)
+    meta = _resolve(root, ds.metadata_path)
+    if not meta.exists():
+        raise FileNotFoundError(f"data.datasets metadata_path {meta} does not exist")
+    rows = _rows_csv(meta) if ds.dataset_type == "csv" else _rows_jsonl(meta)
+    video_key = "video" if ds.dataset_type == "csv" else "path"
+    samples, problems = [], []
+    for i, row in enumerate(rows):
+        if video_key not in row or "prompt" not in row:
+            raise ValueError(f"{meta}: row {i + 1} needs '{video_key}' and 'prompt' (has {sorted(row)})")
+        video = _resolve(root, row[video_key])
+        sid = f"{i:06d}_{Path(row[video_key]).stem}"
+        found = {}
+        for el in elements:
+            value = row.get(el.name)
+            if value:
+                found[el.name] = _resolve(root, value)
+            elif el.required:
+                problems.append(Problem(sid, str(meta), f"required element '{el.name}' has no column value",
+                                        f"add a '{el.name}' column/field with the image path"))
+                break
+        else:
+            samples.append(Sample(sid, video, str(row["prompt"] or ""), found))
+    return samples, problems
+
+
+def discover(ds: Dataset, elements: list[Element], strip_prefixes: bool = False,
+             dataset_index: int = 0) -> tuple[list[Sample], list[Problem]]:
+    """All samples of one dataset, plus the problems that exclude a sample (reported, never silent)."""
+    if ds.dataset_type == "e2v":
+        samples, problems = _discover_folder(ds, elements)
+    else:
+        samples, problems = _discover_table(ds, elements)
+    for s in samples:
+        s.dataset = dataset_index
+        if strip_prefixes:
+            s.prompt = strip_caption_prefix(s.prompt)
+    return samples, problems

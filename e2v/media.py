@@ -1,0 +1,174 @@
+"""Pixels in: video decoding (decord), frame sampling, image loading, and the resize / crop / pad
+modes of both conditioning pathways, with A2's arithmetic to the pixel.
+
+Legend: F frames, H/W height/width, C=3 channels.  Tensors leaving this module are float32 in
+[-1, 1]: videos as video_CFHW (the per-sample slice of the diffusers [B,C,F,H,W] layout), images
+as image_CHW.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+RESAMPLE = {
+    "bicubic": Image.BICUBIC,
+    "bilinear": Image.BILINEAR,
+    "area": Image.BOX,
+    "nearest": Image.NEAREST,
+}
+
+
+class MediaError(RuntimeError):
+    """A file that cannot be used, with its path in the message."""
+
+
+# --- images ------------------------------------------------------------------------------------
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """RGB image; RGBA / LA / palette-with-transparency is composited on white first, because A2's
+    subjects are segmented and placed on white (A2_CONDITIONING.md)."""
+    try:
+        img = Image.open(path)
+        img.load()
+    except Exception as e:  # PIL raises many types; the user needs the path either way
+        raise MediaError(f"cannot read image {path}: {e}") from e
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def pad_white(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Pad with white, centred, to the target aspect ratio, then resize (A2's infer script).
+    The pad is `int(((H/W)*w - h)/2)` rows when the image is too wide, else `int(((W/H)*h - w)/2)`
+    columns; int() truncates, and we keep that so our tensors equal A2's to the pixel."""
+    return _pad(img, height, width, (255, 255, 255), resample)
+
+
+def letterbox(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Like pad_white with black bars."""
+    return _pad(img, height, width, (0, 0, 0), resample)
+
+
+def _pad(img: Image.Image, height: int, width: int, fill, resample) -> Image.Image:
+    w, h = img.size
+    arr = np.asarray(img)
+    if w / h > width / height:  # too wide: pad rows top and bottom
+        pad = int(((height / width) * w - h) / 2)
+        arr = np.pad(arr, ((pad, pad), (0, 0), (0, 0)), constant_values=0)
+        if pad:
+            arr[:pad] = fill
+            arr[-pad:] = fill
+    else:  # too tall: pad columns left and right
+        pad = int(((width / height) * h - w) / 2)
+        arr = np.pad(arr, ((0, 0), (pad, pad), (0, 0)), constant_values=0)
+        if pad:
+            arr[:, :pad] = fill
+            arr[:, -pad:] = fill
+    return Image.fromarray(arr).resize((width, height), resample)
+
+
+def center_crop(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Centre-crop to the target aspect, then resize (A2's background path): crop size
+    int(h/H*W) or int(w/W*H), offset (size difference)//2."""
+    w, h = img.size
+    if w / h > width / height:
+        cw = int(h / height * width)
+        left = (w - cw) // 2
+        img = img.crop((left, 0, left + cw, h))
+    else:
+        ch = int(w / width * height)
+        top = (h - ch) // 2
+        img = img.crop((0, top, w, top + ch))
+    return img.resize((width, height), resample)
+
+
+def resize(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    return img.resize((width, height), resample)
+
+
+PREPROCESS = {"pad_white": pad_white, "letterbox": letterbox, "center_crop": center_crop, "resize": resize}
+
+
+def preprocess_image(img: Image.Image, height: int, width: int, mode: str, reshape_mode: str = "bicubic") -> Image.Image:
+    return PREPROCESS[mode](img, height, width, RESAMPLE[reshape_mode])
+
+
+def image_to_tensor(img: Image.Image) -> torch.Tensor:
+    """PIL RGB -> image_CHW float32 in [-1, 1] (uint8 / 127.5 - 1, the diffusers VaeImageProcessor value)."""
+    arr = torch.from_numpy(np.array(img, dtype=np.uint8, copy=True)).permute(2, 0, 1)
+    return arr.float() / 127.5 - 1.0
+
+
+# --- video -------------------------------------------------------------------------------------
+
+
+def video_frame_count(path: str | Path) -> int:
+    return len(_reader(path))
+
+
+def _reader(path):
+    import decord  # imported here: the tiny tests that never touch video should not pay for it
+
+    try:
+        return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
+    except Exception as e:
+        raise MediaError(f"cannot decode video {path}: {e}") from e
+
+
+def frame_indices(available: int, num_frames: int, stride: int = 1, start: int = 0) -> list[int]:
+    """`num_frames` indices `stride` apart from `start`; fewer available is an error the caller
+    reports (the clip is too short for this frame count)."""
+    need = (num_frames - 1) * stride + 1
+    if start + need > available:
+        raise MediaError(f"needs {need} frames (num_frames {num_frames}, stride {stride}) but has {available}")
+    return list(range(start, start + need, stride))
+
+
+def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mode: str = "center_crop",
+                    reshape_mode: str = "bicubic") -> torch.Tensor:
+    """uint8 frames [F,H,W,3] -> video_CFHW in [-1, 1] at height x width."""
+    if frames_FHWC.dtype != np.uint8 or frames_FHWC.ndim != 4 or frames_FHWC.shape[-1] != 3:
+        raise MediaError(f"frames must be uint8 [F,H,W,3], got {frames_FHWC.dtype} {frames_FHWC.shape}")
+    fn = center_crop if resize_mode == "center_crop" else resize
+    if frames_FHWC.shape[1:3] != (height, width):
+        frames_FHWC = np.stack(
+            [np.asarray(fn(Image.fromarray(f), height, width, RESAMPLE[reshape_mode])) for f in frames_FHWC]
+        )
+    video_FHWC = torch.from_numpy(np.ascontiguousarray(frames_FHWC)).float() / 127.5 - 1.0
+    return video_FHWC.permute(3, 0, 1, 2).contiguous()
+
+
+def load_video(path: str | Path, num_frames: int, height: int, width: int, *, stride: int = 1,
+               resize_mode: str = "center_crop", reshape_mode: str = "bicubic") -> torch.Tensor:
+    """Decode `num_frames` frames (from the first, `stride` apart) -> video_CFHW in [-1, 1].
+    `.npz` files hold uint8 frames [F,H,W,3] under `frames` (the T2V seed format)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        try:
+            with np.load(path) as z:
+                frames = z["frames"]
+        except Exception as e:
+            raise MediaError(f"cannot read frames from {path}: {e} (expected uint8 [F,H,W,3] under 'frames')") from e
+        try:
+            idx = frame_indices(len(frames), num_frames, stride)
+        except MediaError as e:
+            raise MediaError(f"{path}: {e}") from None
+        return frames_to_video(frames[idx], height, width, resize_mode, reshape_mode)
+    vr = _reader(path)
+    try:
+        idx = frame_indices(len(vr), num_frames, stride)
+        frames = vr.get_batch(idx).asnumpy()
+    except MediaError as e:
+        raise MediaError(f"{path}: {e}") from None
+    except Exception as e:
+        raise MediaError(f"cannot decode frames of {path}: {e}") from e
+    return frames_to_video(frames, height, width, resize_mode, reshape_mode)

@@ -1,0 +1,93 @@
+import pytest
+
+from e2v.config import ConfigError, load_config
+
+BASE = {
+    "model": {"preset": "tiny"},
+    "data": {"datasets": [{"data_root": "."}], "num_frames": 17, "resolution": [64, 64],
+             "elements": [{"name": "person", "suffixes": ["_person.png"]}]},
+}
+
+
+def cfg(**over):
+    import copy
+
+    raw = copy.deepcopy(BASE)
+    for path, value in over.items():
+        node = raw
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return raw
+
+
+def test_defaults_load():
+    c = load_config(raw=cfg())
+    assert c.data.num_frames == 17 and c.data.resolution == [64, 64]
+    assert c.vae_elements[0].name == "person"
+
+
+def test_unknown_key_names_path_and_nearest():
+    with pytest.raises(ConfigError, match=r"unknown key 'train.learning_rat'.*did you mean 'lr'|unknown key 'train.learning_rat'"):
+        load_config(raw=cfg(train__learning_rat=1e-4))
+    with pytest.raises(ConfigError, match=r"unknown key 'train.max_step'; did you mean 'max_steps'"):
+        load_config(raw=cfg(train__max_step=10))
+
+
+def test_bad_frames_names_valid_counts():
+    with pytest.raises(ConfigError, match=r"data.num_frames=16.*4k\+1.*use 13 or 17"):
+        load_config(raw=cfg(data__num_frames=16))
+
+
+def test_resolution_not_multiple_of_16():
+    with pytest.raises(ConfigError, match=r"width 854 is not a multiple of 16.*848 and 864"):
+        load_config(raw=cfg(data__resolution=[480, 854]))
+    c = load_config(raw=cfg(data__resolution=[480, 854], data__resolution_policy="round"))
+    assert c.data.resolution == [480, 848]
+
+
+def test_wrong_type_and_literal():
+    with pytest.raises(ConfigError, match=r"train.max_steps: expected an integer"):
+        load_config(raw=cfg(train__max_steps="many"))
+    with pytest.raises(ConfigError, match=r"processors.vae.combine: 'befor' is not one of.*did you mean 'before'"):
+        load_config(raw=cfg(processors__vae={"combine": "befor"}))
+
+
+def test_missing_data_root():
+    with pytest.raises(ConfigError, match=r"data.datasets\[0\].data_root: /nonexistent/x does not exist"):
+        load_config(raw=cfg(data__datasets=[{"data_root": "/nonexistent/x"}]))
+    with pytest.raises(ConfigError, match=r"data.datasets\[0\].data_root is missing"):
+        load_config(raw=cfg(data__datasets=[{"dataset_type": "e2v"}]))
+
+
+def test_set_overrides_are_type_checked():
+    c = load_config(raw=cfg(), overrides=["train.lr=5e-5", "data.num_frames=33", "train.trainable=[patch_embedding]"])
+    assert c.train.lr == 5e-5 and c.data.num_frames == 33 and c.train.trainable == ["patch_embedding"]
+    with pytest.raises(ConfigError, match="train.micro_batch_size: expected an integer"):
+        load_config(raw=cfg(), overrides=["train.micro_batch_size=two"])
+    with pytest.raises(ConfigError, match="unknown key 'train.lrr'"):
+        load_config(raw=cfg(), overrides=["train.lrr=1"])
+
+
+def test_clip_false_removes_element_from_clip_stream():
+    raw = cfg()
+    raw["data"]["elements"].append({"name": "bg", "suffixes": ["_bg.png"], "clip": False,
+                                    "vae": {"repeat": 4, "position": 1}})
+    c = load_config(raw=raw)
+    assert [e.name for e in c.clip_elements] == ["person"]
+    assert [e.name for e in c.vae_elements] == ["person", "bg"]
+
+
+def test_resolved_config_round_trips(tmp_path):
+    from e2v.config import save_config
+
+    c = load_config(raw=cfg(train__lr=3e-4))
+    save_config(c, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == c
+
+
+def test_shipped_tiny_config_loads():
+    c = load_config("configs/e2v_tiny.yaml", check_paths=False)
+    assert c.model.preset == "tiny" and [e.vae.repeat for e in c.vae_elements] == [1, 4, 4]
