@@ -179,15 +179,7 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     cd = cfg.conditioning
     video_BCFHW = batch["video"]
     b, _, f, hh, ww = video_BCFHW.shape
-    h, w = hh // VAE_S, ww // VAE_S
-
-    kept_idx, ref_drop, cap_drop = [], [], []
-    for i in range(b):
-        n = len(batch["element_names"][i])
-        kept_idx.append(select_elements(n, pv.frame_conditioning, rng, pv.frame_index) if cfg.e2v_type != "none" else [])
-        ref_drop.append(train and cd.reference_dropout > 0 and rng.random() < cd.reference_dropout)
-        cap_drop.append(train and cd.caption_dropout > 0 and rng.random() < cd.caption_dropout)
-    kept = [[batch["element_names"][i][k] for k in idx] for i, idx in enumerate(kept_idx)]
+    kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
 
     # VAE condition, one encode for the whole batch (each sample's own layout).
     cond = None
@@ -207,12 +199,9 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
         if pv.combine == "before":
             cond_lat = encode_video(cond_video, parts.vae, sample_mode=pv.sample_mode, generator=generator)
         else:
-            cond_lat = _encode_after(batch, kept, parts.vae, f, pv.sample_mode, generator)
-        mask = condition_mask(ref_frames, f, h, w).to(cond_lat)
-        keep = torch.tensor([0.0 if (d or not kept[i]) else 1.0 for i, d in enumerate(ref_drop)]).view(b, 1, 1, 1, 1)
-        # dropped references: zero condition AND zero mask (A2's unconditional layout)
-        cond_lat, mask = cond_lat * keep, mask * keep
-        cond = torch.cat([mask, cond_lat], dim=1) if pv.concatenate_mask else cond_lat
+            cond_lat, ref_latent_frames = _encode_after(batch, kept, parts.vae, f, pv.sample_mode, generator)
+            ref_frames = after_ref_frames(ref_latent_frames)
+        cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
 
     # Target: the clip itself, or (prepend) the reference frames followed by the clip.
     target_video = video_BCFHW
@@ -223,6 +212,11 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
             rows.append(torch.cat([ref_videos[i][:, :, :n_ref], video_BCFHW[i:i + 1, :, : f - n_ref]], dim=2))
         target_video = torch.cat(rows)
     latents = encode_video(target_video, parts.vae, sample_mode=cd.target_sample_mode, generator=generator)
+    cond_channels = parts.transformer.config.in_channels - latents.shape[1]
+    if cond is None and cond_channels > 0:
+        # e2v_type clip on a model with condition channels (I2V base): they read "no reference",
+        # the zero condition and zero mask that reference dropout also gives.
+        cond = latents.new_zeros(b, cond_channels, *latents.shape[2:])
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
@@ -233,55 +227,107 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop)
 
 
-def _encode_after(batch, kept, vae, f, sample_mode, generator) -> torch.Tensor:
-    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
-    latents concatenated in time and zero-padded in latent space to T."""
-    t = (f - 1) // VAE_T + 1
+def draw_choices(element_names: list[list[str]], cfg, rng: random.Random,
+                 train: bool = True) -> tuple[list[list[str]], list[bool], list[bool]]:
+    """Per sample (present element names in position order): the kept element names, reference
+    dropout, caption dropout. cache.py calls this too, so a cached run consumes `rng` exactly as
+    an encoding run does."""
+    pv, cd = cfg.processors.vae, cfg.conditioning
+    kept, ref_drop, cap_drop = [], [], []
+    for names in element_names:
+        idx = select_elements(len(names), pv.frame_conditioning, rng, pv.frame_index) if cfg.e2v_type != "none" else []
+        kept.append([names[k] for k in idx])
+        ref_drop.append(train and cd.reference_dropout > 0 and rng.random() < cd.reference_dropout)
+        cap_drop.append(train and cd.caption_dropout > 0 and rng.random() < cd.caption_dropout)
+    return kept, ref_drop, cap_drop
+
+
+def finish_condition(cond_lat_BCTHW: torch.Tensor, ref_frames_B: list[int], kept: list[list[str]],
+                     ref_drop: list[bool], num_frames: int, concatenate_mask: bool) -> torch.Tensor:
+    """Condition latents -> cat([mask4, latents16]), with dropped (or absent) references as a zero
+    condition AND a zero mask (A2's unconditional layout)."""
+    b, _, _, h, w = cond_lat_BCTHW.shape
+    mask = condition_mask(ref_frames_B, num_frames, h, w).to(cond_lat_BCTHW)
+    keep = torch.tensor([0.0 if (d or not kept[i]) else 1.0 for i, d in enumerate(ref_drop)]).view(b, 1, 1, 1, 1)
+    cond_lat_BCTHW, mask = cond_lat_BCTHW * keep, mask * keep
+    return torch.cat([mask, cond_lat_BCTHW], dim=1) if concatenate_mask else cond_lat_BCTHW
+
+
+def after_ref_frames(ref_latent_frames_B: list[int]) -> list[int]:
+    """`combine: after`: the mask marks the latent frames that hold reference latents (the same as
+    `before` for repeats 1, 4, 4; without repeats each reference still takes one latent frame)."""
+    return [1 + VAE_T * (t - 1) if t else 0 for t in ref_latent_frames_B]
+
+
+def after_frames(repeat: int) -> int:
+    """`combine: after`: pixel frames one reference is encoded with (the VAE keeps 4k+1 frames)."""
+    return 1 + (repeat - 1) // VAE_T * VAE_T if repeat > 1 else 1
+
+
+def pad_after_latents(chunks: list[torch.Tensor], t: int, z: int, h: int, w: int) -> tuple[torch.Tensor, int]:
+    """One sample's per-reference latents [1,z,t_k,h,w] (position order) -> concatenated in time and
+    zero-padded to [1,z,T,h,w], plus how many latent frames hold references."""
+    lat = torch.cat(chunks, dim=2) if chunks else torch.zeros(1, z, 0, h, w)
+    if lat.shape[2] > t:
+        raise ValueError(f"combine: after gives {lat.shape[2]} latent frames, more than T={t}")
+    return torch.cat([lat, lat.new_zeros(1, z, t - lat.shape[2], h, w)], dim=2), lat.shape[2]
+
+
+def clip_names(kept: list[str], available, ref_dropped: bool, cfg) -> list[str]:
+    """The elements whose CLIP tokens a sample gets: kept, in the CLIP stream, references not dropped."""
+    return [k for k in kept if k in available] if (cfg.uses_clip and not ref_dropped) else []
+
+
+def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: int) -> torch.Tensor:
+    """Per sample [n_i, L, D] (n_i may be 0) -> [B, L*N_max, D], zero blocks after each sample's own."""
+    n_max = max(1, max(len(t) for t in tokens_per_sample))
     rows = []
+    for tokens in tokens_per_sample:
+        row = torch.zeros(n_max * n_tok, width)
+        if len(tokens):
+            row[: len(tokens) * n_tok] = tokens.reshape(-1, width)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Tensor, list[int]]:
+    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
+    latents concatenated in time and zero-padded in latent space to T. Returns the latents and,
+    per sample, how many latent frames hold references."""
+    t = (f - 1) // VAE_T + 1
+    rows, ref_latent_frames = [], []
     for i, names in enumerate(kept):
         chunks = []
         for k in names:
             if k not in batch["vae_refs"][i]:
                 continue
             n = batch["vae_repeats"][i][k]
-            frames = 1 + (n - 1) // VAE_T * VAE_T if n > 1 else 1  # the VAE keeps 4k+1 frames
+            frames = after_frames(n)
             ref = batch["vae_refs"][i][k].view(1, 3, 1, *batch["vae_refs"][i][k].shape[-2:])
             chunks.append(encode_video(ref.expand(-1, -1, frames, -1, -1), vae, sample_mode=sample_mode,
                                        generator=generator))
-        lat = torch.cat(chunks, dim=2) if chunks else None
-        if lat is None:
-            z = vae.config.z_dim
-            hh, ww = batch["video"].shape[-2:]
-            lat = batch["video"].new_zeros(1, z, 0, hh // VAE_S, ww // VAE_S)
-        if lat.shape[2] > t:
-            raise ValueError(f"combine: after gives {lat.shape[2]} latent frames, more than T={t}")
-        rows.append(torch.cat([lat, lat.new_zeros(1, lat.shape[1], t - lat.shape[2], *lat.shape[3:])], dim=2))
-    return torch.cat(rows)
+        hh, ww = batch["video"].shape[-2:]
+        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, hh // VAE_S, ww // VAE_S)
+        ref_latent_frames.append(n_lat)
+        rows.append(row)
+    return torch.cat(rows), ref_latent_frames
 
 
 def _encode_clip_batch(batch, kept, ref_drop, parts, cfg) -> torch.Tensor:
     """[B, L*N_max, D]: samples with fewer CLIP references are padded with zero tokens (the same
     tokens reference dropout uses), so one batch can mix element counts; a sample with none (or
-    e2v_type vae on an image-attention model) gets one zero block."""
-    per_sample, names_per_sample = [], []
-    flat = []
-    for i in range(len(kept)):
-        names = [k for k in kept[i] if k in batch["clip_refs"][i]] if not ref_drop[i] else []
-        if not cfg.uses_clip:
-            names = []
-        names_per_sample.append(names)
-        flat.extend(batch["clip_refs"][i][k] for k in names)
-    tokens = encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat else None
+    e2v_type vae on an image-attention model) gets one zero block.
+
+    Padding rather than grouping batches by element count: the sampler stays a plain resumable
+    shuffle, and a zero block is what the model already learns to read as "no reference" from
+    reference dropout. The cost: a padded sample's cross-attention also sees the zero blocks
+    (they are not masked; Wan's attention takes no image mask), a layout inference with fewer
+    references never shows. With micro_batch_size 1 (the 14B recipe) nothing is ever padded."""
+    names_per_sample = [clip_names(kept[i], batch["clip_refs"][i], ref_drop[i], cfg) for i in range(len(kept))]
+    flat = [batch["clip_refs"][i][k] for i, names in enumerate(names_per_sample) for k in names]
     n_tok, width = image_token_shape(parts)
-    n_max = max(1, max(len(n) for n in names_per_sample))
-    j = 0
-    for names in names_per_sample:
-        row = torch.zeros(n_max * n_tok, width)
-        if names:
-            row[: len(names) * n_tok] = tokens[j: j + len(names)].reshape(-1, width)
-            j += len(names)
-        per_sample.append(row)
-    return torch.stack(per_sample)
+    tokens = encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat else torch.zeros(0, n_tok, width)
+    return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width)
 
 
 def image_token_shape(parts) -> tuple[int, int]:

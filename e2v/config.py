@@ -67,9 +67,14 @@ class Data:
     video_resize: Literal["center_crop", "resize"] = "center_crop"  # how clips reach resolution
     frame_stride: int = 1  # take every n-th frame of the clip
     time_division_factor: int = 4  # frames are trimmed to k * factor + 1 (video regression seed)
+    # Per clip, the largest count of frame_buckets the clip supports (empty list: 17, 33, ... up to
+    # num_frames); off: every clip gives num_frames frames (too short = a bad sample).
     auto_frame_buckets: bool = False
     frame_buckets: list[int] = field(default_factory=list)  # allowed 4k+1 counts for auto buckets
-    resolution_buckets: list[list[int]] = field(default_factory=list)  # [[H, W], ...] by aspect
+    resolution_buckets: list[list[int]] = field(default_factory=list)  # [[H, W], ...]: nearest aspect wins
+    # A bucket with fewer samples than micro_batch_size x world size: error (named at start),
+    # repeat (its samples repeat within a step) or drop (its samples leave training, listed).
+    small_bucket: Literal["error", "repeat", "drop"] = "error"
     remove_common_llm_caption_prefixes: bool = False
     num_workers: int = 0
     prefetch_factor: int = 2
@@ -161,19 +166,27 @@ class Train:
     checkpoint_every_minutes: float = 0.0
     keep_last: int = 3
     log_every: int = 1
-    skip_nonfinite: bool = False
+    skip_nonfinite: bool = False  # skip (and count) a micro-batch whose loss, or a step whose grad norm, is inf/nan
+    # Offload the activations saved for backward to CPU RAM (torch.autograd.graph.save_on_cpu):
+    # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
+    # 480p x 81 frames (tools/estimate_memory.py). CUDA only; on a CPU-only machine a no-op.
+    activation_offload: bool = False
 
 
 @dataclass
 class DeepSpeed:
     config: str = "ds_configs/zero2.json"
-    torch_adam: bool = False  # exact resume (DeepSpeed's C++ Adam drifts ~1e-4 after a load)
+    # true: torch.optim.AdamW, bit-exact resume. false: DeepSpeed's C++ Adam (DeepSpeedCPUAdam with
+    # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
+    # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
+    torch_adam: Optional[bool] = None
 
 
 @dataclass
 class Cache:
     enabled: bool = False
-    dir: Optional[str] = None  # default <data_root>/.e2v_cache
+    dir: Optional[str] = None  # default <data_root>/.e2v_cache (one sub-folder per dataset)
+    dtype: Literal["fp32", "bf16"] = "fp32"  # stored tensors; bf16 halves the disk, fp32 is exact
 
 
 @dataclass
@@ -184,14 +197,17 @@ class ValidationSet:
 
 @dataclass
 class Validation:
-    every_n_steps: int = 0  # 0: off
+    every_n_steps: int = 0  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
+    # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
+    # most at high noise (DESIGN.md "The demo must be able to show reference use").
     sigmas: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])
-    num_samples: int = 4  # held-out samples used for validation loss and reference gaps
-    seed: int = 1234
+    num_samples: int = 4  # sample ids held out of training (when every_n_steps > 0), validated on
+    seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
     sets: list[ValidationSet] = field(default_factory=list)  # generate videos from these
+    num_videos: int = 1  # without sets: generate from the first n held-out samples' references
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
-    sample_shift: float = 8.0
+    sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
     negative_prompt: str = ""
 
 
@@ -199,8 +215,14 @@ class Validation:
 class VisProcessor:
     type: Literal["latent_save", "vae_decode"]
     data: list[str] = field(default_factory=lambda: ["input_latents", "predicted_latents"])
-    format: str = "pt"
-    frames: list[int] = field(default_factory=lambda: [0, -1])
+    format: str = "pt"  # latent_save: pt | safetensors; vae_decode: png
+    frames: list[int] = field(default_factory=lambda: [0, -1])  # vae_decode: frames written as PNG
+    video: bool = False  # vae_decode: also an mp4 per sample
+
+
+# Visualization data names (SEED_FORMATS.md section 1); e2v/viz.py documents each tensor.
+VIS_DATA = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents", "reference_images")
+VIS_FORMATS = {"latent_save": ("pt", "safetensors"), "vae_decode": ("png",)}
 
 
 @dataclass
@@ -209,6 +231,7 @@ class Visualization:
     output_dir: str = "visualizations"  # relative to the run folder; may contain {run_id}
     frequency: int = 100
     processors: list[VisProcessor] = field(default_factory=list)
+    sheet_frames: list[int] = field(default_factory=lambda: [0, -1])  # contact sheet: target | prediction frames
 
 
 @dataclass
@@ -290,6 +313,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(errors[-1] if len(errors) == 1 else f"{path}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if isinstance(value, bool):  # YAML 1.1 reads `no`/`off`/`yes`/`on` as booleans
+            spelled = [a for a in (("no", "off", "false") if not value else ("yes", "on", "true")) if a in allowed]
+            value = spelled[0] if spelled else value
         if value not in allowed:
             near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
@@ -388,6 +414,56 @@ def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
         node[keys[-1]] = value
 
 
+# The video-regression seed's top-level keys (SEED_FORMATS.md section 6) and where they live here.
+# dataset_base_path / metadata_path / height / width are mapped by hand below.
+SEED_REGRESSION_KEYS = {
+    "num_frames": "data.num_frames",
+    "time_division_factor": "data.time_division_factor",
+    "batch_size": "train.micro_batch_size",
+    "lr": "train.lr",
+    "max_steps": "train.max_steps",
+    "save_interval": "train.checkpoint_every",
+    "denoising_step_list": "flow.denoising_step_list",
+}
+_SEED_REGRESSION_DATA_KEYS = ("dataset_base_path", "metadata_path", "height", "width")
+
+
+def map_seed_regression(raw: dict) -> tuple[dict, list[str]]:
+    """A YAML written with the regression seed's top-level keys -> our schema, plus one note per key.
+    The seed trains plain T2V (e2v_type: none) with the x0 objective at its denoising_step_list
+    (flow.objective: x0), unless the file sets them. Its metadata_path is read as the seed's
+    scripts read it, relative to the working directory."""
+    seed = {k: raw.pop(k) for k in list(raw) if k in SEED_REGRESSION_KEYS or k in _SEED_REGRESSION_DATA_KEYS}
+    if not seed:
+        return raw, []
+    notes = []
+
+    def put(section: str, name: str, value: Any, key: str) -> None:
+        node = raw.setdefault(section, {})
+        if name in node:
+            raise ConfigError(f"seed key '{key}' and {section}.{name} are both set: keep one")
+        node[name] = value
+        notes.append(f"seed key '{key}' -> {section}.{name} = {value!r}")
+
+    if "dataset_base_path" in seed or "metadata_path" in seed:
+        ds = {"data_root": seed.pop("dataset_base_path", ""), "dataset_type": "csv"}
+        if "metadata_path" in seed:
+            ds["metadata_path"] = str(Path(seed.pop("metadata_path")).absolute())
+        put("data", "datasets", [ds], "dataset_base_path/metadata_path")
+    if "height" in seed or "width" in seed:
+        h, w = Data().resolution
+        put("data", "resolution", [seed.pop("height", h), seed.pop("width", w)], "height/width")
+    for key, value in seed.items():
+        put(*SEED_REGRESSION_KEYS[key].split("."), value, key)
+    if "denoising_step_list" in seed and "objective" not in raw["flow"]:
+        raw["flow"]["objective"] = "x0"
+        notes.append("seed regression config: flow.objective = x0 (loss on the clean-latent estimate)")
+    if "e2v_type" not in raw:
+        raw["e2v_type"] = "none"
+        notes.append("seed regression config: e2v_type = none (plain T2V, no elements)")
+    return raw, notes
+
+
 def load_raw(path: str | Path) -> dict:
     """Read a YAML config, or a seed JSON dataset config mapped onto the YAML schema."""
     path = Path(path)
@@ -395,15 +471,20 @@ def load_raw(path: str | Path) -> dict:
         raise ConfigError(f"config file {path} does not exist")
     text = path.read_text()
     if path.suffix == ".json":
-        from e2v.legacy import map_seed_json  # seed formats: SEED_FORMATS.md sections 1-2
-
-        raw, notes = map_seed_json(json.loads(text), source=str(path))
+        try:
+            seed = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        raw, notes = map_seed_json(seed, source=str(path))
         for note in notes:
             print(f"[e2v config] {note}")
         return raw
     raw = yaml.safe_load(text) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    raw, notes = map_seed_regression(raw)
+    for note in notes:
+        print(f"[e2v config] {note}")
     return raw
 
 
@@ -516,12 +597,72 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
     for ts in cfg.flow.denoising_step_list:
         if not 0 < ts <= 1000:
             raise ConfigError(f"flow.denoising_step_list: {ts} must be a timestep in (0, 1000]")
+    _validate_validation(cfg)
+    _validate_buckets_and_cache(cfg)
     ds_path = resolve_repo_path(cfg.deepspeed.config)
     if not ds_path.exists():
         raise ConfigError(
             f"deepspeed.config: {cfg.deepspeed.config} not found; shipped: "
             f"{', '.join(sorted(p.name for p in (REPO_ROOT / 'ds_configs').glob('*.json')))}"
         )
+
+
+def _validate_buckets_and_cache(cfg: Config) -> None:
+    """Frame buckets must hold the references; the cache must be able to hold what a step needs."""
+    d, pv = cfg.data, cfg.processors.vae
+    ref_frames = sum(e.vae.repeat for e in d.elements if e.vae is not None)
+    if cfg.uses_vae_condition and d.auto_frame_buckets:
+        short = [fb for fb in d.frame_buckets if fb < ref_frames]
+        if short:
+            raise ConfigError(f"data.frame_buckets {short}: shorter than the {ref_frames} condition frames the "
+                              "elements take (sum of vae.repeat); remove them")
+    for i, ds in enumerate(d.datasets):
+        if ds.weight <= 0:
+            raise ConfigError(f"data.datasets[{i}].weight={ds.weight} must be > 0 (remove the dataset instead)")
+    if not cfg.cache.enabled:
+        return
+    if cfg.uses_vae_condition and pv.combine == "before" and pv.frame_conditioning in ("prefix", "random"):
+        raise ConfigError(
+            f"cache.enabled with processors.vae.frame_conditioning: {pv.frame_conditioning} and combine: before: "
+            "the condition video depends on a random element choice each step, so one cached encode cannot "
+            "hold it. Use combine: after (each element cached on its own), frame_conditioning full / index / "
+            "first_and_last, or cache.enabled: false")
+    if cfg.conditioning.target_layout == "prepend":
+        raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
+                          "references chosen each step; use target_layout: overlay or cache.enabled: false")
+    if cfg.validation.every_n_steps > 0 or cfg.visualization.enabled:
+        raise ConfigError("cache.enabled: training from the cache loads no VAE, text encoder or CLIP, which "
+                          "validation and visualization need: set validation.every_n_steps: 0 and "
+                          "visualization.enabled: false (or cache.enabled: false)")
+
+
+def _validate_validation(cfg: Config) -> None:
+    """validation: and visualization: keys."""
+    v, vis = cfg.validation, cfg.visualization
+    if v.every_n_steps < 0 or v.num_samples < 0 or v.num_videos < 0 or v.num_inference_steps < 1:
+        raise ConfigError("validation.every_n_steps, num_samples, num_videos must be >= 0 and "
+                          "validation.num_inference_steps >= 1")
+    if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples < 2:
+        raise ConfigError("validation.num_samples must be >= 2: the shuffled-reference gap swaps references "
+                          "between held-out samples")
+    for s in v.sigmas:
+        if not 0 < s < 1:
+            raise ConfigError(f"validation.sigmas: {s} must be within (0, 1)")
+    names = {e.name for e in cfg.data.elements}
+    for i, st in enumerate(v.sets):
+        unknown = sorted(set(st.elements) - names)
+        if unknown:
+            raise ConfigError(f"validation.sets[{i}].elements: unknown element(s) {unknown}; "
+                              f"data.elements names are {sorted(names)}")
+    if vis.frequency < 1:
+        raise ConfigError(f"visualization.frequency={vis.frequency} must be >= 1")
+    for i, p in enumerate(vis.processors):
+        bad = [d for d in p.data if d not in VIS_DATA]
+        if bad:
+            raise ConfigError(f"visualization.processors[{i}].data: unknown {bad}; valid: {', '.join(VIS_DATA)}")
+        if p.format not in VIS_FORMATS[p.type]:
+            raise ConfigError(f"visualization.processors[{i}].format: {p.format!r} is not valid for {p.type}; "
+                              f"use {' or '.join(VIS_FORMATS[p.type])}")
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -544,11 +685,11 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
 
     The LR schedule is not DeepSpeed's (its WarmupLR forbids 0 warmup steps and starts at lr 0);
     train_e2v.py passes a torch LambdaLR, which DeepSpeed checkpoints with the engine.
-    DeepSpeed's fused Adam is a CUDA/C++ op that JIT-compiles for ~45 s on CPU; without CUDA we use
-    torch's AdamW (it also resumes bit-exactly)."""
+    DeepSpeed's Adam is a C++ op that JIT-compiles for ~45 s on CPU; without CUDA (and unless
+    deepspeed.torch_adam is false) we use torch's AdamW, which also resumes bit-exactly."""
     ds = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())
     t = cfg.train
-    torch_adam = cfg.deepspeed.torch_adam or not cuda
+    torch_adam = (not cuda) if cfg.deepspeed.torch_adam is None else cfg.deepspeed.torch_adam
     auto = {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
@@ -558,6 +699,7 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
         "eps": t.eps,
         "weight_decay": t.weight_decay,
         "torch_adam": torch_adam,
+        "pin_memory": cuda,  # offload_*.pin_memory: page-locked buffers exist only with CUDA
     }
 
     def fill(node, key=None):
@@ -574,3 +716,199 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
     ds = fill(ds)
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
     return ds
+
+
+# ---------------------------------------------------------------------------------------------
+# seed formats (SEED_FORMATS.md): the JSON dataset configs and the finetrainers-style flags
+# users already have, mapped onto the YAML schema with a printed note of every mapping
+# ---------------------------------------------------------------------------------------------
+
+# The seed JSON is a dataset config only (finetrainers took the model and the optimiser from its
+# command line), so model / lora / flow / train / deepspeed come from this YAML: the A2 recipe.
+SEED_BASE_CONFIG = "configs/e2v.yaml"
+
+# JSON dataset key -> dotted YAML path ("datasets.N" is this dataset's entry in data.datasets).
+SEED_DATASET_KEYS = {
+    "data_root": "datasets.N.data_root",
+    "dataset_type": "datasets.N.dataset_type",
+    "metadata_path": "datasets.N.metadata_path",
+    "target_resolution": "data.resolution",
+    "auto_frame_buckets": "data.auto_frame_buckets",
+    "reshape_mode": "data.reshape_mode",
+    "remove_common_llm_caption_prefixes": "data.remove_common_llm_caption_prefixes",
+    "num_frames": "data.num_frames",
+    "elements": "data.elements",
+    "processors": "processors",
+    "visualization": "visualization",
+    "clip_resolution": "processors.clip.resolution",  # flat style
+    "vae_combine": "processors.vae.combine",  # flat style
+}
+# Flat-style element keys -> nested element keys.
+SEED_FLAT_ELEMENT_KEYS = {
+    "vae_repeat": ("vae", "repeat"),
+    "position": ("vae", "position"),
+    "vae_preprocess": ("vae", "preprocess"),
+    "clip_process": ("clip", "preprocess"),
+}
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    node = raw
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def _seed_element(el: Any, where: str, notes: list[str]) -> dict:
+    """One element, nested or flat style -> our element mapping (unknown keys fail later, in _build,
+    with the element's path)."""
+    if not isinstance(el, dict):
+        raise ConfigError(f"{where}: expected an element mapping, got {el!r}")
+    out = {k: v for k, v in el.items() if k not in SEED_FLAT_ELEMENT_KEYS}
+    for key, (section, field_name) in SEED_FLAT_ELEMENT_KEYS.items():
+        if key in el:
+            sub = out.setdefault(section, {})
+            if sub is False or not isinstance(sub, dict):
+                raise ConfigError(f"{where}: '{key}' given but '{section}' is {sub!r}")
+            sub[field_name] = el[key]
+            notes.append(f"{where}.{key} -> data.elements[].{section}.{field_name}")
+    return out
+
+
+def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
+    """A seed E2V dataset JSON (SEED_FORMATS.md sections 1-2, nested or flat element style) ->
+    (raw YAML mapping, notes). Keys we have no place for fail here, naming the JSON path."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("datasets"), list) or not raw["datasets"]:
+        raise ConfigError(f"{source}: a seed JSON config needs a non-empty \"datasets\" list (SEED_FORMATS.md)")
+    extra_top = sorted(set(raw) - {"datasets"})
+    if extra_top:
+        raise ConfigError(f"{source}: unknown top-level key(s) {extra_top}; a seed JSON holds only \"datasets\"")
+    base_path = REPO_ROOT / SEED_BASE_CONFIG
+    out = yaml.safe_load(base_path.read_text())
+    out["data"]["datasets"] = []
+    notes = [f"{source}: seed JSON dataset config; model, lora, flow, train and deepspeed come from "
+             f"{SEED_BASE_CONFIG} (the A2 recipe): change them with --set"]
+    shared: dict[str, tuple[Any, int]] = {}  # YAML path -> (value, dataset that set it)
+    for i, ds in enumerate(raw["datasets"]):
+        where = f"{source}: datasets[{i}]"
+        if not isinstance(ds, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {ds!r}")
+        entry: dict = {}
+        for key, value in ds.items():
+            if key not in SEED_DATASET_KEYS:
+                near = difflib.get_close_matches(key, list(SEED_DATASET_KEYS), n=1, cutoff=0.5)
+                hint = f"; did you mean '{near[0]}'?" if near else f"; known keys: {', '.join(SEED_DATASET_KEYS)}"
+                raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+            dotted = SEED_DATASET_KEYS[key]
+            if key == "elements":
+                if not isinstance(value, list):
+                    raise ConfigError(f"{where}.elements: expected a list of elements")
+                value = [_seed_element(el, f"{where}.elements[{j}]", notes) for j, el in enumerate(value)]
+            if dotted.startswith("datasets.N."):
+                entry[dotted.split(".")[-1]] = value
+                continue
+            if dotted in shared and shared[dotted][0] != value:
+                raise ConfigError(
+                    f"{where}.{key} differs from datasets[{shared[dotted][1]}].{key}: our schema has one "
+                    f"{dotted} for all datasets; write one config per element layout")
+            shared.setdefault(dotted, (value, i))
+        out["data"]["datasets"].append(entry)
+        notes.append(f"{where} -> data.datasets[{i}] ({', '.join(f'{k}={v!r}' for k, v in entry.items())})")
+    for dotted, (value, _) in shared.items():
+        if dotted == "processors":  # merge: a flat-style clip_resolution may sit beside it
+            for section, body in (value or {}).items():
+                if not isinstance(body, dict):
+                    raise ConfigError(f"{source}: processors.{section}: expected a mapping")
+                for k, v in body.items():
+                    _set_dotted(out, f"processors.{section}.{k}", v)
+        elif dotted == "visualization":
+            out["visualization"] = value
+        else:
+            _set_dotted(out, dotted, value)
+        notes.append(f"{source}: {next(k for k, d in SEED_DATASET_KEYS.items() if d == dotted)} -> {dotted}")
+    pv = out.get("processors", {}).get("vae", {})
+    if pv.get("resolution") is not None and pv["resolution"] == out["data"].get("resolution"):
+        del pv["resolution"]  # implied by data.resolution; keeping it would block resolution_policy: round
+        notes.append(f"{source}: processors.vae.resolution equals target_resolution -> dropped (the condition "
+                     "video always has the target's size)")
+    return out, notes
+
+
+# Old finetrainers flags (SEED_FORMATS.md section 3) -> the --set they mean. A value of None in the
+# template means "a switch without a value".
+SEED_FLAGS = {
+    "--model_name": "model.pretrained={}",
+    "--pretrained_model_name_or_path": "model.pretrained={}",
+    "--training_type": "model.training_type={}",
+    "--output_dir": "output_dir={}",
+    "--e2v_type": "e2v_type={}",
+    "--frame_conditioning_type": "processors.vae.frame_conditioning={}",
+    "--frame_conditioning_index": "processors.vae.frame_index={}",
+    "--frame_conditioning_concatenate_mask": "processors.vae.concatenate_mask=true",
+    "--mixed_precision": "train.mixed_precision={}",
+    "--rank": "lora.rank={}",
+    "--lora_alpha": "lora.alpha={}",
+    "--target_modules": "lora.target_modules=[{}]",
+    "--lr": "train.lr={}",
+    "--learning_rate": "train.lr={}",
+    "--train_steps": "train.max_steps={}",
+    "--max_train_steps": "train.max_steps={}",
+    "--batch_size": "train.micro_batch_size={}",
+    "--train_batch_size": "train.micro_batch_size={}",
+    "--gradient_accumulation_steps": "train.gradient_accumulation_steps={}",
+    "--gradient_checkpointing": "train.gradient_checkpointing=true",
+    "--checkpointing_steps": "train.checkpoint_every={}",
+    "--lr_warmup_steps": "train.warmup_steps={}",
+    "--max_grad_norm": "train.grad_clip={}",
+    "--seed": "seed={}",
+    "--flow_shift": "flow.shift={}",
+}
+SEED_FLAG_VALUES = {  # finetrainers spellings whose value differs in our schema
+    "--training_type": {"e2v-lora": "lora", "lora": "lora", "e2v-full": "full", "full-finetune": "full"},
+    "--mixed_precision": {"bf16": "bf16", "no": "'no'", "fp32": "'no'"},
+}
+
+
+def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]]:
+    """Old command-line flags -> (config path from --dataset_configs, --set overrides, notes).
+    A flag we cannot map fails with the nearest equivalent spelled out."""
+    config, sets, notes = None, [], []
+    i = 0
+    while i < len(argv):
+        flag, value = argv[i], None
+        start = i
+        if "=" in flag:
+            flag, value = flag.split("=", 1)
+        template = SEED_FLAGS.get(flag)
+        takes_value = template is not None and "{}" in template
+        if flag == "--dataset_configs":
+            takes_value = True
+        if takes_value and value is None:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ConfigError(f"{flag} needs a value")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if flag == "--dataset_configs":
+            config = value
+            notes.append(f"{flag} {value} -> --config {value}")
+            continue
+        if template is None:
+            near = difflib.get_close_matches(flag, list(SEED_FLAGS) + ["--dataset_configs", "--config", "--set"], n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"unknown flag {flag}{hint}: pass settings as --set section.key=value "
+                              "(every key is listed in configs/e2v.yaml)")
+        if flag in SEED_FLAG_VALUES:
+            allowed = SEED_FLAG_VALUES[flag]
+            if value not in allowed:
+                raise ConfigError(f"{flag} {value}: no equivalent; use one of {', '.join(allowed)}")
+            value = allowed[value]
+        s = template.format(value) if takes_value else template
+        sets.append(s)
+        notes.append(f"{' '.join(argv[start:i])} -> --set {s}")
+        if template == "model.pretrained={}" and "T2V" in value:
+            # finetrainers expanded a T2V base for e2v implicitly; our config says so explicitly
+            sets.append("model.base=t2v")
+            notes.append(f"{flag} {value} is a text-to-video model -> --set model.base=t2v")
+    return config, sets, notes

@@ -8,8 +8,10 @@ names a hub id.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,8 +22,27 @@ from e2v.config import Config
 # LoRA targets that wrap exactly the attention and FFN layers of every Wan block (FACTS.md).
 ALL_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj", "ffn.net.0.proj", "ffn.net.2"]
 
-# Modules a T2V base gains when expanded for elements; they start neutral and train in full.
-EXPANSION_MODULES = [r"patch_embedding", r"\.add_k_proj", r"\.add_v_proj", r"\.norm_added_k", r"image_embedder"]
+# Modules a T2V base gains when expanded for elements, per pathway; they start neutral and train
+# in full. `vae` widens the patch embedding (condition channels), `clip` adds image cross-attention.
+EXPANSION_MODULES = {
+    "vae": [r"^patch_embedding\."],
+    "clip": [r"\.add_k_proj\.", r"\.add_v_proj\.", r"\.norm_added_k\.", r"^condition_embedder\.image_embedder\."],
+}
+
+# Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script, FACTS.md),
+# so `--dry_run` builds a hub-id model on the meta device without downloading its config.
+_WAN_COMMON = dict(patch_size=[1, 2, 2], attention_head_dim=128, out_channels=16, text_dim=4096, freq_dim=256,
+                   cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+_WAN_14B = dict(num_attention_heads=40, num_layers=40, ffn_dim=13824)
+_WAN_I2V = dict(in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+KNOWN_WAN_CONFIGS = {
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": {**_WAN_COMMON, "num_attention_heads": 12, "num_layers": 30,
+                                         "ffn_dim": 8960, "in_channels": 16},
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 16},
+    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
+    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
+}
+CLIP_VIT_H = (257, 1280)  # tokens per reference, width: the CLIP ViT-H/14 of Wan's I2V models
 
 # Words the tiny tokenizer knows (demo prompts and test sentences); anything else is <unk>.
 _TINY_VOCAB_TEXT = """
@@ -131,10 +152,14 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
     parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype).to(device)
     if cfg.uses_clip:
         clip_path = cfg.model.image_encoder or path
-        sub = None if cfg.model.image_encoder else "image_encoder"
-        parts.image_encoder = CLIPVisionModel.from_pretrained(clip_path, subfolder=sub, torch_dtype=torch.float32).to(device)
+        # A diffusers I2V pipeline (a local folder with image_encoder/, or a Wan *-Diffusers hub id)
+        # keeps CLIP in subfolders; a plain CLIP folder has it at the top.
+        local = Path(clip_path)
+        in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
+        parts.image_encoder = CLIPVisionModel.from_pretrained(
+            clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32).to(device)
         parts.image_processor = CLIPImageProcessor.from_pretrained(
-            clip_path, subfolder=None if cfg.model.image_encoder else "image_processor")
+            clip_path, subfolder="image_processor" if in_pipeline else None)
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):
         if m is not None:
             m.requires_grad_(False).eval()
@@ -149,19 +174,16 @@ def load_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu") -> 
     else:
         parts = load_pretrained_parts(cfg, with_encoders, device)
     if needs_expansion(parts.transformer, cfg):
-        parts.transformer = expand_for_elements(
-            parts.transformer,
-            in_channels=36 if cfg.processors.vae.concatenate_mask else 32,
-            image_dim=clip_width(parts, cfg),
-            seed=cfg.model.tiny_seed,
-        )
+        in_channels, image_dim = expansion_shape(cfg, clip_width(parts, cfg))
+        parts.transformer = expand_for_elements(parts.transformer, in_channels=in_channels, image_dim=image_dim,
+                                                seed=cfg.model.tiny_seed)
     return parts
 
 
 def clip_width(parts: Parts, cfg: Config) -> int:
     if parts.image_encoder is not None:
         return parts.image_encoder.config.hidden_size
-    return 32 if cfg.model.preset == "tiny" else 1280  # CLIP ViT-H/14
+    return 32 if cfg.model.preset == "tiny" else CLIP_VIT_H[1]
 
 
 def is_expanded(cfg: Config) -> bool:
@@ -170,53 +192,156 @@ def is_expanded(cfg: Config) -> bool:
 
 
 def needs_expansion(transformer: WanTransformer3DModel, cfg: Config) -> bool:
-    """A 16-channel T2V transformer asked to take element conditions."""
-    return transformer.config.in_channels == 16 and cfg.e2v_type != "none"
+    """A 16-channel T2V transformer asked to take element conditions. The base is stated in the
+    config (model.base), never guessed, so what trains in full is known before any weight loads."""
+    t2v = transformer.config.in_channels == 16 and transformer.config.added_kv_proj_dim is None
+    if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":
+        raise ValueError(f"model: {cfg.model.pretrained or cfg.model.preset} is a text-to-video transformer "
+                         f"(16 input channels, no image attention): set model.base: t2v to expand it for "
+                         f"e2v_type {cfg.e2v_type}, or e2v_type: none for plain text-to-video")
+    if not t2v and cfg.model.base == "t2v":
+        raise ValueError(f"model.base: t2v, but {cfg.model.pretrained or cfg.model.preset} already has "
+                         f"{transformer.config.in_channels} input channels / image attention: set model.base: i2v")
+    return t2v and cfg.e2v_type != "none"
+
+
+def expansion_shape(cfg: Config, image_width: int) -> tuple[int, int | None]:
+    """(input channels, image width or None) a T2V base is expanded to, per e2v_type: the VAE
+    pathway adds 20 channels (16 without the mask), the CLIP pathway adds image cross-attention."""
+    cond = (20 if cfg.processors.vae.concatenate_mask else 16) if cfg.uses_vae_condition else 0
+    return 16 + cond, image_width if cfg.uses_clip else None
 
 
 # --- T2V -> E2V expansion ----------------------------------------------------------------------
 
 
-def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int = 1280,
+def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int | None = 1280,
                         seed: int = 0) -> WanTransformer3DModel:
-    """Widen the patch embedding from 16 to `in_channels` and add image cross-attention, such that
-    the output is unchanged at step 0 (FACTS.md): the new input channels are zero, `add_v_proj` is
-    zero (weight and bias), so the image branch adds exactly 0; `add_k_proj`, `norm_added_k` and
-    the image embedder start at their default init so gradients reach them from step 1.
+    """Widen the patch embedding from 16 to `in_channels` and (image_dim not None) add image
+    cross-attention, such that the output is unchanged at step 0 (FACTS.md): the new input
+    channels are zero, `add_v_proj` is zero (weight and bias), so the image branch adds exactly 0;
+    `add_k_proj`, `norm_added_k` and the image embedder start at their default init so gradients
+    reach them from step 1. `to_out` stays as it is: the text path shares it.
     The model is rebuilt from its config (meta device, then weights assigned), so save_pretrained
-    and from_pretrained see a consistent config."""
+    and from_pretrained see a consistent config. A meta-device input gives a meta-device model
+    (the --dry_run plan)."""
     c = dict(t2v.config)
     inner = c["num_attention_heads"] * c["attention_head_dim"]
     new_cfg = {k: v for k, v in c.items() if not k.startswith("_")}
-    new_cfg.update(in_channels=in_channels, image_dim=image_dim, added_kv_proj_dim=inner)
+    new_cfg.update(in_channels=in_channels)
+    if image_dim is not None:
+        new_cfg.update(image_dim=image_dim, added_kv_proj_dim=inner)
     with torch.device("meta"):
         model = WanTransformer3DModel.from_config(new_cfg)
     old_sd = t2v.state_dict()
     patch_w = old_sd.pop("patch_embedding.weight")
     model.load_state_dict(old_sd, strict=False, assign=True)
+    for name, buf in t2v.named_buffers():  # non-persistent buffers (the rope tables) are not in state_dict
+        module, _, short = name.rpartition(".")
+        if name not in old_sd and short in model.get_submodule(module)._buffers:
+            model.get_submodule(module)._buffers[short] = buf
 
     ctx = _seeded(seed + 1)
     try:
         # Materialise every module that still has meta tensors, with its own default init.
         for module in model.modules():
             own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+            if module is model.patch_embedding or patch_w.is_meta:
+                continue  # its bias is loaded, its weight is built below
             if any(t.is_meta for t in own):
                 module.to_empty(device=patch_w.device, recurse=False)
                 if hasattr(module, "reset_parameters"):
                     module.reset_parameters()
+                module.to(dtype=patch_w.dtype)  # the new modules take the base's dtype
         with torch.no_grad():
-            w = torch.zeros(patch_w.shape[0], in_channels, *patch_w.shape[2:], dtype=patch_w.dtype)
+            w = torch.zeros(patch_w.shape[0], in_channels, *patch_w.shape[2:], dtype=patch_w.dtype,
+                            device=patch_w.device)
             w[:, : patch_w.shape[1]] = patch_w
             model.patch_embedding.weight = torch.nn.Parameter(w)
-            for block in model.blocks:
-                block.attn2.add_v_proj.weight.zero_()
-                block.attn2.add_v_proj.bias.zero_()
+            if image_dim is not None and not patch_w.is_meta:
+                for block in model.blocks:
+                    block.attn2.add_v_proj.weight.zero_()
+                    block.attn2.add_v_proj.bias.zero_()
     finally:
         ctx.__exit__(None, None, None)
     bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
-    if bad:
+    if bad and not patch_w.is_meta:
         raise RuntimeError(f"expansion left uninitialised tensors: {bad[:5]}")
-    return model.to(patch_w.dtype)
+    return model
+
+
+def expand_from_export(t2v: WanTransformer3DModel, lora_dir: str | Path) -> WanTransformer3DModel:
+    """Inference side: rebuild the expanded shape recorded in `<lora_dir>/e2v_model.json` (written
+    by checkpoint.export_lora) around a plain T2V transformer; then load the LoRA
+    (`load_lora_weights`) and the fully-trained modules (`checkpoint.load_extra_modules`)."""
+    shape = json.loads((Path(lora_dir) / "e2v_model.json").read_text())
+    if shape["in_channels"] == t2v.config.in_channels and shape.get("added_kv_proj_dim") == t2v.config.added_kv_proj_dim:
+        return t2v
+    return expand_for_elements(t2v, in_channels=shape["in_channels"], image_dim=shape.get("image_dim")
+                               if shape.get("added_kv_proj_dim") else None)
+
+
+# --- the plan without weights (--dry_run) ------------------------------------------------------
+
+
+def transformer_config(cfg: Config) -> dict:
+    """The base transformer's config without reading weights: the tiny preset, a local diffusers
+    folder's transformer/config.json, or a known Wan2.1 hub id (KNOWN_WAN_CONFIGS; no download)."""
+    if cfg.model.preset == "tiny":
+        return tiny_transformer_config("t2v" if cfg.model.base == "t2v" else "i2v")
+    local = Path(cfg.model.pretrained) / "transformer" / "config.json"
+    if local.exists():
+        return dict(WanTransformer3DModel.load_config(str(local.parent)))
+    if cfg.model.pretrained in KNOWN_WAN_CONFIGS:
+        return dict(KNOWN_WAN_CONFIGS[cfg.model.pretrained])
+    raise ValueError(f"model.pretrained: {cfg.model.pretrained} is neither a local diffusers folder (with "
+                     f"transformer/config.json) nor one of {', '.join(KNOWN_WAN_CONFIGS)}")
+
+
+def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
+    """The transformer as training will see it (expanded if the base asks for it), on the meta
+    device: every shape, no memory, nothing read or downloaded."""
+    c = {k: v for k, v in transformer_config(cfg).items() if not k.startswith("_")}
+    with torch.device("meta"):
+        transformer = WanTransformer3DModel.from_config(c)
+    if needs_expansion(transformer, cfg):
+        in_channels, image_dim = expansion_shape(cfg, 32 if cfg.model.preset == "tiny" else CLIP_VIT_H[1])
+        transformer = expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim)
+    return transformer
+
+
+def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
+    """Bytes of the training state summed over all GPUs, before ZeRO partitioning and offload:
+    weights in the training precision, gradients of the trained parameters in that precision,
+    and AdamW's fp32 master copy + two moments (12 bytes per trained parameter). Activations
+    depend on resolution and checkpointing: tools/estimate_memory.py."""
+    params = count_params(transformer)
+    trainable = count_params(transformer, trainable_only=True)
+    width = 2 if cfg.train.mixed_precision == "bf16" else 4
+    return {"params": params, "trainable_params": trainable, "weights_bytes": width * params,
+            "gradient_bytes": width * trainable, "optimizer_bytes": 12 * trainable}
+
+
+def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, full_names: list[str]) -> str:
+    """The --dry_run report: model shape, what trains, and the memory plan under the DeepSpeed config."""
+    plan, gib = memory_plan(transformer, cfg), 1024 ** 3
+    zero = ds_config.get("zero_optimization", {})
+    offload = [k.removeprefix("offload_") for k in ("offload_optimizer", "offload_param")
+               if zero.get(k, {}).get("device") == "cpu"]
+    c = transformer.config
+    return "\n".join([
+        f"transformer: {c.num_layers} layers x {c.num_attention_heads} heads x {c.attention_head_dim}, "
+        f"in_channels {c.in_channels}, image attention {'yes' if c.added_kv_proj_dim else 'no'}"
+        f"{' (expanded from a T2V base)' if is_expanded(cfg) else ''}",
+        f"params {plan['params'] / 1e9:.3f} B, trainable {plan['trainable_params'] / 1e6:.2f} M "
+        f"({cfg.model.training_type}; {len(full_names)} tensors in full beside the LoRA)",
+        f"weights   {plan['weights_bytes'] / gib:9.2f} GiB ({cfg.train.mixed_precision})",
+        f"gradients {plan['gradient_bytes'] / gib:9.2f} GiB",
+        f"optimizer {plan['optimizer_bytes'] / gib:9.2f} GiB (fp32 master + AdamW moments, 12 B per trained param)",
+        f"totals over all GPUs, sharded by ZeRO-{zero.get('stage', 0)}"
+        f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}; "
+        "activations not included (tools/estimate_memory.py)",
+    ])
 
 
 # --- what trains -------------------------------------------------------------------------------
@@ -229,6 +354,11 @@ def lora_target(patterns: list[str]) -> list[str] | str:
     return list(patterns)
 
 
+def expansion_modules(cfg: Config) -> list[str]:
+    """Name patterns of the modules expansion added for this e2v_type (they train in full)."""
+    return (EXPANSION_MODULES["vae"] if cfg.uses_vae_condition else []) + (EXPANSION_MODULES["clip"] if cfg.uses_clip else [])
+
+
 def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bool) -> list[str]:
     """Freeze everything, then add LoRA (training_type lora) and unfreeze `train.trainable`
     (plus the expansion modules of an expanded T2V base). Returns the names of parameters trained
@@ -236,7 +366,7 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
     from peft import LoraConfig
 
     transformer.requires_grad_(False)
-    full_patterns = list(cfg.train.trainable) + (EXPANSION_MODULES if expanded else [])
+    full_patterns = list(cfg.train.trainable) + (expansion_modules(cfg) if expanded else [])
     if cfg.model.training_type == "full":
         transformer.requires_grad_(True)
         return [n for n, _ in transformer.named_parameters()]
@@ -258,10 +388,63 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
         elif any(r.search(name) for r in regexes):
             p.requires_grad_(True)
             full.append(name)
-    if full_patterns and not full:
-        raise ValueError(f"train.trainable {cfg.train.trainable}: no parameter name matches these patterns")
+    unmatched = [p for p in cfg.train.trainable if not any(re.search(p, n) for n in full)]
+    if unmatched:
+        raise ValueError(f"train.trainable: no parameter name matches {unmatched} (names look like "
+                         f"'blocks.0.attn2.to_q.weight', 'patch_embedding.weight')")
     return full
 
 
 def count_params(module: torch.nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+# --- precision and activation memory under DeepSpeed (issue 4) ---------------------------------
+
+
+def fp32_kept_params(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """fp32 copies of the frozen parameters diffusers keeps in fp32 (`_keep_in_fp32_modules`; for
+    Wan: rope, time_embedder, scale_shift_table, norm1/2/3), taken before deepspeed.initialize:
+    DeepSpeed's bf16 mode casts every parameter (it keeps only buffers, such as the rope tables).
+    Names match as in diffusers' loader: a listed name equals one dotted component. Trainable
+    parameters are not listed: they live in the optimizer's bf16 buffers with fp32 master copies."""
+    keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
+    return {name: p.detach().float().clone() for name, p in transformer.named_parameters()
+            if not p.requires_grad and any(k in name.split(".") for k in keep)}
+
+
+def restore_fp32_params(transformer: torch.nn.Module, saved: dict[str, torch.Tensor]) -> int:
+    """Put the fp32 copies back after deepspeed.initialize (exact original values, not a re-cast
+    of the bf16 ones). Under ZeRO-3 a parameter is a partition (`ds_tensor`) plus, when it is
+    persistent (below stage3_param_persistence_threshold), a full copy; both become fp32, and
+    ZeRO-3 gathers parameters grouped by dtype. Returns how many parameters were restored."""
+    import torch.distributed as dist
+
+    params = dict(transformer.named_parameters())
+    with torch.no_grad():
+        for name, value in saved.items():
+            p = params[name]
+            if not hasattr(p, "ds_tensor"):
+                p.data = value.to(p.device)
+                continue
+            part = p.ds_tensor
+            n = part.ds_numel
+            start = dist.get_rank(group=p.ds_process_group) * n
+            flat = value.flatten()[start:start + n]
+            shard = torch.zeros(n, dtype=torch.float32, device=part.device)
+            shard[: flat.numel()] = flat
+            part.data = shard
+            p.data = value.to(p.device) if p.data.numel() else torch.empty(0, dtype=torch.float32, device=p.device)
+    return len(saved)
+
+
+def activation_context(offload: bool):
+    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA they
+    go to pinned CPU memory (torch.autograd.graph.save_on_cpu) and come back for backward; with
+    gradient checkpointing those are only the block boundaries. Costs a host<->device copy of
+    each saved tensor per step. Without CUDA there is nothing to offload: a no-op."""
+    import contextlib
+
+    if offload and torch.cuda.is_available():
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()

@@ -70,6 +70,14 @@ def test_set_overrides_are_type_checked():
         load_config(raw=cfg(), overrides=["train.lrr=1"])
 
 
+def test_yaml_boolean_spellings_reach_string_choices():
+    # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` must still mean "no".
+    c = load_config(raw=cfg(), overrides=["train.mixed_precision=no"])
+    assert c.train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="train.mixed_precision: True is not one of 'bf16', 'no'"):
+        load_config(raw=cfg(), overrides=["train.mixed_precision=yes"])
+
+
 def test_clip_false_removes_element_from_clip_stream():
     raw = cfg()
     raw["data"]["elements"].append({"name": "bg", "suffixes": ["_bg.png"], "clip": False,

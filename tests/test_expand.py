@@ -1,0 +1,136 @@
+"""T2V -> E2V expansion (`pytest -k expand`): the widened model equals the T2V model exactly at
+step 0, the new modules get gradients and train in full, the plan of the real Wan sizes is right
+without weights, and a tiny T2V-base E2V run's export rebuilds the trained model in plain diffusers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import run_train
+from e2v.config import load_config
+from e2v.models import build_meta_transformer, build_tiny_parts, count_params, expand_for_elements
+
+
+def _inputs(in_channels: int, image_blocks: int | None, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(2, in_channels, 5, 8, 8, generator=g), timestep=torch.tensor([300.0, 800.0]),
+                encoder_hidden_states=torch.randn(2, 512, 32, generator=g),
+                encoder_hidden_states_image=None if image_blocks is None
+                else torch.randn(2, 17 * image_blocks, 32, generator=g),
+                return_dict=False)
+
+
+@pytest.mark.parametrize("in_channels,image_dim", [(36, 32), (32, 32), (36, None), (16, 32)],
+                         ids=["dual", "dual_no_mask", "vae_only", "clip_only"])
+def test_expand_output_equals_t2v_exactly_in_fp32(in_channels, image_dim):
+    """Random condition channels and random CLIP tokens (3 blocks): bit-identical output."""
+    t2v = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
+    e2v = expand_for_elements(t2v, in_channels=in_channels, image_dim=image_dim, seed=0)
+    assert e2v.config.in_channels == in_channels
+    assert (e2v.config.added_kv_proj_dim == 24) == (image_dim is not None)
+    x = _inputs(in_channels, 3 if image_dim else None)
+    with torch.no_grad():
+        expected = t2v(x["hidden_states"][:, :16], x["timestep"], x["encoder_hidden_states"], return_dict=False)[0]
+        out = e2v(**x)[0]
+    assert torch.equal(out, expected)
+    if image_dim:  # the image branch exists and is live as soon as add_v_proj moves
+        with torch.no_grad():
+            e2v.blocks[0].attn2.add_v_proj.weight.normal_()
+            assert not torch.equal(e2v(**x)[0], expected)
+
+
+def test_expand_new_modules_get_gradients_at_step_0():
+    """FACTS.md: at step 0 the new patch-embedding channels and add_v_proj get gradients (the
+    other new modules sit behind the zero add_v_proj and get them from step 1)."""
+    t2v = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
+    e2v = expand_for_elements(t2v, 36, 32)
+    e2v(**_inputs(36, 2))[0].square().mean().backward()
+    assert e2v.patch_embedding.weight.grad[:, 16:].abs().sum() > 0
+    assert all(b.attn2.add_v_proj.weight.grad.abs().sum() > 0 for b in e2v.blocks)
+    assert all(b.attn2.add_k_proj.weight.grad.abs().sum() == 0 for b in e2v.blocks)
+
+
+@pytest.mark.parametrize("pretrained,base,billions", [
+    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v", 1.42), ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "t2v", 14.29),
+    ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "i2v", 16.40)])
+def test_expand_meta_plan_has_the_real_wan_sizes(pretrained, base, billions):
+    """The known Wan configs built on the meta device (no download) have FACTS.md's parameter
+    counts; a T2V base expanded for dual elements gains 36 channels and image attention."""
+    raw = {"model": {"pretrained": pretrained, "base": base}, "e2v_type": "none",
+           "data": {"datasets": [{"data_root": "."}], "elements": [{"name": "s", "suffixes": ["_s.png"]}]}}
+    plain = build_meta_transformer(load_config(raw=raw, check_paths=False))
+    assert abs(count_params(plain) / 1e9 - billions) < 0.01  # I2V: 16.395 B
+    assert all(p.is_meta for p in plain.parameters())
+    if base == "t2v":
+        expanded = build_meta_transformer(load_config(raw={**raw, "e2v_type": "dual"}, check_paths=False))
+        c = expanded.config
+        assert c.in_channels == 36 and c.added_kv_proj_dim == c.num_attention_heads * 128 and c.image_dim == 1280
+
+
+def test_expand_shipped_t2v_config_dry_run(demo_data, capsys, monkeypatch):
+    """`train_e2v.py --config configs/e2v_t2v_1.3b.yaml --dry_run` (in-process: same main())."""
+    import sys
+
+    import train_e2v
+
+    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", "configs/e2v_t2v_1.3b.yaml", "--dry_run",
+                                      "--set", f"data.datasets.0.data_root={demo_data}"])
+    train_e2v.main()
+    out = capsys.readouterr().out
+    assert "8 samples" in out
+    assert "30 layers x 12 heads x 128, in_channels 36, image attention yes (expanded from a T2V base)" in out
+    cfg = load_config("configs/e2v_t2v_1.3b.yaml", check_paths=False)
+    assert cfg.model.base == "t2v" and cfg.e2v_type == "dual"
+
+
+# --- end to end: a T2V base trained for elements, rebuilt from its export ----------------------
+
+
+@pytest.fixture(scope="module")
+def expand_run(demo_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("expand_runs")
+    run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=x",
+              "model.base=t2v", "train.max_steps=3", "train.checkpoint_every=3", "train.micro_batch_size=2",
+              "validation.every_n_steps=0")
+    return out / "x"
+
+
+def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from e2v.checkpoint import load_extra_modules
+    from e2v.models import expand_from_export, expansion_modules, setup_training
+
+    lora = expand_run / "lora"
+    shape = json.loads((lora / "e2v_model.json").read_text())
+    assert (shape["in_channels"], shape["image_dim"], shape["added_kv_proj_dim"]) == (36, 32, 24)
+    extra = set(shape["extra_modules"])
+    for name in ("patch_embedding.weight", "blocks.1.attn2.add_v_proj.weight", "blocks.0.attn2.add_k_proj.bias",
+                 "blocks.0.attn2.norm_added_k.weight", "condition_embedder.image_embedder.ff.net.2.weight"):
+        assert name in extra, name
+
+    # The inference side: a plain T2V transformer, widened from e2v_model.json, LoRA + modules loaded.
+    p = build_tiny_parts(seed=0, base="t2v")
+    pipe = WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae,
+                       transformer=expand_from_export(p.transformer, lora),
+                       scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True))
+    pipe.load_lora_weights(str(lora))
+    assert set(load_extra_modules(pipe.transformer, lora)) == extra
+    assert pipe.transformer.blocks[0].attn2.add_v_proj.weight.abs().sum() > 0, "add_v_proj started at 0: it trained"
+    with torch.no_grad():
+        exported = pipe.transformer(**_inputs(36, 3))[0]
+
+    # Second path: the DeepSpeed checkpoint's weights in a freshly expanded peft model.
+    cfg = load_config(expand_run / "config.yaml", check_paths=False)
+    fresh = expand_for_elements(build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer, 36, 32)
+    full = setup_training(fresh, cfg, expanded=True)
+    assert all(any(re.search(pat, n) for n in full) for pat in expansion_modules(cfg))
+    state = torch.load(expand_run / "checkpoints/step_000003/mp_rank_00_model_states.pt", weights_only=False)["module"]
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+        engine_out = fresh(**_inputs(36, 3))[0]
+    torch.testing.assert_close(exported, engine_out, atol=1e-5, rtol=0)
