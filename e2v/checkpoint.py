@@ -1,34 +1,85 @@
-"""DeepSpeed checkpoints that survive a kill, resume that continues the same run, and exports that
-load in plain diffusers (and ComfyUI) with no DeepSpeed installed.
+"""DeepSpeed checkpoints that survive a kill, resume that continues the same run, a guard against
+non-finite losses, and exports that load in plain diffusers (and ComfyUI) with no DeepSpeed.
 
-Atomicity: DeepSpeed writes a tag folder; only after every rank has finished (barrier) does rank 0
-write `COMPLETE` into it and then replace `checkpoints/latest` (write-then-rename). `--resume latest`
-takes the newest folder with `COMPLETE`, so a kill during a save falls back to the previous one.
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier rank 0 writes
+`COMPLETE` (the size of every file in the folder), renames the folder to `step_NNNNNN` and then
+replaces `checkpoints/latest` (write-then-rename). `--resume latest` takes the newest folder whose
+files all match its `COMPLETE` manifest, so a kill during a save, or a file truncated afterwards
+(a half-finished copy, a full disk), falls back to the previous checkpoint. The checkpoint folder
+must be on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
+
+Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
+into their own `rng_rank_NNNN.pt`; the data order is the sampler offset (`samples_seen`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
+COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # original Wan names, `diffusion_model.` prefix
 EXTRA_FILE = "e2v_modules.safetensors"  # fully trained modules beside the LoRA (load_lora_weights rejects them)
 MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
+FULL_DIR = "transformer"  # full fine-tune: the 16-bit transformer via save_pretrained
+MANIFEST = "COMPLETE"
+EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
+PARTIAL = ".partial"
 
 
 def _tag(step: int) -> str:
     return f"step_{step:06d}"
 
 
+def _dist() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _dist_barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if _dist():
         torch.distributed.barrier()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if _dist() else 0
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if `flag` is true on any rank (a collective: all ranks must call it)."""
+    if not _dist():
+        return bool(flag)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"  # NCCL: CUDA only
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM/SIGINT ask the loop to save and exit after the current step. Repeated signals
+    change nothing: the deepspeed launcher forwards the signal it gets to every rank (which
+    usually got it already from the scheduler or the terminal) and kills the ranks 30 s later,
+    so a save that takes longer is cut short and the atomic protocol falls back to the previous
+    checkpoint."""
+    stop = {"signal": None}
+
+    def handler(sig, _frame):
+        stop["signal"] = sig
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop
+
+
+# --- RNG ---------------------------------------------------------------------------------------
 
 
 def rng_state(rng: random.Random, generator: torch.Generator) -> dict:
@@ -50,103 +101,344 @@ def set_rng_state(state: dict, rng: random.Random, generator: torch.Generator) -
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _rng_file(path: Path, rank: int) -> Path:
+    return path / f"rng_rank_{rank:04d}.pt"
+
+
+# --- save / find / load ------------------------------------------------------------------------
+
+
 def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep_last: int = 3,
                     rank: int = 0) -> Path:
+    """Collective: every rank calls it. `client_state["rng"]` (this rank's RNG) is stored per rank."""
+    ckpt_root = Path(ckpt_root)
     tag = _tag(step)
-    engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+    partial, final = ckpt_root / f"{tag}{PARTIAL}", ckpt_root / tag
+    client_state = dict(client_state)
+    rng = client_state.pop("rng", None)
+    if rank == 0 and partial.exists():
+        shutil.rmtree(partial)  # left by a save that was killed
     _dist_barrier()
-    path = ckpt_root / tag
+    engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
+    if rng is not None:
+        torch.save(rng, _rng_file(partial, rank))
+    _dist_barrier()
     if rank == 0:
-        (path / "COMPLETE").write_text(json.dumps({"step": step}))
-        tmp = ckpt_root / "latest.tmp"
-        tmp.write_text(tag)
-        os.replace(tmp, ckpt_root / "latest")
+        (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
+        files = {str(p.relative_to(partial)): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
+        world = torch.distributed.get_world_size() if _dist() else 1
+        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "files": files}, indent=1))
+        if final.exists():  # the same step saved again (a resumed run re-saving): swap, then drop the old one
+            old = ckpt_root / f"{tag}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(partial, final)
+        _write_atomic(ckpt_root / "latest", tag)  # DeepSpeed's zero_to_fp32 reads this file
         for old in complete_checkpoints(ckpt_root)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     _dist_barrier()
-    return path
+    return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.exists():
+        return f"no {MANIFEST} manifest (the save was interrupted)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST} manifest ({e})"
+    for name, size in files.items():
+        f = Path(path) / name
+        if not f.exists():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, {size} were saved (truncated)"
+    return None
 
 
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Checkpoint folders whose save finished on every rank, oldest first."""
-    if not ckpt_root.exists():
+    """Checkpoint folders that finished on every rank and are intact, oldest first."""
+    if not Path(ckpt_root).exists():
         return []
-    return sorted(p for p in ckpt_root.glob("step_*") if (p / "COMPLETE").exists())
+    return sorted(p for p in Path(ckpt_root).glob("step_*")
+                  if p.is_dir() and re.fullmatch(r"step_\d+", p.name) and checkpoint_problem(p) is None)
 
 
 def find_resume(resume: str, run_dir: Path | None) -> Path | None:
-    """`latest` -> newest complete checkpoint of the run (None if there is none); a path -> that
-    checkpoint folder (must be complete)."""
+    """`latest` -> newest intact checkpoint of the run (None if there is none); a path -> that
+    checkpoint folder (must be intact)."""
     if resume == "latest":
-        found = complete_checkpoints(run_dir / "checkpoints") if run_dir else []
-        incomplete = sorted(set((run_dir / "checkpoints").glob("step_*")) - set(found)) if run_dir else []
-        for p in incomplete:
-            if not found or p.name > found[-1].name:
-                print(f"[e2v checkpoint] ignoring incomplete checkpoint {p} (a save was interrupted)")
+        root = Path(run_dir) / "checkpoints" if run_dir else None
+        if root is None or not root.exists():
+            return None
+        found = complete_checkpoints(root)
+        for p in sorted(root.glob("step_*")):
+            if p not in found and (not found or p.name > found[-1].name) and _rank() == 0:
+                print(f"[e2v checkpoint] skipping {p}: {checkpoint_problem(p) or 'not a checkpoint folder'}")
         return found[-1] if found else None
     path = Path(resume)
-    if not (path / "COMPLETE").exists():
-        raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint folder (no COMPLETE marker)")
+    problem = checkpoint_problem(path)
+    if problem:
+        raise FileNotFoundError(f"--resume {resume}: cannot resume from this folder: {problem}. "
+                                "Use --resume latest to take the newest intact checkpoint.")
     return path
 
 
 def load_checkpoint(engine, path: Path) -> dict:
+    """Model, optimizer, LR schedule and client state (step, samples seen), plus this rank's RNG."""
+    path = Path(path)
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=True)
     if client_state is None:
         raise RuntimeError(f"could not load checkpoint {path}")
+    rank = _rank()
+    rng_file = _rng_file(path, rank)
+    if rng_file.exists():
+        client_state["rng"] = torch.load(rng_file, weights_only=False)
+    else:
+        saved = json.loads((path / MANIFEST).read_text()).get("world_size")
+        raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved by {saved} process(es); "
+                                "resume with the same number of processes")
     return client_state
+
+
+# --- non-finite guard --------------------------------------------------------------------------
+
+
+class NonFiniteGuard:
+    """A non-finite loss (checked before backward, so nothing is updated) or gradient norm
+    (DeepSpeed's ZeRO optimizers already skip such a step) stops the run naming the step, the
+    rank(s) and the sample ids, or, with train.skip_nonfinite, is skipped and counted. All ranks
+    decide together, so no rank is left waiting in a collective. Too many skips in a row mean the
+    weights themselves are broken: that stops the run even in skip mode."""
+
+    MAX_CONSECUTIVE = 20
+
+    def __init__(self, skip: bool, rank: int):
+        self.skip, self.rank = skip, rank
+        self.skipped, self.consecutive = 0, 0
+
+    def bad(self, value: float, what: str, step: int, sample_ids: list) -> bool:
+        """True (on every rank) if this micro-batch / step is to be skipped; raises to stop."""
+        bad_here = not np.isfinite(value)
+        if not any_rank(bad_here):
+            self.consecutive = 0
+            return False
+        reports = [(self.rank, value, list(sample_ids))]
+        if _dist():
+            reports = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(reports, (self.rank, value, list(sample_ids)))
+        where = "; ".join(f"rank {r}: {what} {v}, samples {ids}" for r, v, ids in reports if not np.isfinite(v))
+        self.skipped, self.consecutive = self.skipped + 1, self.consecutive + 1
+        if self.skip and self.consecutive <= self.MAX_CONSECUTIVE:
+            if self.rank == 0:
+                print(f"\n[e2v] step {step}: non-finite {what} skipped ({where}); {self.skipped} skipped so far")
+            return True
+        why = (f"{self.consecutive} non-finite in a row with train.skip_nonfinite" if self.skip
+               else "set train.skip_nonfinite: true to skip such steps")
+        raise FloatingPointError(f"non-finite {what} at step {step} ({where}). Nothing was saved from this step; "
+                                 f"resume from the last checkpoint with --resume latest, e.g. with a lower "
+                                 f"train.lr ({why})")
+
+    def grad_norm(self, value, step: int, sample_ids: list) -> float:
+        """The step's global gradient norm as a float (nan when DeepSpeed does not compute it),
+        checked like a loss: DeepSpeed skipped the update of a non-finite step, we stop or count it."""
+        if value is None:
+            return float("nan")
+        self.bad(float(value), "gradient norm", step, sample_ids)
+        return float(value)
 
 
 # --- exports -----------------------------------------------------------------------------------
 
 
-def _gathered(module: torch.nn.Module, params: list[torch.nn.Parameter]):
+def _gathered(params: list[torch.nn.Parameter]):
     """Under ZeRO-3 parameters are empty outside GatheredParameters; elsewhere a no-op."""
     if any(hasattr(p, "ds_id") for p in params):
         import deepspeed
 
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
-def trained_state(transformer: torch.nn.Module, full_names: list[str]) -> tuple[dict, dict]:
-    """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU."""
-    from peft.utils import get_peft_model_state_dict
+def _master(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """The fp32 master copy DeepSpeed's optimizer holds (a collective under ZeRO), or None when
+    the parameter is not managed by a ZeRO optimizer. Under bf16 the module weight is a rounded copy."""
+    if not (hasattr(param, "_hp_mapping") or hasattr(param, "_z3_optimizer")):
+        return None
+    from deepspeed.utils import safe_get_full_fp32_param
 
-    params = [p for _, p in transformer.named_parameters()]
-    with _gathered(transformer, params):
-        lora = {}
-        if getattr(transformer, "peft_config", None):
-            lora = {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(transformer).items()}
-        named = dict(transformer.named_parameters())
-        extra = {n.replace(".base_layer", ""): named[n].detach().float().cpu().clone() for n in full_names}
+    return safe_get_full_fp32_param(param)
+
+
+def _adapter_name(transformer) -> str:
+    return next(iter(transformer.peft_config))
+
+
+def trained_state(transformer: torch.nn.Module, full_names: list[str]) -> tuple[dict, dict]:
+    """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU,
+    from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO."""
+    named = dict(transformer.named_parameters())
+    lora_names = [n for n, p in named.items() if "lora_" in n and p.requires_grad]
+    lora, extra = {}, {}
+    if getattr(transformer, "peft_config", None):
+        adapter = f".{_adapter_name(transformer)}"
+        for n in lora_names:
+            lora[n.replace(adapter, "")] = _full_fp32(named[n])
+        from peft.utils import get_peft_model_state_dict
+
+        with _gathered([named[n] for n in lora_names]):  # ZeRO-3: peft warns about empty shards otherwise
+            expected = set(get_peft_model_state_dict(transformer))
+        if expected != set(lora):
+            raise RuntimeError(f"LoRA export keys differ from peft's: {sorted(expected ^ set(lora))[:5]}")
+    for n in full_names:
+        extra[n.replace(".base_layer", "")] = _full_fp32(named[n])
     return lora, extra
 
 
+def _full_fp32(param: torch.nn.Parameter) -> torch.Tensor:
+    master = _master(param)
+    if master is not None:
+        return master.detach().float().cpu().clone()
+    with _gathered([param]):
+        return param.detach().float().cpu().clone()
+
+
+def export_meta(transformer: torch.nn.Module) -> dict:
+    """Everything an offline export needs besides the weights: the transformer config, the LoRA
+    adapter config, and which parameters train in full (all of them for a full fine-tune)."""
+    peft = getattr(transformer, "peft_config", None)
+    trainable = [n for n, p in transformer.named_parameters() if p.requires_grad]
+    config = {k: v for k, v in dict(transformer.config).items() if not k.startswith("_")}
+    return {
+        "transformer_config": config,
+        "lora": peft[_adapter_name(transformer)].to_dict() if peft else None,
+        "full_names": [n for n in trainable if "lora_" not in n],
+        "training_type": "lora" if peft else "full",
+    }
+
+
 def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
-    """Diffusers-format LoRA with adapter metadata (without it the loader sets alpha = r), plus the
-    fully-trained modules and the model shape beside it."""
+    """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
+    alpha = r), a ComfyUI-keyed copy, the fully-trained modules and the model shape beside it.
+    Full fine-tune: the transformer in bf16 via save_pretrained in `<out_dir>/transformer`.
+    Collective under ZeRO: every rank calls it, rank 0 writes."""
+    meta = export_meta(transformer)
+    if meta["training_type"] == "full":
+        return export_full(transformer, Path(out_dir) / FULL_DIR, rank=rank)
+    lora, extra = trained_state(transformer, full_names)
+    if rank == 0:
+        write_lora_exports(Path(out_dir), lora, extra, meta)
+    return Path(out_dir)
+
+
+def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The whole transformer in 16 bit, diffusers layout. Parameters are gathered one at a time,
+    so no rank holds more than one full parameter beyond rank 0's 16-bit copy of the model."""
+    state = {}
+    for name, p in transformer.named_parameters():
+        value = _full_fp32(p).to(dtype)
+        if rank == 0:
+            state[name] = value
+    if rank == 0:
+        for name, b in transformer.named_buffers():
+            state[name] = b.detach().cpu()
+        save_full(state, dict(transformer.config), out_dir)
+    return out_dir
+
+
+def save_full(state: dict, config: dict, out_dir: Path) -> None:
+    from diffusers import WanTransformer3DModel
+
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = WanTransformer3DModel.from_config(config)
+    expected = set(model.state_dict())  # the rope tables are non-persistent buffers, rebuilt at load
+    missing = sorted(expected - set(state))
+    if missing:
+        raise KeyError(f"full export: no weights for {missing[:5]}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True, assign=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> None:
     from diffusers.loaders import WanLoraLoaderMixin
     from safetensors.torch import save_file
 
-    lora, extra = trained_state(transformer, full_names)
-    if rank != 0:
-        return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     if lora:
-        meta = transformer.peft_config["default"].to_dict()
         WanLoraLoaderMixin.save_lora_weights(str(out_dir), transformer_lora_layers=lora,
-                                             transformer_lora_adapter_metadata=meta)
+                                             transformer_lora_adapter_metadata=meta["lora"])
+        save_file({k: v.contiguous() for k, v in comfy_lora(lora, meta["lora"]["lora_alpha"]).items()},
+                  str(out_dir / COMFY_FILE))
     if extra:
         save_file({k: v.contiguous() for k, v in extra.items()}, str(out_dir / EXTRA_FILE))
-    c = transformer.config
-    shape = {"in_channels": c.in_channels, "image_dim": c.image_dim, "added_kv_proj_dim": c.added_kv_proj_dim,
-             "extra_modules": sorted(extra)}
+    c = meta["transformer_config"]
+    shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
+             "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
-    return out_dir
+
+
+# Diffusers module names -> original Wan2.1 names (what ComfyUI and the Wan repo use); the inverse
+# of diffusers' `_convert_non_diffusers_wan_lora_to_diffusers`. Applied in order, first match wins.
+WAN_ORIGINAL_NAMES = {
+    r"^blocks\.(\d+)\.attn1\.to_q$": r"blocks.\1.self_attn.q",
+    r"^blocks\.(\d+)\.attn1\.to_k$": r"blocks.\1.self_attn.k",
+    r"^blocks\.(\d+)\.attn1\.to_v$": r"blocks.\1.self_attn.v",
+    r"^blocks\.(\d+)\.attn1\.to_out\.0$": r"blocks.\1.self_attn.o",
+    r"^blocks\.(\d+)\.attn2\.to_q$": r"blocks.\1.cross_attn.q",
+    r"^blocks\.(\d+)\.attn2\.to_k$": r"blocks.\1.cross_attn.k",
+    r"^blocks\.(\d+)\.attn2\.to_v$": r"blocks.\1.cross_attn.v",
+    r"^blocks\.(\d+)\.attn2\.to_out\.0$": r"blocks.\1.cross_attn.o",
+    r"^blocks\.(\d+)\.attn2\.add_k_proj$": r"blocks.\1.cross_attn.k_img",
+    r"^blocks\.(\d+)\.attn2\.add_v_proj$": r"blocks.\1.cross_attn.v_img",
+    r"^blocks\.(\d+)\.ffn\.net\.0\.proj$": r"blocks.\1.ffn.0",
+    r"^blocks\.(\d+)\.ffn\.net\.2$": r"blocks.\1.ffn.2",
+    r"^condition_embedder\.time_proj$": "time_projection.1",
+    r"^condition_embedder\.text_embedder\.linear_1$": "text_embedding.0",
+    r"^condition_embedder\.text_embedder\.linear_2$": "text_embedding.2",
+    r"^condition_embedder\.time_embedder\.linear_1$": "time_embedding.0",
+    r"^condition_embedder\.time_embedder\.linear_2$": "time_embedding.2",
+    r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj$": "img_emb.proj.1",
+    r"^condition_embedder\.image_embedder\.ff\.net\.2$": "img_emb.proj.3",
+    r"^proj_out$": "head.head",
+}
+
+
+def wan_original_name(module: str) -> str:
+    for pattern, repl in WAN_ORIGINAL_NAMES.items():
+        if re.match(pattern, module):
+            return re.sub(pattern, repl, module)
+    raise KeyError(f"no original Wan name for module '{module}' (add it to WAN_ORIGINAL_NAMES)")
+
+
+def comfy_lora(lora: dict, alpha: float) -> dict:
+    """ComfyUI / original-Wan LoRA keys: `diffusion_model.<wan name>.lora_A.weight`, `.lora_B.weight`
+    and the scalar `.alpha` (the loader scales by alpha / rank)."""
+    out = {}
+    for key, value in lora.items():
+        m = re.fullmatch(r"(.+)\.(lora_A|lora_B)\.weight", key)
+        if m is None:
+            raise KeyError(f"unexpected LoRA key {key}")
+        name = f"diffusion_model.{wan_original_name(m.group(1))}"
+        out[f"{name}.{m.group(2)}.weight"] = value
+        out[f"{name}.alpha"] = torch.tensor(float(alpha))
+    return out
 
 
 def load_extra_modules(transformer: torch.nn.Module, lora_dir: Path) -> list[str]:
@@ -172,3 +464,34 @@ def load_extra_modules(transformer: torch.nn.Module, lora_dir: Path) -> list[str
             target.copy_(value.to(target.dtype))
             loaded.append(name)
     return loaded
+
+
+# --- offline export from a checkpoint folder (tools/export_lora.py) ----------------------------
+
+
+def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
+    """(fp32 state dict of the trained parameters in module naming, export metadata), read from
+    a DeepSpeed checkpoint folder on CPU, any ZeRO stage, with no process group."""
+    path = Path(path)
+    problem = checkpoint_problem(path)
+    if problem:
+        raise FileNotFoundError(f"{path}: {problem}")
+    meta = json.loads((path / EXPORT_META).read_text())
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
+                                                     exclude_frozen_parameters=meta["training_type"] == "lora")
+    return {k: v.float() for k, v in state.items()}, meta
+
+
+def export_checkpoint(path: Path, out_dir: Path) -> Path:
+    """The same files export_lora writes at the end of a run, from a checkpoint folder."""
+    state, meta = state_from_checkpoint(path)
+    if meta["training_type"] == "full":
+        out = Path(out_dir) / FULL_DIR
+        save_full({k: v.to(torch.bfloat16) for k, v in state.items()}, meta["transformer_config"], out)
+        return out
+    lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
+    extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}
+    write_lora_exports(Path(out_dir), lora, extra, meta)
+    return Path(out_dir)

@@ -1,0 +1,186 @@
+"""DeepSpeed for real: every shipped ds_config resolves; 2-process runs under ZeRO-2 (with gradient
+checkpointing and the activation-offload key) give exactly the losses of the ZeRO-3-offload run
+without them; a non-finite loss stops a 2-process run naming step, ranks and samples, after
+saving nothing from that step; under bf16 the modules diffusers keeps in fp32 stay fp32 (checked
+against diffusers' own bf16 loading), and trainable weights keep fp32 master copies."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train
+from e2v.checkpoint import NonFiniteGuard
+from e2v.config import load_config, resolve_deepspeed_config
+
+SHIPPED = sorted(p.name for p in (ROOT / "ds_configs").glob("*.json"))
+
+
+def test_shipped_configs():
+    assert SHIPPED == ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_auto_field_is_filled_from_the_yaml(name):
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", [f"deepspeed.config=ds_configs/{name}", "train.lr=3e-4",
+                                                      "train.micro_batch_size=3", "train.gradient_accumulation_steps=2",
+                                                      "train.mixed_precision=bf16", "deepspeed.torch_adam=null"],
+                      check_paths=False)
+    raw = json.loads((ROOT / "ds_configs" / name).read_text())
+    cpu, gpu = resolve_deepspeed_config(cfg, 2, cuda=False), resolve_deepspeed_config(cfg, 2, cuda=True)
+    assert '"auto"' in json.dumps(raw) and '"auto"' not in json.dumps(cpu) + json.dumps(gpu)
+    assert cpu["train_batch_size"] == 3 * 2 * 2 and cpu["bf16"]["enabled"] is True
+    assert cpu["optimizer"]["params"]["lr"] == 3e-4
+    # Unset torch_adam: torch's AdamW without CUDA (DeepSpeed's C++ Adam would JIT-compile), DeepSpeed's with it.
+    assert cpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["torch_adam"] is False
+    zero = cpu["zero_optimization"]
+    assert zero["stage"] == (3 if "zero3" in name else 2)
+    offloaded = {k for k in ("offload_optimizer", "offload_param") if k in zero}
+    assert offloaded == ({"offload_optimizer", "offload_param"} if name == "zero3_offload.json"
+                         else {"offload_optimizer"} if name == "zero2_offload.json" else set())
+    for k in offloaded:
+        assert zero[k]["device"] == "cpu" and zero[k]["pin_memory"] is False
+        assert gpu["zero_optimization"][k]["pin_memory"] is True
+    pinned = load_config(ROOT / "configs/e2v_tiny.yaml", [f"deepspeed.config=ds_configs/{name}",
+                                                         "deepspeed.torch_adam=true"], check_paths=False)
+    assert resolve_deepspeed_config(pinned, 1, cuda=True)["optimizer"]["params"]["torch_adam"] is True
+
+
+@pytest.fixture(scope="module")
+def zero2_runs(demo_data, tmp_path_factory):
+    """2 processes, ZeRO-2, 4 steps: plain, and with gradient checkpointing + activation offload."""
+    out = tmp_path_factory.mktemp("z2")
+    sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
+    for run_id, extra in (("plain", []), ("ckpt", ["train.gradient_checkpointing=true", "train.activation_offload=true"])):
+        run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
+                  f"run_id={run_id}", "train.max_steps=4", "train.checkpoint_every=4",
+                  "deepspeed.config=ds_configs/zero2.json", *sets, *extra, num_gpus=2)
+    return read_scalars(out / "plain"), read_scalars(out / "ckpt")
+
+
+def test_zero2_checkpointing_and_activation_offload_keep_the_losses(zero2_runs):
+    """Gradient checkpointing recomputes the same ops; activation offload is a no-op without CUDA:
+    bit-identical losses and gradient norms."""
+    plain, ckpt = zero2_runs
+    assert sorted(plain) == sorted(ckpt) == [1, 2, 3, 4]
+    for step in plain:
+        assert ckpt[step]["train/loss"] == plain[step]["train/loss"], step
+        assert ckpt[step]["train/grad_norm"] == plain[step]["train/grad_norm"], step
+
+
+def test_zero2_and_zero3_offload_train_the_same_model(zero2_runs, zero3_offload_run):
+    """Same data, seed and optimizer: ZeRO stages differ only in float summation order."""
+    plain, _ = zero2_runs
+    reference = read_scalars(zero3_offload_run)
+    for step in plain:
+        assert plain[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], rel=1e-6), step
+
+
+def test_nonfinite_loss_stops_naming_step_ranks_and_samples(demo_data, tmp_path):
+    """A real trigger: lr 1e30 turns the weights to ~1e30 in one step, so step 2's loss is inf/nan."""
+    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+                     "run_id=nan", "train.lr=1e30", "train.warmup_steps=0", "train.max_steps=4",
+                     "train.checkpoint_every=1", "train.micro_batch_size=2", "validation.every_n_steps=0",
+                     "visualization.enabled=false", "deepspeed.config=ds_configs/zero2_offload.json",
+                     num_gpus=2, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    msg = next(line for line in out.splitlines() if "FloatingPointError: non-finite" in line)
+    assert "at step 2" in msg and "rank 0:" in msg and "rank 1:" in msg and "samples [" in msg
+    ckpts = tmp_path / "nan/checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == ["step_000001"]
+    assert (ckpts / "latest").read_text() == "step_000001"
+
+
+def test_guard_skips_and_counts_or_stops():
+    guard = NonFiniteGuard(skip=True, rank=0)
+    assert guard.bad(1.0, "loss", 1, ["a"]) is False
+    assert guard.bad(float("nan"), "loss", 2, ["b"]) is True and guard.skipped == 1
+    assert guard.grad_norm(float("inf"), 3, ["c"]) == float("inf") and guard.skipped == 2
+    assert guard.grad_norm(None, 4, ["d"]) != guard.grad_norm(None, 4, ["d"])  # nan: not computed
+    assert guard.bad(0.5, "loss", 5, ["e"]) is False and guard.consecutive == 0
+    for _ in range(NonFiniteGuard.MAX_CONSECUTIVE):
+        guard.bad(float("inf"), "loss", 6, ["f"])
+    with pytest.raises(FloatingPointError, match="in a row"):
+        guard.bad(float("inf"), "loss", 6, ["f"])
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 7 \(rank 0: loss inf, samples \['x', 'y'\]\)"):
+        NonFiniteGuard(skip=False, rank=0).bad(float("inf"), "loss", 7, ["x", "y"])
+
+
+# One process, no launcher: deepspeed.initialize a LoRA-only tiny model in bf16 under ZeRO stage N
+# and compare with diffusers' own bf16 loading of the same weights (which keeps
+# `_keep_in_fp32_modules` in fp32). ZeRO-3 uses persistence threshold 0, so every parameter is
+# really partitioned.
+BF16_SCRIPT = r"""
+import os, sys, json, tempfile, torch
+sys.path.insert(0, sys.argv[1])
+stage = int(sys.argv[2])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+import deepspeed
+from diffusers import WanTransformer3DModel
+from deepspeed.utils import safe_get_full_fp32_param
+from e2v.config import load_config
+from e2v.models import build_tiny_parts, fp32_kept_params, restore_fp32_params, setup_training
+
+deepspeed.init_distributed(dist_backend="gloo")
+model = build_tiny_parts(seed=0, with_encoders=False).transformer
+tmp = tempfile.mkdtemp()
+model.save_pretrained(tmp)
+oracle = WanTransformer3DModel.from_pretrained(tmp, torch_dtype=torch.bfloat16)
+original = {n: p.detach().clone() for n, p in model.named_parameters()}
+cfg = load_config(os.path.join(sys.argv[1], "configs/e2v_tiny.yaml"), ["train.trainable=[]"], check_paths=False)
+setup_training(model, cfg, expanded=False)
+initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+zero = {"stage": stage}
+if stage == 3:
+    zero.update(stage3_param_persistence_threshold=0)
+ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+kept = fp32_kept_params(model)
+engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                         config=ds)
+restore_fp32_params(model, kept)
+named = dict(model.named_parameters())
+params = list(named.values())
+with deepspeed.zero.GatheredParameters(params) if stage == 3 else torch.no_grad():
+    report = {"kept": sorted(kept),
+              "diffusers_fp32": sorted(n for n, p in oracle.named_parameters() if p.dtype == torch.float32),
+              "kept_exact": all(named[n].dtype == torch.float32 and torch.equal(named[n].data, original[n]) for n in kept),
+              "others_bf16": sorted({str(p.dtype) for n, p in named.items() if n not in kept})}
+masters = {n: safe_get_full_fp32_param(p) for n, p in named.items() if p.requires_grad}
+report["masters_fp32"] = all(m.dtype == torch.float32 for m in masters.values())
+# DeepSpeed makes the masters from the bf16-cast weights: training starts from the bf16 model it runs.
+report["masters_start_at_bf16_values"] = all(torch.equal(m, initial[n].bfloat16().float()) for n, m in masters.items())
+g = torch.Generator().manual_seed(0)
+probe = dict(hidden_states=torch.randn(1, 36, 5, 8, 8, generator=g).bfloat16(), timestep=torch.tensor([700.5]),
+             encoder_hidden_states=torch.randn(1, 512, 32, generator=g).bfloat16(),
+             encoder_hidden_states_image=torch.randn(1, 51, 32, generator=g).bfloat16(), return_dict=False)
+with torch.no_grad():
+    ours, ref = engine(**probe)[0], oracle(**probe)[0]
+report["max_diff_vs_diffusers_bf16"] = (ours.float() - ref.float()).abs().max().item()
+loss = engine(**probe)[0].float().pow(2).mean()
+engine.backward(loss)
+engine.step()
+report["finite_after_step"] = bool(torch.isfinite(loss))
+after = [safe_get_full_fp32_param(p) for p in named.values() if p.requires_grad]
+report["masters_finer_than_bf16"] = any(bool((m != m.bfloat16().float()).any()) for m in after)
+print("REPORT" + json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_keeps_diffusers_fp32_modules_and_fp32_masters(stage):
+    from conftest import _free_port
+
+    proc = subprocess.run([sys.executable, "-c", BF16_SCRIPT, str(ROOT), str(stage), str(_free_port())],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.split("REPORT")[1])
+    assert report["kept"] and report["kept"] == report["diffusers_fp32"]
+    assert report["kept_exact"], "fp32-kept parameters must hold their original fp32 values"
+    assert report["others_bf16"] == ["torch.bfloat16"]
+    assert report["masters_fp32"] and report["masters_start_at_bf16_values"]
+    assert report["masters_finer_than_bf16"], "after a step the fp32 masters must hold more than bf16 precision"
+    assert report["max_diff_vs_diffusers_bf16"] == 0.0, "the bf16 engine differs from diffusers' own bf16 model"
+    assert report["finite_after_step"]

@@ -1,0 +1,185 @@
+"""Per-GPU memory of a training config: parameters, gradients, optimizer state and activations, for
+each shipped ds_config (ZeRO stage, offload), with and without gradient checkpointing, and which
+one fits the GPUs. Estimates, not measurements: see the formulas below.
+
+    python tools/estimate_memory.py --config configs/e2v.yaml --gpus 1 --gpu-mem-gb 24
+    python tools/estimate_memory.py --config configs/e2v.yaml --gpus 8 --gpu-mem-gb 80 --set data.num_frames=49
+
+Model states follow DeepSpeed's own estimators (estimate_zero2/3_model_states_mem_needs; a test
+checks they agree for a full fine-tune), extended to frozen weights, which hold only their 16-bit
+copy (no gradient, no optimizer state). P_t trainable, P_f frozen parameters, G GPUs in total,
+n per node, N nodes, L the largest layer (params of one module), bytes per 16-bit weight 2:
+  zero2          params 2(P_t+P_f)            grads 6 P_t/G   optimizer 12 P_t/G
+  zero2_offload  params 2(P_t+P_f)            grads, optimizer on CPU: P_t max(4G, 16) 1.5 per node
+  zero3          params 4L + 2(P_t+P_f)/G     grads 4 P_t/G   optimizer 12 P_t/G
+  zero3_offload  params 4L (the working layer) rest on CPU: (P_t max(4n, 18/N) + 2 P_f / N) 1.5 per node
+(6 = 16-bit + fp32 gradient, 12 = fp32 master + Adam's two moments; 1.5 is DeepSpeed's buffer factor.)
+
+Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context tokens
+(512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16):
+  one block      A = 24.2 S D + 2 S F + 4 C D
+  outside blocks O = 2.3 S D + 3.4 C D + 267 S
+  no checkpointing              e B (K A + O)
+  gradient checkpointing        e B (K S D + O + A)   (block inputs kept, one block recomputed)
+  + activation_offload          e B (O + A) on the GPU, e B K S D in pinned CPU RAM
+The coefficients are fitted to the bytes autograd saves for backward in diffusers'
+WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
+small models against the formula, within 20%). On GPUs, flash attention saves the same O(S)
+tensors. Plus a fixed 2 GB per GPU for the CUDA context, kernels' workspaces and fragmentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+from e2v.config import Config, load_config  # noqa: E402
+from e2v.models import CLIP_VIT_H, build_meta_transformer, is_expanded, setup_training  # noqa: E402
+
+GB = 2**30
+OVERHEAD_GB = 2.0
+SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
+ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
+ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
+# Short names for the released Wan2.1 transformers (their configs: e2v.models.KNOWN_WAN_CONFIGS).
+KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}
+
+
+@dataclass
+class ModelCounts:
+    trainable: int
+    frozen: int
+    largest_layer: int
+    width: int
+    ffn: int
+    layers: int
+
+
+def count_model(cfg: Config) -> ModelCounts:
+    """Exact counts of the transformer as training builds it (expansion, LoRA, train.trainable),
+    on the meta device: no memory, nothing downloaded."""
+    model = build_meta_transformer(cfg)
+    setup_training(model, cfg, expanded=is_expanded(cfg))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    c = model.config
+    return ModelCounts(trainable, total - trainable, largest, c.num_attention_heads * c.attention_head_dim,
+                       c.ffn_dim, c.num_layers)
+
+
+def model_states(c: ModelCounts, ds_name: str, gpus_per_node: int, nodes: int, weight_bytes: int = 2) -> dict:
+    """Bytes per GPU (params, grads, optimizer) and per node in CPU RAM, after DeepSpeed's estimators."""
+    g = gpus_per_node * nodes
+    pt, pf, big = c.trainable, c.frozen, c.largest_layer
+    w = weight_bytes
+    table = {
+        "zero2.json": dict(params=w * (pt + pf), grads=6 * pt / g, optimizer=12 * pt / g,
+                           cpu=pt * 4 * gpus_per_node * 1.5),
+        "zero2_offload.json": dict(params=w * (pt + pf), grads=0, optimizer=0, cpu=pt * max(4 * g, 16) * 1.5),
+        "zero3.json": dict(params=4 * big + w * (pt + pf) / g, grads=4 * pt / g, optimizer=12 * pt / g,
+                           cpu=(pt + pf) * 4 * gpus_per_node * 1.5),
+        "zero3_offload.json": dict(params=4 * big, grads=0, optimizer=0,
+                                   cpu=(pt * max(4 * gpus_per_node, 18 / nodes) + w * pf / nodes) * 1.5),
+    }
+    return table[ds_name]
+
+
+def tokens(cfg: Config) -> tuple[int, int]:
+    """(video tokens S, context tokens C) of one sample."""
+    h, w = cfg.data.resolution
+    t = (cfg.data.num_frames - 1) // 4 + 1
+    clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
+    per_ref = 17 if cfg.model.preset == "tiny" else CLIP_VIT_H[0]  # tiny CLIP: 32 px / patch 8 -> 16 + 1
+    return t * (h // 16) * (w // 16), 512 + per_ref * clip
+
+
+def activation_terms(s: int, ctx: int, c: ModelCounts) -> tuple[float, float]:
+    """(A, O): elements saved for backward by one block and outside the blocks, per sample."""
+    a, b, cc = ACT_BLOCK
+    d, f, g = ACT_OUTSIDE
+    return a * s * c.width + b * s * c.ffn + cc * ctx * c.width, d * s * c.width + f * ctx * c.width + g * s
+
+
+def activation_bytes(s: int, ctx: int, c: ModelCounts, batch: int, elem_bytes: int, checkpointing: bool,
+                     offload: bool = False) -> tuple[float, float]:
+    """(bytes on the GPU, bytes moved to CPU RAM) of the activations saved for backward."""
+    block, outside = activation_terms(s, ctx, c)
+    if not checkpointing:
+        return elem_bytes * batch * (c.layers * block + outside), 0.0
+    boundaries = elem_bytes * batch * c.layers * s * c.width
+    gpu = elem_bytes * batch * (outside + block)
+    return (gpu, boundaries) if offload else (gpu + boundaries, 0.0)
+
+
+def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
+    counts = count_model(cfg)
+    s, ctx = tokens(cfg)
+    e = 2 if cfg.train.mixed_precision == "bf16" else 4
+    rows = []
+    for ds_name in SHIPPED:
+        st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
+        for ckpt, off in ((False, False), (True, False), (True, True)):
+            act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off)
+            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + OVERHEAD_GB * GB
+            rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
+                             params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
+                             activations_gb=act_gpu / GB, gpu_total_gb=gpu / GB,
+                             cpu_per_node_gb=(st["cpu"] + act_cpu * gpus) / GB, fits=gpu <= gpu_mem_gb * GB))
+    configured = next(r for r in rows if r["ds_config"] == Path(cfg.deepspeed.config).name
+                      and r["gradient_checkpointing"] == cfg.train.gradient_checkpointing
+                      and r["activation_offload"] == (cfg.train.activation_offload and cfg.train.gradient_checkpointing))
+    # Cheapest that fits: least offloading first (faster), checkpointing only when needed.
+    best = next((r for r in rows if r["fits"]), None)
+    return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
+                video_tokens=s, context_tokens=ctx, rows=rows, configured=configured, best=best,
+                load_cpu_per_node_gb=4 * (counts.trainable + counts.frozen) * gpus / GB)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpu-mem-gb", type=float, default=24.0)
+    p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan2.1 transformer instead")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    args = p.parse_args()
+    model = [f"model.pretrained={KNOWN_MODELS[args.model]}", "model.preset=null"] if args.model else []
+    cfg = load_config(args.config, args.set + model, check_paths=False)
+    r = estimate(cfg, args.gpus, args.gpu_mem_gb, args.nodes)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return
+    h, w = cfg.data.resolution
+    print(f"{args.config}: {(r['trainable'] + r['frozen']) / 1e9:.2f}B params ({r['trainable'] / 1e6:.1f}M trainable), "
+          f"{h}x{w}x{cfg.data.num_frames}, micro batch {cfg.train.micro_batch_size}, {r['video_tokens']} video + "
+          f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
+          f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
+    print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
+          f"{'total':>7s} {'CPU':>7s}  fits")
+    for x in r["rows"]:
+        print(f"  {x['ds_config']:20s} {str(x['gradient_checkpointing'])[0]:5s} {str(x['activation_offload'])[0]:5s} "
+              f"{x['params_gb']:7.2f} {x['grads_gb']:6.2f} {x['optimizer_gb']:6.2f} {x['activations_gb']:7.2f} "
+              f"{x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  {'yes' if x['fits'] else 'no'}")
+    c, b = r["configured"], r["best"]
+    print(f"configured ({c['ds_config']}, checkpointing {cfg.train.gradient_checkpointing}): "
+          f"{c['gpu_total_gb']:.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")
+    print("first that fits: " + (f"deepspeed.config=ds_configs/{b['ds_config']} train.gradient_checkpointing="
+                                 f"{str(b['gradient_checkpointing']).lower()} train.activation_offload="
+                                 f"{str(b['activation_offload']).lower()}" if b else
+                                 "none: lower data.num_frames / data.resolution, or use more GPUs"))
+    print(f"loading: each rank materialises the fp32 transformer before DeepSpeed partitions it: "
+          f"~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up")
+
+
+if __name__ == "__main__":
+    main()

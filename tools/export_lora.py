@@ -1,0 +1,37 @@
+"""Convert a DeepSpeed checkpoint folder of a run into the files the run exports at its end, offline:
+no GPU, no process group, no training data (the checkpoint carries e2v_export.json).
+
+    python tools/export_lora.py runs/<run_id>/checkpoints/step_000500 --out exported/
+    python tools/export_lora.py runs/<run_id>/checkpoints/latest --out exported/
+
+LoRA runs: pytorch_lora_weights.safetensors (diffusers, with adapter metadata),
+pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix),
+e2v_modules.safetensors (modules trained in full) and e2v_model.json. Full fine-tunes:
+transformer/ (bf16, save_pretrained). Works for any ZeRO stage (DeepSpeed's zero_to_fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from e2v.checkpoint import export_checkpoint  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a checkpoint folder (step_NNNNNN), or the run's checkpoints/latest file")
+    p.add_argument("--out", required=True, help="output folder")
+    args = p.parse_args()
+    path = Path(args.checkpoint)
+    if path.is_file() and path.name == "latest":
+        path = path.parent / path.read_text().strip()
+    out = export_checkpoint(path, Path(args.out))
+    print(f"[export] {path} -> {out}: {', '.join(sorted(f.name for f in out.iterdir()))}")
+
+
+if __name__ == "__main__":
+    main()
