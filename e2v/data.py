@@ -1,25 +1,40 @@
-"""Dataset, resumable sampler and collate: sample files -> a raw batch for conditioning.encode_batch.
+"""Dataset, bucket sampler and collate: sample files -> a raw batch for conditioning.encode_batch,
+or (cache.enabled) the sample's precomputed tensors for cache.conditions_from_cache.
 
 One item: the target video_CFHW in [-1,1], the prompt, and per element (position order) the
 VAE-path image at the video size and the CLIP-path image at the CLIP resolution. Element images
 are preprocessed here so DataLoader workers do it in parallel with the step.
 
+Buckets: every sample trains at a (F, H, W) bucket: F is `data.num_frames`, or with
+`auto_frame_buckets` the largest of `frame_buckets` the clip supports; (H, W) is
+`data.resolution`, or the `resolution_buckets` entry nearest the clip's aspect ratio. A batch
+holds one bucket, and all ranks take the same bucket at every step (the global batch is drawn
+first, then split by rank), so nothing waits on a rank with a different shape.
+
 Bad samples (`data.on_bad_sample`): `error` stops with the file named; `skip` takes the next
-sample instead and reports the skipped one in the batch, so the loop counts and logs it.
+sample of the same bucket instead and reports the skipped one in the batch, so the loop counts
+and logs it. Index-time problems (missing required element, unreadable or too-short clip) are
+reported the same way before the first step.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from e2v.cache import CacheStore
 from e2v.config import Config
-from e2v.elements import Sample, discover
-from e2v.media import MediaError, image_to_tensor, load_image, load_video, preprocess_image
+from e2v.elements import Problem, Sample, discover
+from e2v.media import (MediaError, TooShortError, image_to_tensor, load_image, load_video, preprocess_image,
+                       probe_video)
+
+Bucket = tuple[int, int, int]  # (F, H, W)
 
 
 class BadSampleError(RuntimeError):
@@ -34,11 +49,95 @@ def ordered_elements(cfg: Config):
     return [e for _, e in sorted(enumerate(cfg.data.elements), key=key)]
 
 
+# --- buckets -----------------------------------------------------------------------------------
+
+
+def frame_bucket_list(cfg: Config) -> list[int]:
+    """Allowed frame counts: data.frame_buckets, or 17, 33, ... (16-frame steps) up to num_frames,
+    without counts shorter than the condition frames the elements take."""
+    d = cfg.data
+    counts = d.frame_buckets or sorted({*range(17, d.num_frames + 1, 16), d.num_frames})
+    ref = sum(e.vae.repeat for e in d.elements if e.vae is not None) if cfg.uses_vae_condition else 1
+    return sorted(f for f in set(counts) if f >= ref)
+
+
+def uses_buckets(cfg: Config) -> bool:
+    return cfg.data.auto_frame_buckets or bool(cfg.data.resolution_buckets)
+
+
+def default_bucket(cfg: Config) -> Bucket:
+    return (cfg.data.num_frames, *cfg.data.resolution)
+
+
+def sample_bucket(s: Sample, cfg: Config) -> Bucket:
+    return s.bucket or default_bucket(cfg)
+
+
+def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
+    """The clip's bucket; MediaError when the clip is too short for every frame bucket."""
+    d = cfg.data
+
+    def span(f: int) -> int:  # source frames a count of f needs at this stride
+        return (f - 1) * d.frame_stride + 1
+
+    if d.auto_frame_buckets:
+        fits = [f for f in frame_bucket_list(cfg) if span(f) <= frames]
+        if not fits:
+            shortest = frame_bucket_list(cfg)[0]
+            raise TooShortError(f"too short: {frames} frames, the shortest frame bucket {shortest} needs {span(shortest)} "
+                             f"(frame_stride {d.frame_stride})")
+        f = fits[-1]
+    else:
+        f = d.num_frames
+        if span(f) > frames:
+            raise TooShortError(f"too short: {frames} frames, data.num_frames {f} needs {span(f)} (frame_stride "
+                             f"{d.frame_stride}); lower num_frames or turn on data.auto_frame_buckets")
+    h, w = d.resolution
+    if d.resolution_buckets:  # nearest aspect ratio, in log space (2:1 and 1:2 are equally far from 1:1)
+        aspect = math.log(width / height)
+        h, w = min(d.resolution_buckets, key=lambda hw: abs(math.log(hw[1] / hw[0]) - aspect))
+    return (f, h, w)
+
+
+def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list[Problem]:
+    """Probe every clip (header + one frame, in threads: decord releases the GIL) and set its
+    bucket. Without buckets nothing is probed (a too-short clip then fails at load)."""
+    if not uses_buckets(cfg):
+        return []
+
+    def probe(s: Sample):
+        try:
+            info = probe_video(s.video)
+            s.bucket = choose_bucket(info.frames, info.height, info.width, cfg)
+            return None
+        except TooShortError as e:
+            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
+                           "use a longer clip, or allow shorter data.frame_buckets", "too_short")
+        except (MediaError, OSError) as e:
+            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
+                           "re-encode or replace the clip, or remove the sample", "video_unreadable")
+
+    unique = {id(s): s for s in samples}.values()  # repeats share one Sample object
+    with ThreadPoolExecutor(workers) as pool:
+        return [p for p in pool.map(probe, unique) if p is not None]
+
+
+def bucket_name(b: Bucket) -> str:
+    return f"{b[0]}x{b[1]}x{b[2]}"
+
+
+# --- indexing ----------------------------------------------------------------------------------
+
+
 def index_samples(cfg: Config, verbose: bool = True) -> list[Sample]:
+    """Every sample of every dataset, with its bucket. Problems are reported by name: with
+    on_bad_sample error they stop here, with skip the samples are left out and listed."""
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
-        samples.extend(found * ds.repeat)
+        probs += assign_buckets(found, cfg)
+        bad = {p.sample for p in probs}
+        samples.extend([s for s in found if s.id not in bad] * ds.repeat)
         problems.extend(probs)
     if problems:
         lines = "\n  ".join(str(p) for p in problems[:20])
@@ -55,22 +154,33 @@ def index_samples(cfg: Config, verbose: bool = True) -> list[Sample]:
     return samples
 
 
+# --- dataset -----------------------------------------------------------------------------------
+
+
 class E2VDataset(torch.utils.data.Dataset):
-    def __init__(self, cfg: Config, samples: list[Sample]):
+    def __init__(self, cfg: Config, samples: list[Sample], cache: CacheStore | None = None):
         self.cfg = cfg
         self.samples = samples
+        self.cache = cache
         self.elements = ordered_elements(cfg) if cfg.e2v_type != "none" else []
+        groups: dict[Bucket, list[int]] = {}
+        for i, s in enumerate(samples):
+            groups.setdefault(sample_bucket(s, cfg), []).append(i)
+        # a replacement for a bad sample comes from the same bucket: the batch keeps one shape
+        self.same_bucket = {i: (g, pos) for g in groups.values() for pos, i in enumerate(g)}
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def load(self, s: Sample) -> dict:
-        d, pv, pc = self.cfg.data, self.cfg.processors.vae, self.cfg.processors.clip
-        h, w = d.resolution
-        video = load_video(s.video, d.num_frames, h, w, stride=d.frame_stride,
-                           resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
-        if not s.prompt.strip() and d.on_bad_sample == "error":
+        if not s.prompt.strip():
             raise MediaError(f"{s.video.with_suffix('.txt')}: empty prompt")
+        if self.cache is not None:
+            return self.cache.load(s)
+        d, pv, pc = self.cfg.data, self.cfg.processors.vae, self.cfg.processors.clip
+        f, h, w = sample_bucket(s, self.cfg)
+        video = load_video(s.video, f, h, w, stride=d.frame_stride,
+                           resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
         item = {"id": s.id, "video": video, "prompt": s.prompt, "element_names": [],
                 "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
         for el in self.elements:
@@ -91,8 +201,9 @@ class E2VDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         skipped = []
-        for attempt in range(len(self.samples)):
-            s = self.samples[(index + attempt) % len(self.samples)]
+        group, start = self.same_bucket[index]
+        for attempt in range(len(group)):
+            s = self.samples[group[(start + attempt) % len(group)]]
             try:
                 item = self.load(s)
                 item["skipped"] = skipped
@@ -103,57 +214,135 @@ class E2VDataset(torch.utils.data.Dataset):
                         f"sample {s.id}: {e}\n(set data.on_bad_sample: skip to skip and count bad samples)"
                     ) from e
                 skipped.append((s.id, str(e)))
-        raise BadSampleError(f"every sample failed to load; first: {skipped[:3]}")
+                print(f"[e2v data] skipped bad sample {s.id}: {e}", flush=True)  # counted by the loop too
+        raise BadSampleError(f"every sample of bucket {bucket_name(sample_bucket(self.samples[index], self.cfg))} "
+                             f"failed to load; first: {skipped[:3]}")
 
 
 def collate(items: list[dict]) -> dict:
     batch = {k: [it[k] for it in items] for k in items[0] if k != "video"}
-    batch["video"] = torch.stack([it["video"] for it in items])  # [B,3,F,H,W]
+    if "video" in items[0]:
+        batch["video"] = torch.stack([it["video"] for it in items])  # [B,3,F,H,W]
     batch["skipped"] = [s for it in items for s in it["skipped"]]
     return batch
 
 
-class ResumableSampler(Sampler):
-    """Seeded shuffle per epoch, sharded by rank, with an offset so a resumed run continues the
-    same order. Every rank gets the same number of samples (the tail is wrapped, not dropped)."""
+# --- sampler -----------------------------------------------------------------------------------
 
-    def __init__(self, n: int, *, rank: int = 0, world: int = 1, seed: int = 0, shuffle: bool = True,
-                 start_sample: int = 0):
-        self.n, self.rank, self.world, self.seed, self.shuffle = n, rank, world, seed, shuffle
-        self.per_rank = math.ceil(n / world)
-        self.start_sample = start_sample  # samples of this rank already consumed
 
-    def order(self, epoch: int) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + epoch)
-            perm = torch.randperm(self.n, generator=g).tolist()
-        else:
-            perm = list(range(self.n))
-        total = self.per_rank * self.world
-        perm = (perm * math.ceil(total / self.n))[:total]
-        return perm[self.rank::self.world]
+class BucketBatchSampler(Sampler):
+    """Yields this rank's micro-batches (lists of dataset indices), forever.
+
+    Per epoch (seed + epoch): each dataset contributes round(n x weight) samples (weight 2 = each
+    sample twice, 0.5 = a different half every epoch); each bucket is shuffled and cut into global
+    batches of micro_batch x world (the tail wraps around to the bucket's start: repeated, never
+    dropped); the global batches are shuffled; rank r takes every world-th index of each. The
+    generator is seeded identically on every rank, so all ranks agree on the bucket of each step.
+    `start_sample` (samples this rank already consumed) skips ahead, so a resumed run continues
+    the same order. With one bucket and unit weights the order is the plain seeded shuffle."""
+
+    def __init__(self, buckets: list[Bucket], datasets: list[int], weights: list[float], *, batch_size: int,
+                 rank: int = 0, world: int = 1, seed: int = 0, shuffle: bool = True, start_sample: int = 0):
+        self.buckets, self.datasets, self.weights = buckets, datasets, weights
+        self.batch_size, self.rank, self.world, self.seed, self.shuffle = batch_size, rank, world, seed, shuffle
+        self.start_sample = start_sample
+
+    def epoch_indices(self, epoch: int) -> list[int]:
+        """The weighted multiset of sample indices of one epoch."""
+        out = []
+        g = torch.Generator().manual_seed(self.seed + epoch + 7919)  # its own stream: unit weights draw nothing
+        for d, w in enumerate(self.weights):
+            members = [i for i, ds in enumerate(self.datasets) if ds == d]
+            whole, frac = divmod(w, 1.0)
+            out += members * int(whole)
+            extra = round(frac * len(members))
+            if extra:
+                out += [members[j] for j in torch.randperm(len(members), generator=g)[:extra].tolist()]
+        return sorted(out)
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        by_bucket: dict[Bucket, list[int]] = {}
+        for i in self.epoch_indices(epoch):
+            by_bucket.setdefault(self.buckets[i], []).append(i)
+        size = self.batch_size * self.world
+        batches = []
+        for key in sorted(by_bucket):
+            idx = by_bucket[key]
+            if self.shuffle:
+                idx = [idx[j] for j in torch.randperm(len(idx), generator=g).tolist()]
+            idx = idx * math.ceil(size / len(idx)) if len(idx) < size else idx
+            idx = idx + idx[: (-len(idx)) % size]
+            batches += [idx[k:k + size] for k in range(0, len(idx), size)]
+        if self.shuffle and len(by_bucket) > 1:
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+        return batches
 
     def __iter__(self):
-        consumed = self.start_sample
-        epoch, offset = divmod(consumed, self.per_rank)
+        skip, epoch = self.start_sample // self.batch_size, 0
         while True:  # infinite: the loop stops at max_steps
-            yield from self.order(epoch)[offset:]
-            epoch, offset = epoch + 1, 0
+            batches = self.global_batches(epoch)
+            for gb in batches[skip:]:
+                yield gb[self.rank::self.world]
+            skip = max(0, skip - len(batches))
+            epoch += 1
 
     def __len__(self) -> int:
-        return self.per_rank
+        return len(self.global_batches(0))
+
+
+def bucket_table(samples: list[Sample], cfg: Config, world: int) -> tuple[str, list[Bucket]]:
+    """The printed table (bucket, samples, global batches per epoch, status) and the buckets too
+    small for micro_batch x world."""
+    need = cfg.train.micro_batch_size * world
+    counts = Counter(sample_bucket(s, cfg) for s in samples)
+    small = sorted(b for b, n in counts.items() if n < need)
+    rows = [f"  {'bucket FxHxW':>16} {'samples':>8} {'batches':>8}"]
+    for b in sorted(counts):
+        status = f"  < {need} (micro_batch_size x world): {cfg.data.small_bucket}" if b in small else ""
+        rows.append(f"  {bucket_name(b):>16} {counts[b]:>8} {math.ceil(counts[b] / need):>8}{status}")
+    return "\n".join(rows), small
 
 
 def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, start_sample: int = 0) -> DataLoader:
-    dataset = E2VDataset(cfg, samples)
-    sampler = ResumableSampler(len(dataset), rank=rank, world=world, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                               start_sample=start_sample)
+    table, small = bucket_table(samples, cfg, world)
+    if small and cfg.data.small_bucket == "error":
+        raise BadSampleError(
+            f"bucket(s) {', '.join(bucket_name(b) for b in small)} hold fewer samples than micro_batch_size "
+            f"{cfg.train.micro_batch_size} x world {world}:\n{table}\nfix: add clips of that size, change "
+            "data.frame_buckets / data.resolution_buckets, or set data.small_bucket: repeat (samples repeat "
+            "within a step) or drop (they leave training)")
+    if small and cfg.data.small_bucket == "drop":
+        samples = [s for s in samples if sample_bucket(s, cfg) not in small]
+        if not samples:
+            raise BadSampleError(f"data.small_bucket: drop left no samples:\n{table}")
+    if rank == 0:
+        print(f"[e2v data] {len(samples)} samples in {len(Counter(sample_bucket(s, cfg) for s in samples))} "
+              f"bucket(s):\n{table}")
+    cache = CacheStore(cfg) if cfg.cache.enabled else None
+    if cache is not None:
+        cache.verify_all(samples)  # a missing or stale entry fails now, not hours in
+    dataset = E2VDataset(cfg, samples, cache)
+    sampler = BucketBatchSampler(
+        [sample_bucket(s, cfg) for s in samples], [s.dataset for s in samples],
+        [d.weight for d in cfg.data.datasets], batch_size=cfg.train.micro_batch_size, rank=rank, world=world,
+        seed=cfg.seed, shuffle=cfg.data.shuffle, start_sample=start_sample)
     workers = cfg.data.num_workers
     return DataLoader(
-        dataset, batch_size=cfg.train.micro_batch_size, sampler=sampler, collate_fn=collate,
+        dataset, batch_sampler=sampler, collate_fn=collate,
         num_workers=workers, pin_memory=torch.cuda.is_available(),
         prefetch_factor=cfg.data.prefetch_factor if workers else None, persistent_workers=workers > 0,
     )
+
+
+def total_over_ranks(n: int) -> int:
+    """Sum of a per-rank count over all ranks (a collective: every rank must call it)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return n
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    t = torch.tensor([float(n)], device=device)
+    torch.distributed.all_reduce(t)
+    return int(t.item())
 
 
 def sample_paths(samples: list[Sample]) -> list[Path]:

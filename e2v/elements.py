@@ -44,6 +44,7 @@ class Sample:
     prompt: str
     elements: dict[str, Path] = field(default_factory=dict)  # element name -> image path
     dataset: int = 0  # index into data.datasets
+    bucket: tuple[int, int, int] | None = None  # (F, H, W) it trains at (data.py); None: the config's
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Problem:
     file: str
     problem: str
     fix: str
+    kind: str = "bad_sample"  # stable name (tools/check_dataset.py's report and tests)
+    severity: str = "error"  # error: the sample would fail training; warning: it trains, maybe badly
 
     def __str__(self) -> str:
         return f"{self.sample}: {self.file}: {self.problem} -> {self.fix}"
@@ -86,7 +89,14 @@ def _discover_folder(ds: Dataset, elements: list[Element]) -> tuple[list[Sample]
     # is an element stem (e.g. `001_mask.mp4` would never be a target).
     videos = sorted(p for p in root.iterdir() if p.suffix.lower() in VIDEO_EXTS and p.is_file())
     samples, problems = [], []
+    by_id: dict[str, Path] = {}
     for video in videos:
+        if video.stem in by_id:  # 001.mp4 and 001.mov: one prompt and one set of elements for two clips
+            problems.append(Problem(video.stem, str(video), f"duplicate id: {by_id[video.stem].name} has the same id",
+                                    "rename or remove one of the two videos", "duplicate_id"))
+            samples = [s for s in samples if s.id != video.stem]
+            continue
+        by_id[video.stem] = video
         stem = video.with_suffix("")
         prompt_file = stem.with_suffix(".txt")
         prompt = prompt_file.read_text().strip() if prompt_file.exists() else ""
@@ -98,12 +108,28 @@ def _discover_folder(ds: Dataset, elements: list[Element]) -> tuple[list[Sample]
             elif el.required:
                 problems.append(Problem(
                     video.stem, str(video), f"required element '{el.name}' missing",
-                    f"add one of {', '.join(video.stem + s for s in el.suffixes)}",
+                    f"add one of {', '.join(video.stem + s for s in el.suffixes)}", "element_missing",
                 ))
                 break
         else:
             samples.append(Sample(video.stem, video, prompt, found))
     return samples, problems
+
+
+def orphan_files(ds: Dataset, elements: list[Element]) -> list[Path]:
+    """Files of an `e2v` folder that belong to no sample id: a prompt or element image whose id
+    has no video, or a name no element suffix matches (a typo'd suffix is the usual cause)."""
+    root = Path(ds.data_root)
+    files = [p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
+    ids = {p.stem for p in files if p.suffix.lower() in VIDEO_EXTS}
+    suffixes = [sfx for el in elements for sfx in el.suffixes] + [".txt"]
+    orphans = []
+    for p in sorted(files):
+        if p.suffix.lower() in VIDEO_EXTS:
+            continue
+        if not any(p.name.endswith(sfx) and p.name[: -len(sfx)] in ids for sfx in suffixes):
+            orphans.append(p)
+    return orphans
 
 
 def _rows_csv(path: Path) -> list[dict]:
@@ -142,7 +168,7 @@ def _discover_table(ds: Dataset, elements: list[Element]) -> tuple[list[Sample],
                 found[el.name] = _resolve(root, value)
             elif el.required:
                 problems.append(Problem(sid, str(meta), f"required element '{el.name}' has no column value",
-                                        f"add a '{el.name}' column/field with the image path"))
+                                        f"add a '{el.name}' column/field with the image path", "element_missing"))
                 break
         else:
             samples.append(Sample(sid, video, str(row["prompt"] or ""), found))

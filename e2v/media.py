@@ -8,6 +8,8 @@ as image_CHW.
 
 from __future__ import annotations
 
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,10 @@ RESAMPLE = {
 
 class MediaError(RuntimeError):
     """A file that cannot be used, with its path in the message."""
+
+
+class TooShortError(MediaError):
+    """A clip with fewer frames than the frame count (or every frame bucket) needs."""
 
 
 # --- images ------------------------------------------------------------------------------------
@@ -112,7 +118,51 @@ def image_to_tensor(img: Image.Image) -> torch.Tensor:
 
 
 def video_frame_count(path: str | Path) -> int:
-    return len(_reader(path))
+    return probe_video(path).frames
+
+
+@dataclass
+class VideoInfo:
+    frames: int
+    height: int
+    width: int
+    fps: float  # 0.0 for .npz frames (no clock)
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Frame count, size and fps without decoding the clip: decord decodes one frame (also the
+    check for its width bug below); for `.npz` only the array header is read."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return _probe_npz(path)
+    vr = _reader(path)
+    try:
+        first = vr[0].shape
+    except Exception as e:
+        raise MediaError(f"cannot decode the first frame of {path}: {e}") from e
+    _check_channels(first, path)
+    return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
+
+
+def _check_channels(frame_shape, path) -> None:
+    # decord 0.6.0 mis-strides some widths (16, 24, 48, 72 px seen): the frame comes back with 4 or
+    # 6 "channels" and get_batch fails with "DECORDArrayCopyFromTo: The size must exactly match".
+    if frame_shape[-1] != 3:
+        raise MediaError(f"{path}: decord 0.6.0 cannot decode this {frame_shape[1]}-px-wide video (a known decord "
+                         f"bug at some widths, e.g. 16, 24, 48, 72 px); re-encode it to another width, e.g. "
+                         f"ffmpeg -i IN -vf scale=64:-2 OUT")
+
+
+def _probe_npz(path: Path) -> VideoInfo:
+    try:
+        with zipfile.ZipFile(path) as z, z.open("frames.npy") as f:
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            shape, _, dtype = read_header[np.lib.format.read_magic(f)](f)
+    except Exception as e:
+        raise MediaError(f"cannot read frames from {path}: {e} (expected uint8 [F,H,W,3] under 'frames')") from e
+    if dtype != np.uint8 or len(shape) != 4 or shape[-1] != 3:
+        raise MediaError(f"{path}: 'frames' must be uint8 [F,H,W,3], got {dtype} {shape}")
+    return VideoInfo(shape[0], shape[1], shape[2], 0.0)
 
 
 def _reader(path):
@@ -129,7 +179,7 @@ def frame_indices(available: int, num_frames: int, stride: int = 1, start: int =
     reports (the clip is too short for this frame count)."""
     need = (num_frames - 1) * stride + 1
     if start + need > available:
-        raise MediaError(f"needs {need} frames (num_frames {num_frames}, stride {stride}) but has {available}")
+        raise TooShortError(f"too short: needs {need} frames (num_frames {num_frames}, stride {stride}) but has {available}")
     return list(range(start, start + need, stride))
 
 
@@ -161,14 +211,15 @@ def load_video(path: str | Path, num_frames: int, height: int, width: int, *, st
         try:
             idx = frame_indices(len(frames), num_frames, stride)
         except MediaError as e:
-            raise MediaError(f"{path}: {e}") from None
+            raise type(e)(f"{path}: {e}") from None
         return frames_to_video(frames[idx], height, width, resize_mode, reshape_mode)
     vr = _reader(path)
     try:
         idx = frame_indices(len(vr), num_frames, stride)
         frames = vr.get_batch(idx).asnumpy()
     except MediaError as e:
-        raise MediaError(f"{path}: {e}") from None
+        raise type(e)(f"{path}: {e}") from None
     except Exception as e:
+        _check_channels(vr[0].shape, path)
         raise MediaError(f"cannot decode frames of {path}: {e}") from e
     return frames_to_video(frames, height, width, resize_mode, reshape_mode)

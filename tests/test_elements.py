@@ -44,3 +44,38 @@ def test_caption_prefix_removal():
     assert strip_caption_prefix("The video shows a dog running.") == "A dog running."
     assert strip_caption_prefix("In this video, a cat sleeps") == "A cat sleeps"
     assert strip_caption_prefix("A dog runs") == "A dog runs"
+
+
+def test_csv_and_jsonl_sources_with_npz_and_element_columns(tmp_path):
+    import json
+
+    import numpy as np
+
+    (tmp_path / "clips").mkdir()
+    np.savez(tmp_path / "clips/a.npz", frames=np.zeros((5, 16, 16, 3), np.uint8))
+    (tmp_path / "meta.csv").write_text("video,prompt,person\nclips/a.npz,The video shows a cat,p.png\n")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"path": "clips/a.npz", "prompt": "x", "person": "q.png"}) + "\n\n")
+    els = [Element("person", [], True)]
+    csv_s, _ = discover(Dataset(data_root=str(tmp_path), dataset_type="csv", metadata_path="meta.csv"), els,
+                        strip_prefixes=True, dataset_index=1)
+    assert csv_s[0].video == tmp_path / "clips/a.npz" and csv_s[0].prompt == "A cat" and csv_s[0].dataset == 1
+    assert csv_s[0].elements == {"person": tmp_path / "p.png"}
+    js, _ = discover(Dataset(data_root=str(tmp_path), dataset_type="jsonl", metadata_path="train.jsonl"), els)
+    assert len(js) == 1 and js[0].elements == {"person": tmp_path / "q.png"} and js[0].prompt == "x"
+    (tmp_path / "train.jsonl").write_text('{"path": "clips/a.npz"}\n')
+    import pytest
+
+    with pytest.raises(ValueError, match="row 1 needs 'path' and 'prompt'"):
+        discover(Dataset(data_root=str(tmp_path), dataset_type="jsonl", metadata_path="train.jsonl"), els)
+
+
+def test_duplicate_ids_and_orphans(tmp_path):
+    from e2v.elements import orphan_files
+
+    for name in ("001.mp4", "001.mov", "001_person.png", "002.mp4", "002.txt", "002_person.png", "003_person.png", "002_persn.png"):
+        touch(tmp_path / name)
+    els = [Element("person", ["_person.png"], True)]
+    samples, problems = discover(Dataset(data_root=str(tmp_path)), els)
+    assert [s.id for s in samples] == ["002"]
+    assert [(p.sample, p.kind) for p in problems] == [("001", "duplicate_id")]
+    assert [p.name for p in orphan_files(Dataset(data_root=str(tmp_path)), els)] == ["002_persn.png", "003_person.png"]

@@ -1,0 +1,314 @@
+"""Precomputed conditioning tensors, keyed by sample id plus a fingerprint of everything that
+shaped them (never by loader position: diffusers' scripts paired cached latents with the wrong
+captions for years that way).
+
+One safetensors file per sample, `<root>/<id>.safetensors`, holding what conditioning.py computes
+before anything random happens:
+    latents_mean, latents_std    [16,T,h,w]  target posterior, normalised (std kept: `sample` mode works)
+    text                         [L_true,D]  UMT5 hidden state up to the prompt's length (zero-padded
+                                             to 512 on load, exactly encode_text's output)
+    clip.<element>               [L,D]       CLIP penultimate tokens, per element
+    cond_mean, cond_std          [16,T,h,w]  combine before: ONE encode of the condition video of the
+                                             elements the mode keeps (full / index / first_and_last
+                                             keep a fixed set, so one encode per sample is exact)
+    vae.<element>.mean / .std    [16,t,h,w]  combine after: each element encoded on its own; any
+                                             mode, the random subset is assembled per step
+and, in the safetensors metadata, the fingerprint (`fp.<field>`) and the element names. Not
+cacheable (config.py refuses at start): combine before with prefix / random (the condition video
+depends on the choice of the step) and target_layout prepend. `<root>/_shared.safetensors` holds
+the empty-prompt embedding (caption dropout) and the CLIP token shape.
+
+The random part of a step (element choice, dropouts: `rng`; posterior samples: `generator`) is
+drawn here with conditioning.draw_choices and in the same order as encode_batch, so a cached and
+an encoding run with the same seed see the same choices, sigmas and noise.
+
+Memory: training from the cache never builds the VAE, UMT5 or CLIP. For the real models that is
+UMT5-XXL's encoder (5.7 B params, 11.4 GB in bf16), CLIP ViT-H/14 (0.63 B, 2.5 GB fp32) and the
+Wan VAE (0.13 B, 0.5 GB fp32, plus its activations at 480p x 81 frames): ~14.4 GB of weights per GPU.
+
+Legend: B batch, T latent frames, h/w latent size, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from e2v.conditioning import (TEXT_LEN, VAE_T, Conditions, after_frames, after_ref_frames, clip_names, condition_video,
+                              draw_choices, encode_batch, encode_clip_images, encode_text, encode_video_stats, finish_condition,
+                              image_token_shape, pad_after_latents, pad_clip_tokens, select_elements)
+from e2v.config import Config, to_dict
+from e2v.elements import Sample
+from e2v.media import MediaError
+
+CACHE_VERSION = "1"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class CacheError(RuntimeError):
+    """A missing or stale entry: never a bad sample to skip, the cache must be rebuilt."""
+
+
+def dataset_root(cfg: Config, index: int) -> Path:
+    """One folder per dataset: two datasets may share a data_root (a CSV and a JSONL) and ids."""
+    ds = cfg.data.datasets[index]
+    base = Path(cfg.cache.dir) if cfg.cache.dir else Path(ds.data_root) / ".e2v_cache"
+    key = json.dumps([str(Path(ds.data_root).resolve()), ds.dataset_type, ds.metadata_path])
+    return base / f"{Path(ds.data_root).resolve().name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def _file_stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{path} size={st.st_size} mtime_ns={st.st_mtime_ns}"
+
+
+def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[str, str]:
+    """Every input that shapes the cached tensors, one named field each (the stale-entry error
+    names the field that changed)."""
+    d, pv = cfg.data, cfg.processors.vae
+    m = cfg.model
+    fp = {
+        "version": CACHE_VERSION,
+        "video": _file_stamp(s.video) if s.video.exists() else f"{s.video} missing",
+        "prompt": s.prompt,
+        "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]} stride={d.frame_stride} "
+                             f"video_resize={d.video_resize} reshape={d.reshape_mode}",
+        "element_config": json.dumps([to_dict(e) for e in d.elements], sort_keys=True),
+        "processors": json.dumps({"vae": {"combine": pv.combine, "default_preprocess": pv.default_preprocess,
+                                          "frame_conditioning": pv.frame_conditioning, "frame_index": pv.frame_index},
+                                  "clip": to_dict(cfg.processors.clip), "e2v_type": cfg.e2v_type}, sort_keys=True),
+        "model": json.dumps({"preset": m.preset, "pretrained": m.pretrained, "image_encoder": m.image_encoder,
+                             "tiny_seed": m.tiny_seed, "tiny_vae": m.tiny_vae}, sort_keys=True),
+        "dtype": f"cache={cfg.cache.dtype} weights={m.weight_dtype}",
+    }
+    for name in sorted(s.elements):
+        p = s.elements[name]
+        fp[f"element.{name}"] = _file_stamp(p) if p.exists() else f"{p} missing"
+    return fp
+
+
+def _safe_name(sample_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in sample_id)
+
+
+class CacheStore:
+    """Reads and writes the entries of every dataset of a config."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self._shared: dict | None = None
+
+    def path(self, s: Sample) -> Path:
+        return dataset_root(self.cfg, s.dataset) / f"{_safe_name(s.id)}.safetensors"
+
+    def shared_path(self) -> Path:
+        return dataset_root(self.cfg, 0) / "_shared.safetensors"
+
+    def bucket(self, s: Sample) -> tuple[int, int, int]:
+        return s.bucket or (self.cfg.data.num_frames, *self.cfg.data.resolution)
+
+    # -- checking ---------------------------------------------------------------------------------
+
+    def problem(self, s: Sample) -> str | None:
+        """None when the entry is valid, else what is wrong (missing, or the first changed field)."""
+        path = self.path(s)
+        if not path.exists():
+            return f"sample {s.id}: no cache entry {path}"
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        want = fingerprint(s, self.cfg, self.bucket(s))
+        for key, value in want.items():
+            old = meta.get(f"fp.{key}")
+            if old != value:
+                return f"sample {s.id}: cache entry {path} is stale: '{key}' changed (cached {old!r}, now {value!r})"
+        extra = sorted(k[3:] for k in meta if k.startswith("fp.") and k[3:] not in want)
+        if extra:
+            return f"sample {s.id}: cache entry {path} is stale: '{extra[0]}' changed (cached, now absent)"
+        return None
+
+    def verify_all(self, samples: list[Sample], workers: int = 8) -> None:
+        unique = list({(s.dataset, s.id): s for s in samples}.values())
+        with ThreadPoolExecutor(workers) as pool:
+            problems = [p for p in pool.map(self.problem, unique) if p]
+        if not self.shared_path().exists():
+            problems.insert(0, f"no shared cache file {self.shared_path()} (empty-prompt embedding)")
+        if problems:
+            more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+            raise CacheError(f"{len(problems)} cache entr{'y is' if len(problems) == 1 else 'ies are'} missing or "
+                             "stale:\n  " + "\n  ".join(problems[:10]) + more +
+                             "\nfix: python tools/precompute.py --config <this config> (it recomputes only these)")
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def shared(self) -> dict:
+        if self._shared is None:
+            path = self.shared_path()
+            with safe_open(str(path), "pt") as f:
+                meta = f.metadata() or {}
+            tensors = load_file(str(path))
+            self._shared = {"empty_text": tensors["empty_text"].float(),
+                            "clip_shape": tuple(json.loads(meta["clip_shape"]))}
+        return self._shared
+
+    def load(self, s: Sample) -> dict:
+        """A data.py item holding the cached tensors (fp32). A sample precompute marked bad raises
+        MediaError, so on_bad_sample applies as it does to raw files."""
+        problem = self.problem(s)
+        if problem:
+            raise CacheError(problem + "\nfix: python tools/precompute.py --config <this config>")
+        path = self.path(s)
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        if "bad" in meta:
+            raise MediaError(meta["bad"])
+        tensors = {k: v.float() for k, v in load_file(str(path)).items()}
+        return {"id": s.id, "prompt": s.prompt, "element_names": json.loads(meta["element_names"]),
+                "cached": tensors, "shared": self.shared()}
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def _write(self, path: Path, tensors: dict, meta: dict) -> None:
+        """Atomic (temp file + rename): an interrupted precompute never leaves a valid-looking entry."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        dtype = DTYPES[self.cfg.cache.dtype]
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+
+    def write(self, s: Sample, tensors: dict, element_names: list[str]) -> None:
+        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, self.bucket(s)).items()}
+        meta["element_names"] = json.dumps(element_names)
+        self._write(self.path(s), tensors, meta)
+
+    def write_bad(self, s: Sample, message: str) -> None:
+        """Remember a sample that failed (on_bad_sample: skip): training skips and counts it."""
+        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, self.bucket(s)).items()}
+        meta.update(bad=message, element_names="[]")
+        self._write(self.path(s), {"_": torch.zeros(1)}, meta)
+
+    def write_shared(self, parts) -> None:
+        """The empty-prompt embedding (caption dropout) and the CLIP token shape of these encoders."""
+        empty = encode_text([""], parts.tokenizer, parts.text_encoder)[0, :text_length("", parts.tokenizer)]
+        clip_shape = image_token_shape(parts) if parts.transformer.config.added_kv_proj_dim is not None else (0, 0)
+        self._write(self.shared_path(), {"empty_text": empty}, {"clip_shape": json.dumps(clip_shape)})
+
+
+def text_length(prompt: str, tokenizer) -> int:
+    """Tokens encode_text keeps for this prompt (after them its output is zero)."""
+    return len(tokenizer(prompt, max_length=TEXT_LEN, truncation=True, add_special_tokens=True).input_ids)
+
+
+# --- precompute ---------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def compute_entry(item: dict, parts, cfg: Config) -> dict[str, torch.Tensor]:
+    """One data.py item (pixels) -> the tensors of its cache entry (see the module docstring)."""
+    pv = cfg.processors.vae
+    dev = parts.vae.device
+    video_BCFHW = item["video"].unsqueeze(0).to(dev)
+    f = video_BCFHW.shape[2]
+    mean, std = encode_video_stats(video_BCFHW, parts.vae)
+    out = {"latents_mean": mean[0], "latents_std": std[0]}  # moved to the CPU by CacheStore.write
+    out["text"] = encode_text([item["prompt"]], parts.tokenizer, parts.text_encoder)[0, :text_length(
+        item["prompt"], parts.tokenizer)]
+    if cfg.uses_clip and parts.image_encoder is not None and item["clip_refs"]:
+        names = list(item["clip_refs"])
+        tokens = encode_clip_images([item["clip_refs"][k] for k in names], parts.image_encoder, parts.image_processor)
+        out.update({f"clip.{k}": t for k, t in zip(names, tokens)})
+    if cfg.uses_vae_condition:
+        refs = item["vae_refs"]
+        if pv.combine == "before":  # the fixed set the mode keeps (config.py refuses prefix / random)
+            idx = select_elements(len(item["element_names"]), pv.frame_conditioning, random.Random(0), pv.frame_index)
+            names = [item["element_names"][k] for k in idx if item["element_names"][k] in refs]
+            if names:
+                video = condition_video([refs[k].view(1, 3, 1, *refs[k].shape[-2:]).to(dev) for k in names],
+                                        [item["vae_repeats"][k] for k in names], f)
+                out["cond_mean"], out["cond_std"] = (t[0] for t in encode_video_stats(video, parts.vae))
+        else:
+            for k, ref in refs.items():
+                n = after_frames(item["vae_repeats"][k])
+                ref_video = ref.view(1, 3, 1, *ref.shape[-2:]).expand(-1, -1, n, -1, -1).to(dev)
+                m, s = encode_video_stats(ref_video, parts.vae)
+                out[f"vae.{k}.mean"], out[f"vae.{k}.std"] = m[0], s[0]
+    return out
+
+
+# --- a step from the cache ----------------------------------------------------------------------
+
+
+def _posterior(mean: torch.Tensor, std: torch.Tensor, mode: str, generator) -> torch.Tensor:
+    """The posterior mean, or a sample drawn as diffusers' DiagonalGaussianDistribution draws it
+    (one randn of the whole shape), so the generator advances as in an encoding run."""
+    if mode == "argmax":
+        return mean
+    return mean + std * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+
+
+def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random,
+                          generator: torch.Generator | None = None, train: bool = True) -> Conditions:
+    """What encode_batch returns, assembled from cached entries; the same draws in the same order."""
+    pv, cd = cfg.processors.vae, cfg.conditioning
+    entries = batch["cached"]
+    b = len(entries)
+    kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
+    lat_mean = torch.stack([e["latents_mean"] for e in entries])
+    _, z, t, h, w = lat_mean.shape
+    f = VAE_T * (t - 1) + 1
+
+    cond = None
+    if cfg.uses_vae_condition:
+        repeat = {e.name: e.vae.repeat for e in cfg.data.elements if e.vae is not None}
+        if pv.combine == "before":
+            zeros = torch.zeros(z, t, h, w)  # no reference kept: zero condition (finish_condition zeroes it anyway)
+            mean = torch.stack([e.get("cond_mean", zeros) for e in entries])
+            std = torch.stack([e.get("cond_std", zeros) for e in entries])
+            cond_lat = _posterior(mean, std, pv.sample_mode, generator)
+            ref_frames = [sum(repeat[k] for k in kept[i] if k in repeat) for i in range(b)]
+        else:
+            rows, n_lat = [], []
+            for i, e in enumerate(entries):
+                chunks = [_posterior(e[f"vae.{k}.mean"][None], e[f"vae.{k}.std"][None], pv.sample_mode, generator)
+                          for k in kept[i] if f"vae.{k}.mean" in e]
+                row, n = pad_after_latents(chunks, t, z, h, w)
+                rows.append(row)
+                n_lat.append(n)
+            cond_lat, ref_frames = torch.cat(rows), after_ref_frames(n_lat)
+        cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
+
+    latents = _posterior(lat_mean, torch.stack([e["latents_std"] for e in entries]), cd.target_sample_mode, generator)
+    cond_channels = parts.transformer.config.in_channels - z
+    if cond is None and cond_channels > 0:  # as encode_batch: condition channels read "no reference"
+        cond = latents.new_zeros(b, cond_channels, t, h, w)
+
+    clip = None
+    if parts.transformer.config.added_kv_proj_dim is not None:
+        n_tok, width = batch["shared"][0]["clip_shape"]
+        tokens = []
+        for i, e in enumerate(entries):
+            names = clip_names(kept[i], {k[5:] for k in e if k.startswith("clip.")}, ref_drop[i], cfg)
+            tokens.append(torch.stack([e[f"clip.{k}"] for k in names]) if names else torch.zeros(0, n_tok, width))
+        clip = pad_clip_tokens(tokens, n_tok, width)
+
+    empty = batch["shared"][0]["empty_text"]
+    text = torch.zeros(b, TEXT_LEN, empty.shape[-1])
+    for i, e in enumerate(entries):
+        row = empty if cap_drop[i] else e["text"]
+        text[i, : row.shape[0]] = row
+    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop)
+
+
+def batch_conditions(batch: dict, parts, cfg: Config, *, rng: random.Random,
+                     generator: torch.Generator | None = None, train: bool = True) -> Conditions:
+    """The step's tensors: from the cache when the batch holds cached entries, else encoded."""
+    if "cached" in batch:
+        return conditions_from_cache(batch, parts, cfg, rng=rng, generator=generator, train=train)
+    return encode_batch(batch, parts, cfg, rng=rng, generator=generator, train=train)

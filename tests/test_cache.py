@@ -1,0 +1,178 @@
+"""The conditioning cache against a second code path: encode_batch on the same raw batch with the
+same RNG states must give what conditions_from_cache assembles from the cached entries (every
+cacheable mode, dropouts, posterior samples). Then the real tools: precompute, stale and missing
+entries, and a cached training run against an encoding one (mixed sizes, 2 processes, batch 2)."""
+
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, read_scalars, run_train
+from e2v.cache import CacheError, CacheStore, batch_conditions, compute_entry
+from e2v.config import ConfigError, load_config
+from e2v.data import E2VDataset, collate, index_samples
+
+
+def _cfg(data, cache_dir, *sets):
+    return load_config(ROOT / "configs/e2v_tiny.yaml", [
+        f"data.datasets.0.data_root={data}", f"cache.dir={cache_dir}", "validation.every_n_steps=0",
+        "visualization.enabled=false", *sets])
+
+
+def _fill(cfg, parts, samples):
+    store = CacheStore(cfg)
+    ds = E2VDataset(cfg, samples)
+    for s in samples:
+        item = ds.load(s)
+        store.write(s, compute_entry(item, parts, cfg), item["element_names"])
+    store.write_shared(parts)
+    return store
+
+
+def _both(cfg, parts, samples, store, seed=3):
+    raw = collate([E2VDataset(cfg, samples)[i] for i in range(len(samples))])
+    cached = collate([{**store.load(s), "skipped": []} for s in samples])
+    out = []
+    for batch in (raw, cached):
+        rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            out.append((batch_conditions(batch, parts, cfg, rng=rng, generator=gen), rng.random(),
+                        torch.rand(1, generator=gen).item()))
+    return out
+
+
+MODES = {  # name -> overrides; each a cacheable layout
+    "full_before_argmax": (),
+    "index_before_sample_dropouts": ("processors.vae.frame_conditioning=index", "processors.vae.frame_index=1",
+                                     "processors.vae.sample_mode=sample", "conditioning.target_sample_mode=sample",
+                                     "conditioning.reference_dropout=0.5", "conditioning.caption_dropout=0.5"),
+    "random_after": ("processors.vae.combine=after", "processors.vae.frame_conditioning=random",
+                     "processors.vae.sample_mode=sample", "conditioning.reference_dropout=0.3"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_cached_conditions_equal_encoded(mode, demo_data, tiny_parts, tmp_path):
+    cfg = _cfg(demo_data, tmp_path / "cache", *MODES[mode])
+    samples = index_samples(cfg, verbose=False)[:3]
+    store = _fill(cfg, tiny_parts, samples)
+    (enc, enc_rng, enc_gen), (cac, cac_rng, cac_gen) = _both(cfg, tiny_parts, samples, store)
+    assert (enc_rng, enc_gen) == (cac_rng, cac_gen), "the cached path must consume rng and generator identically"
+    assert enc.kept == cac.kept and enc.ref_dropped == cac.ref_dropped and enc.caption_dropped == cac.caption_dropped
+    for f in ("latents_BCTHW", "cond_BCTHW", "clip_BLD", "text_BLD"):
+        a, b = getattr(enc, f), getattr(cac, f)
+        assert a.shape == b.shape, f
+        # batch-of-4 vs batch-of-1 encodes differ only by summation order
+        torch.testing.assert_close(b, a, atol=5e-5, rtol=1e-5, msg=f"{mode}: {f}")
+    if mode == "full_before_argmax":
+        assert torch.count_nonzero(cac.cond_BCTHW[:, :4]) > 0 and torch.count_nonzero(cac.clip_BLD) > 0
+
+
+def test_stale_and_missing_entries_name_sample_and_field(demo_data, tiny_parts, tmp_path):
+    cfg = _cfg(demo_data, tmp_path / "cache")
+    samples = index_samples(cfg, verbose=False)[:2]
+    store = _fill(cfg, tiny_parts, samples)
+    store.verify_all(samples)  # fresh: no error
+    changed = dataclasses.replace(samples[0], prompt="a different caption")
+    with pytest.raises(CacheError, match=f"sample {samples[0].id}: .*'prompt' changed"):
+        store.verify_all([changed, samples[1]])
+    os.utime(samples[1].elements["person"], ns=(1, 1))  # touched element image: mtime differs
+    assert "'element.person' changed" in store.problem(samples[1])
+    other = dataclasses.replace(samples[0], id="not_cached")
+    with pytest.raises(CacheError, match="sample not_cached: no cache entry"):
+        store.verify_all([other])
+    res = _cfg(demo_data, tmp_path / "cache", "model.tiny_seed=1")
+    assert "'model' changed" in CacheStore(res).problem(samples[0])
+
+
+def test_uncacheable_modes_are_refused(demo_data, tmp_path):
+    with pytest.raises(ConfigError, match="combine: after"):
+        _cfg(demo_data, tmp_path, "cache.enabled=true", "processors.vae.frame_conditioning=prefix")
+    with pytest.raises(ConfigError, match="prepend"):
+        _cfg(demo_data, tmp_path, "cache.enabled=true", "conditioning.target_layout=prepend")
+
+
+# --- the real entry points -----------------------------------------------------------------------
+
+
+def make_mixed_dataset(root, n_square=4, n_wide=4, bad_element=False):
+    """Square 17-frame clips and wide 9-12-frame clips (two buckets), each with a person image;
+    bad_element adds a square sample whose image is unreadable (found at load, not at indexing)."""
+    from PIL import Image
+
+    from tools.make_demo_dataset import write_video
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    specs = [(17, 64, 64)] * n_square + [(9 + i % 4, 64, 112) for i in range(n_wide)]
+    for i, (f, h, w) in enumerate(specs):
+        base = rng.integers(0, 255, 3)
+        frames = np.clip(base + rng.integers(-40, 40, (f, h, w, 3)), 0, 255).astype(np.uint8)
+        write_video(root / f"{i:03d}.mp4", frames)
+        (root / f"{i:03d}.txt").write_text(f"clip number {i} of colour {base.tolist()}")
+        Image.fromarray(rng.integers(0, 255, (40, 32, 3), dtype=np.uint8)).save(root / f"{i:03d}_person.png")
+    if bad_element:
+        write_video(root / "bad.mp4", np.zeros((17, 64, 64, 3), np.uint8))
+        (root / "bad.txt").write_text("a sample whose reference image is broken")
+        (root / "bad_person.png").write_bytes(b"not a png")
+    return root
+
+
+MIXED = ("data.resolution_buckets=[[64,64],[64,112]]", "data.auto_frame_buckets=true", "data.frame_buckets=[9,17]",
+         "validation.every_n_steps=0", "visualization.enabled=false", "train.micro_batch_size=2",
+         "train.max_steps=3", "train.checkpoint_every=100", "data.num_workers=1", "data.on_bad_sample=skip")
+
+
+@pytest.fixture(scope="module")
+def mixed_runs(tmp_path_factory):
+    """The same mixed-size data and seed trained twice with 2 processes and batch 2: encoding every
+    step, and from a cache filled by tools/precompute.py."""
+    tmp = tmp_path_factory.mktemp("mixed")
+    data = make_mixed_dataset(tmp / "data", n_square=3, bad_element=True)  # buckets of 4 = batch 2 x 2 ranks
+    sets = (f"data.datasets.0.data_root={data}", f"output_dir={tmp / 'runs'}", f"cache.dir={tmp / 'cache'}", *MIXED)
+    pre = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
+                          *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    enc = run_train("configs/e2v_tiny.yaml", *sets, "run_id=encoded", num_gpus=2)
+    cac = run_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2)
+    return tmp, pre, enc, cac
+
+
+def test_mixed_sizes_train_with_two_processes(mixed_runs):
+    tmp, pre, enc, cac = mixed_runs
+    assert "wrote 7 entries (1 bad samples recorded)" in pre.stdout
+    assert "17x64x64" in enc.stdout and "9x64x112" in enc.stdout  # the printed bucket table
+    for run, proc in (("encoded", enc), ("cached", cac)):  # the broken sample: skipped, named and counted
+        assert "skipped bad sample bad:" in proc.stdout + proc.stderr
+        assert "[e2v] skipped 1 bad sample(s)" in proc.stdout, run
+    losses = [read_scalars(tmp / "runs/encoded")[s]["train/loss"] for s in (1, 2, 3)]
+    assert all(np.isfinite(losses))
+
+
+def test_cached_run_matches_encoded_run_without_encoders(mixed_runs):
+    tmp, _, enc, cac = mixed_runs
+    assert "frozen encoders loaded: vae, text_encoder, image_encoder" in enc.stdout
+    assert "frozen encoders loaded: none" in cac.stdout  # the cached run never built VAE, UMT5 or CLIP
+    a, b = read_scalars(tmp / "runs/encoded"), read_scalars(tmp / "runs/cached")
+    for step in (1, 2, 3):
+        assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], rel=1e-5, abs=1e-6), step
+
+
+def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs):
+    tmp, _, _, _ = mixed_runs
+    sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
+    again = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
+                            *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0 and "8 cached and valid, 0 to compute" in again.stdout
+    (tmp / "data/002.txt").write_text("a new caption")
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", sets + ["cache.enabled=true"])
+    from e2v.data import make_loader
+
+    with pytest.raises(CacheError, match="sample 002: .*'prompt' changed"):
+        make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)

@@ -1,0 +1,161 @@
+"""tools/check_dataset.py on a dataset with one defect per sample: it must name each defect (sample
+and kind) and nothing else, exit 1 because some would fail training, and exit 0 on a clean set."""
+
+import json
+import subprocess
+import sys
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+
+CONFIG = """
+e2v_type: dual
+model: {preset: tiny}
+data:
+  datasets: [{data_root: DATA}]
+  num_frames: 9
+  resolution: [64, 64]
+  elements:
+    - {name: person, suffixes: [_person.png], required: true, vae: {repeat: 1, position: 0}}
+    - {name: object, suffixes: [_object.png], required: false, vae: {repeat: 4, position: 1}}
+train: {micro_batch_size: 2, max_steps: 1}
+validation: {every_n_steps: 0}
+"""
+
+
+def clip(path, frames=9, h=64, w=64, fps=8, seed=0):
+    rng = np.random.default_rng(seed)
+    video = np.clip(rng.integers(0, 255, 3) + rng.integers(-30, 30, (frames, h, w, 3)), 0, 255).astype(np.uint8)
+    writer = imageio_ffmpeg.write_frames(str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv444p",
+                                         macro_block_size=1, ffmpeg_log_level="error", output_params=["-crf", "12"])
+    writer.send(None)
+    for f in video:
+        writer.send(np.ascontiguousarray(f))
+    writer.close()
+
+
+def sample(root, ident, *, person=True, prompt=None, **video):
+    clip(root / f"{ident}.mp4", seed=int(ident), **video)
+    (root / f"{ident}.txt").write_text(f"clip {ident} shows its own thing" if prompt is None else prompt)
+    if person:
+        Image.fromarray(np.full((48, 40, 3), int(ident) % 255, np.uint8)).save(root / f"{ident}_person.png")
+
+
+def clean_set(root, n=4):
+    root.mkdir(parents=True)
+    for i in range(n):
+        sample(root, f"{i:03d}")
+    return root
+
+
+def defect_set(root):
+    """Four clean samples, then one defect each; returns {(sample, kind)} the validator must report."""
+    clean_set(root)
+    expected = set()
+
+    def expect(sample_id, kind):
+        expected.add((sample_id, kind))
+
+    (root / "010.mp4").write_bytes(b"\x00not a video" * 100)  # corrupt video
+    (root / "010.txt").write_text("clip 010 corrupt")
+    Image.new("RGB", (40, 48)).save(root / "010_person.png")
+    expect("010", "video_unreadable")
+    sample(root, "011", w=48)  # decord 0.6.0 cannot decode 48-px-wide videos
+    expect("011", "video_unreadable")
+    sample(root, "012", frames=5)  # too short for 9 frames
+    expect("012", "too_short")
+    sample(root, "013")
+    (root / "013_object.png").write_bytes(b"garbage, not a png")  # unreadable element image
+    expect("013", "element_unreadable")
+    sample(root, "014", person=False)  # required element missing
+    expect("014", "element_missing")
+    sample(root, "015", prompt="   ")  # empty caption
+    expect("015", "empty_caption")
+    sample(root, "016", prompt="clip 000 shows its own thing")  # duplicate of 000's caption
+    expect("016", "duplicate_caption")
+    Image.new("RGB", (40, 48)).save(root / "099_person.png")  # no 099 video: orphan
+    Image.new("RGB", (40, 48)).save(root / "001_persn.png")  # typo'd suffix: orphan
+    expect("-", "orphan_file")
+    sample(root, "017")
+    clip(root / "017.mov", seed=17)  # two videos with id 017
+    expect("017", "duplicate_id")
+    sample(root, "018")
+    Image.new("CMYK", (40, 48)).save(root / "018_object.jpg")
+    (root / "018_object.jpg").rename(root / "018_object.png")  # PIL reads by content: a CMYK image
+    expect("018", "element_mode")
+    sample(root, "019")
+    Image.new("RGB", (8, 8)).save(root / "019_object.png")  # tiny reference
+    expect("019", "element_small")
+    sample(root, "020", fps=30)  # the others are 8 fps
+    expect("020", "fps_outlier")
+    sample(root, "021", w=160)  # 64x160 into 64x64: center_crop cuts 60%
+    expect("021", "aspect")
+    sample(root, "022", h=32, w=32)  # upscaled to 64x64
+    expect("022", "upscaled")
+    return root, expected
+
+
+def run_check(tmp_path, data, *args):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.replace("DATA", str(data)))
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/check_dataset.py"), "--config", str(cfg), "--json",
+                           str(report), "--workers", "2", *args], cwd=tmp_path, capture_output=True, text=True)
+    return proc, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_every_defect_named_and_nothing_else(tmp_path):
+    data, expected = defect_set(tmp_path / "data")
+    proc, report = run_check(tmp_path, data, "--contact-sheet", str(tmp_path / "sheets"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # some samples would fail training
+    found = {(p["sample"], p["kind"]) for p in report["problems"]}
+    assert found == expected, f"missing {expected - found}, unexpected {found - expected}"
+    orphans = sorted(p["file"] for p in report["problems"] if p["kind"] == "orphan_file")
+    assert orphans == [str(data / "001_persn.png"), str(data / "099_person.png")]
+    for p in report["problems"]:  # one printed line per problem: file, problem, fix
+        assert f"{p['file']}: {p['problem']} -> {p['fix']}" in proc.stdout
+    assert "decord" in next(p["problem"] for p in report["problems"] if p["sample"] == "011")
+    errors = {p["kind"] for p in report["problems"] if p["severity"] == "error"}
+    assert errors == {"video_unreadable", "too_short", "element_unreadable", "element_missing", "empty_caption",
+                      "duplicate_id"}
+    assert report["summary"]["samples_per_s"] > 0 and "samples/s" in proc.stdout
+    sheets = sorted(p.name for p in (tmp_path / "sheets").glob("*.png"))
+    assert "0_000.png" in sheets and "0_010.png" not in sheets  # a sheet per decodable sample
+    sheet = Image.open(tmp_path / "sheets/0_019.png")
+    assert sheet.height == 96 and sheet.width > 4 * 96  # references + first, middle, last frame
+
+
+def test_clean_set_passes_and_small_bucket_is_named(tmp_path):
+    data = clean_set(tmp_path / "data")
+    proc, report = run_check(tmp_path, data)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["problems"] == [] and report["summary"]["samples_ok"] == 4
+    proc, report = run_check(tmp_path, data, "--world_size", "4")  # 4 samples < batch 2 x 4 ranks
+    assert proc.returncode == 1
+    assert [(p["sample"], p["kind"]) for p in report["problems"]] == [("bucket 9x64x64", "small_bucket")]
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "empty_prompt"])
+def test_training_data_skips_and_counts_or_stops_naming_the_file(tmp_path, bad):
+    """on_bad_sample: error names the file; skip replaces the sample and reports it in the batch."""
+    from e2v.config import load_config
+    from e2v.data import BadSampleError, E2VDataset, index_samples
+
+    data = clean_set(tmp_path / "data", n=3)
+    if bad == "corrupt":
+        (data / "001.mp4").write_bytes(b"\x00" * 500)
+    else:
+        (data / "001.txt").write_text("")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(CONFIG.replace("DATA", str(data)))
+    cfg = load_config(cfg_path)
+    samples = index_samples(cfg, verbose=False)
+    with pytest.raises(BadSampleError, match="001"):
+        E2VDataset(cfg, samples)[1]
+    cfg = load_config(cfg_path, ["data.on_bad_sample=skip"])
+    item = E2VDataset(cfg, samples)[1]
+    assert item["id"] == "002" and [s for s, _ in item["skipped"]] == ["001"]
