@@ -1,0 +1,198 @@
+"""Validation during training: a loss at fixed sigmas, the reference-use metric, and generated videos.
+
+Held-out split: with `validation.every_n_steps > 0`, `validation.num_samples` sample ids (a seeded
+choice, all repeats of an id) are removed from training and only validated on.
+
+Loss at fixed sigmas: every held-out sample at every `validation.sigmas` value, with noise from a
+generator seeded by `validation.seed` alone, conditions encoded once (frozen encoders, no dropout,
+all elements kept). Nothing touches the training RNGs, so the curve is comparable between runs and
+two validations of the same weights give identical numbers.
+
+Reference use (DESIGN.md "The demo must be able to show reference use"): at the same sigmas and
+noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens: the
+reference-dropout layout) and with the references shuffled across samples (sample i gets the
+references of sample i+1). Logged RELATIVE to the true-reference loss:
+    val/reference_gap_shuffle = (loss_shuffled - loss_true) / loss_true     (likewise _drop)
+positive = the model uses its references. The shuffle gap is the honest one: a zeroed condition
+is out of distribution unless reference dropout was on in training. References matter most at
+high noise (at low sigma the noisy input already shows the scene), so the per-sigma gaps are
+logged too (`val/reference_gap_shuffle_at_sigma_0.9`).
+
+Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2v.conditioning import Conditions
+from e2v.data import E2VDataset, collate
+from e2v.flow import add_noise, per_sample_mse, velocity_target, x0_from_velocity
+from e2v.media import load_image
+from e2v.sampling import decode, encode_conditions, generate, predict
+from e2v.viz import frame_strip, write_mp4
+
+
+def split_held_out(samples: list, cfg) -> tuple[list, list]:
+    """(training samples, held-out validation samples). Off (every_n_steps 0): nothing held out."""
+    v = cfg.validation
+    if v.every_n_steps <= 0:
+        return samples, []
+    keys = sorted({(s.dataset, s.id) for s in samples})
+    if v.num_samples >= len(keys):
+        raise ValueError(f"validation.num_samples={v.num_samples} would leave no training sample "
+                         f"({len(keys)} distinct samples); lower it")
+    held = set(random.Random(v.seed).sample(keys, v.num_samples))
+    train = [s for s in samples if (s.dataset, s.id) not in held]
+    seen, val = set(), []
+    for s in samples:  # one copy of each held-out id, in index order
+        if (s.dataset, s.id) in held and (s.dataset, s.id) not in seen:
+            seen.add((s.dataset, s.id))
+            val.append(s)
+    return train, val
+
+
+def _stack(conds: list[Conditions]) -> Conditions:
+    """Per-sample Conditions -> one batch. Image tokens are zero-padded to the longest, as
+    encode_batch pads a training batch whose samples have different element counts."""
+    clip = None
+    if conds[0].clip_BLD is not None:
+        n = max(c.clip_BLD.shape[1] for c in conds)
+        clip = torch.cat([torch.nn.functional.pad(c.clip_BLD, (0, 0, 0, n - c.clip_BLD.shape[1])) for c in conds])
+    cond = None if conds[0].cond_BCTHW is None else torch.cat([c.cond_BCTHW for c in conds])
+    return Conditions(torch.cat([c.latents_BCTHW for c in conds]), torch.cat([c.text_BLD for c in conds]), cond, clip)
+
+
+def _with_references(c: Conditions, refs: Conditions | None) -> Conditions:
+    """c's target and prompt with the references of `refs` (None: references dropped)."""
+    if refs is None:
+        return replace(c, cond_BCTHW=None if c.cond_BCTHW is None else torch.zeros_like(c.cond_BCTHW),
+                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD))
+    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD)
+
+
+class Validator:
+    """Holds the encoded held-out samples; `maybe_run` validates at step 0, every n steps and at
+    the last step. Every rank runs the same work (ZeRO-3 forwards are collectives); rank 0 writes."""
+
+    def __init__(self, cfg, samples: list, parts, run_dir: Path, *, rank: int, device, dtype, tb=None):
+        self.cfg, self.samples, self.parts = cfg, samples, parts
+        self.rank, self.device, self.dtype, self.tb = rank, device, dtype, tb
+        self.out = Path(run_dir) / "samples"
+        self.conds: list[Conditions] | None = None
+        self.enabled = cfg.validation.every_n_steps > 0 and bool(samples)
+        if self.enabled and parts.vae is None:
+            raise ValueError("validation encodes held-out samples and decodes videos with the VAE and encoders, "
+                             "which are not loaded with cache.enabled: set validation.every_n_steps: 0")
+
+    def due(self, step: int) -> bool:
+        n = self.cfg.validation.every_n_steps
+        return self.enabled and (step % n == 0 or step == self.cfg.train.max_steps)
+
+    def maybe_run(self, model, step: int) -> dict:
+        if not self.due(step):
+            return {}
+        was_training = model.training
+        model.eval()
+        try:
+            scalars = self.losses(model)
+            self.videos(model, step)
+        finally:
+            model.train(was_training)
+        if self.rank == 0:
+            gap = scalars.get("val/reference_gap_shuffle")
+            print(f"\n[e2v] validation step {step}: loss {scalars['val/loss']:.4f}"
+                  + (f", reference gap shuffle {100 * gap:+.1f}% drop {100 * scalars['val/reference_gap_drop']:+.1f}%"
+                     if gap is not None else ""))
+        return scalars
+
+    # -- loss and reference gaps ------------------------------------------------------------------
+
+    def encode(self) -> list[Conditions]:
+        """Each held-out sample encoded alone (B=1): no padding depends on batching."""
+        if self.conds is None:
+            ds = E2VDataset(self.cfg, self.samples)
+            gen = torch.Generator().manual_seed(self.cfg.validation.seed)
+            with torch.no_grad():
+                self.conds = [encode_conditions(self.parts, self.cfg, collate([ds[i]]), gen) for i in range(len(ds))]
+        return self.conds
+
+    @torch.no_grad()
+    def losses(self, model) -> dict:
+        """Mean MSE per sigma for true / dropped / shuffled references, same noise for all three."""
+        v, fl = self.cfg.validation, self.cfg.flow
+        conds = self.encode()
+        n, mb = len(conds), max(1, self.cfg.train.micro_batch_size)
+        with_refs = self.cfg.e2v_type != "none" and n > 1
+        variants = {"true": list(range(n))}
+        if with_refs:
+            variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
+        totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
+        for si, sigma in enumerate(v.sigmas):
+            gen = torch.Generator().manual_seed(v.seed * 1000 + si)
+            noise = [torch.randn(c.latents_BCTHW.shape, generator=gen) for c in conds]
+            per_variant = {k: [] for k in variants}
+            for start in range(0, n, mb):
+                idx = range(start, min(n, start + mb))
+                target_c = _stack([conds[i] for i in idx])
+                noise_B = torch.cat([noise[i] for i in idx])
+                sigma_B = torch.full((len(idx),), float(sigma))
+                noisy = add_noise(target_c.latents_BCTHW, noise_B, sigma_B)
+                target = target_c.latents_BCTHW if fl.objective == "x0" else velocity_target(target_c.latents_BCTHW, noise_B)
+                for name, src in variants.items():
+                    refs = None if src[0] is None else _stack([conds[src[i]] for i in idx])
+                    c = _with_references(target_c, refs)
+                    pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.device, self.dtype)
+                    if fl.objective == "x0":
+                        pred = x0_from_velocity(noisy, pred, sigma_B)
+                    per_variant[name].extend(per_sample_mse(pred, target).tolist())
+            for name in variants:
+                totals[name].append(sum(per_variant[name]) / n)
+        true = totals["true"]
+        out = {"val/loss": sum(true) / len(true)}
+        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(v.sigmas, true)})
+        if with_refs:
+            for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):
+                mean = sum(totals[name]) / len(true)
+                out[f"val/loss_{name}_refs"] = mean
+                out[f"val/reference_gap_{tag}"] = (mean - out["val/loss"]) / out["val/loss"]
+                out.update({f"val/reference_gap_{tag}_at_sigma_{s:g}": (l - t) / t
+                            for s, l, t in zip(v.sigmas, totals[name], true)})
+        return out
+
+    # -- generated videos -------------------------------------------------------------------------
+
+    def video_inputs(self) -> list[tuple[str, dict]]:
+        """(prompt, element images) to generate from: `validation.sets`, else the first
+        `validation.num_videos` held-out samples with their own references."""
+        v = self.cfg.validation
+        if v.sets:
+            return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in v.sets]
+        return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in self.samples[: v.num_videos]]
+
+    def videos(self, model, step: int) -> None:
+        v = self.cfg.validation
+        inputs = self.video_inputs()
+        if not inputs:
+            return
+        latents = generate(model, self.parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
+                           seed=v.seed, num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale,
+                           shift=v.sample_shift, negative_prompt=v.negative_prompt, device=self.device,
+                           dtype=self.dtype)
+        if self.rank != 0:
+            return
+        videos = decode(latents, self.parts.vae)
+        folder = self.out / f"step_{step:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for k, ((prompt, images), video) in enumerate(zip(inputs, videos)):
+            write_mp4(folder / f"{k:02d}.mp4", video)
+            (folder / f"{k:02d}.txt").write_text(prompt + "\n")
+            refs = [np.asarray(img.resize(video.shape[2:0:-1])) for img in images.values()]
+            strip = frame_strip(refs, video)
+            if self.tb is not None:
+                self.tb.add_image(f"val/video_{k:02d}", strip, step, dataformats="HWC")

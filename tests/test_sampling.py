@@ -1,0 +1,163 @@
+"""The A2 sampler: its first step is a hand-built transformer call on hand-built conditions; with
+one reference (and for T2V) it reproduces diffusers' own Wan pipelines; tools/sample.py writes
+mp4s with the configured frame count from a trained tiny LoRA."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+
+from conftest import ROOT
+
+
+def _cfg(*sets):
+    from e2v.config import load_config
+
+    return load_config(ROOT / "configs/e2v_tiny.yaml", list(sets), check_paths=False)
+
+
+def _images():
+    rng = np.random.default_rng(0)
+    return {"person": Image.fromarray(rng.integers(0, 256, (56, 40, 3), dtype=np.uint8)),  # taller than wide
+            "object": Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)),
+            "background": Image.fromarray(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8))}
+
+
+def test_first_step_is_a_hand_built_transformer_call(tiny_parts):
+    from e2v.conditioning import build_vae_condition, encode_clip_images, encode_text
+    from e2v.data import collate
+    from e2v.media import image_to_tensor, pad_white, center_crop
+    from e2v.sampling import denoise, element_item, encode_conditions
+
+    cfg, images, p = _cfg(), _images(), tiny_parts
+    g = torch.Generator().manual_seed(3)
+    noise = torch.randn(1, 16, 5, 8, 8, generator=g)
+    c = encode_conditions(p, cfg, collate([element_item(cfg, "a shape moves", images)]))
+    with torch.no_grad():
+        negative = encode_text(["static"], p.tokenizer, p.text_encoder)
+    seen = []
+    denoise(p.transformer, c, negative, noise, num_steps=4, guidance_scale=4.0, shift=3.0,
+            on_step=lambda i, t, v: seen.append((t, v)))
+
+    # by hand: A2's layout [person x1, object x4, background x4, grey], one VAE pass, 3 CLIP blocks
+    vae_imgs = [pad_white(images["person"], 64, 64), pad_white(images["object"], 64, 64),
+                center_crop(images["background"], 64, 64)]
+    refs = [image_to_tensor(im)[None, :, None] for im in vae_imgs]
+    clip_imgs = [np.asarray(pad_white(im, 64, 64)) for im in images.values()]
+    first_t = int(1000 * 3 * 0.999 / (1 + 2 * 0.999))  # UniPC flow sigmas start at 1 - 1/1000, shifted
+    with torch.no_grad():  # (UMT5 takes another attention kernel with autograd on: 5e-7 apart)
+        cond = build_vae_condition(refs, [1, 4, 4], 17, p.vae)
+        clip = encode_clip_images(clip_imgs, p.image_encoder, p.image_processor).reshape(1, -1, 32)
+        text = encode_text(["a shape moves"], p.tokenizer, p.text_encoder)
+        def call(txt):
+            return p.transformer(torch.cat([noise, cond], 1), timestep=torch.tensor([first_t]),
+                                 encoder_hidden_states=txt, encoder_hidden_states_image=clip, return_dict=False)[0]
+        v_cond, v_uncond = call(text), call(negative)
+    assert int(seen[0][0]) == first_t == 999 and len(seen) == 4
+    torch.testing.assert_close(seen[0][1], v_uncond + 4.0 * (v_cond - v_uncond), atol=1e-6, rtol=0)
+
+
+def test_one_reference_matches_diffusers_i2v_pipeline(tiny_parts):
+    """With a single element (repeat 1) A2's layout is the Wan I2V layout: the whole sampled
+    trajectory must equal WanImageToVideoPipeline's (noise first, CFG with the same image tokens)."""
+    from diffusers import WanImageToVideoPipeline
+
+    from e2v.sampling import generate, make_scheduler
+
+    cfg = _cfg("data.elements=[{name: person, suffixes: [_p.png], vae: {repeat: 1, position: 0}}]")
+    p = tiny_parts
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    ours = generate(p.transformer, p, cfg, ["a shape moves"], [{"person": image}], seed=5, num_steps=3,
+                    guidance_scale=2.5, shift=3.0, negative_prompt="static")
+    pipe = WanImageToVideoPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae,
+                                   image_encoder=p.image_encoder, image_processor=p.image_processor,
+                                   transformer=p.transformer, scheduler=make_scheduler(3.0))
+    ref = pipe(image=image, prompt="a shape moves", negative_prompt="static", height=64, width=64, num_frames=17,
+               num_inference_steps=3, guidance_scale=2.5, output_type="latent",
+               generator=torch.Generator().manual_seed(5)).frames
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=0)
+
+
+def test_t2v_matches_diffusers_wan_pipeline():
+    from diffusers import WanPipeline
+
+    from e2v.models import build_tiny_parts
+    from e2v.sampling import generate, make_scheduler
+
+    cfg = _cfg("e2v_type=none", "model.base=t2v")
+    p = build_tiny_parts(seed=0, base="t2v")
+    ours = generate(p.transformer, p, cfg, ["a person walking"], seed=2, num_steps=3, guidance_scale=3.0, shift=5.0)
+    pipe = WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae, transformer=p.transformer,
+                       scheduler=make_scheduler(5.0))
+    ref = pipe(prompt="a person walking", negative_prompt="", height=64, width=64, num_frames=17, num_inference_steps=3,
+               guidance_scale=3.0, output_type="latent", generator=torch.Generator().manual_seed(2)).frames
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=0)
+
+
+def test_element_item_matches_training_item(demo_data):
+    from e2v.data import E2VDataset, index_samples
+    from e2v.media import load_image
+    from e2v.sampling import element_item
+
+    cfg = _cfg(f"data.datasets.0.data_root={demo_data}")
+    sample = index_samples(cfg, verbose=False)[0]
+    train_item = E2VDataset(cfg, [sample])[0]
+    item = element_item(cfg, sample.prompt, {k: load_image(v) for k, v in sample.elements.items()})
+    assert item["element_names"] == train_item["element_names"] == ["person", "object", "background"]
+    for k in item["element_names"]:
+        assert torch.equal(item["vae_refs"][k], train_item["vae_refs"][k])
+        assert np.array_equal(item["clip_refs"][k], train_item["clip_refs"][k])
+        assert item["vae_repeats"][k] == train_item["vae_repeats"][k]
+
+
+def _sample_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sample_tool", ROOT / "tools/sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sample_py_t2v_base_without_elements(tmp_path):
+    import imageio.v3 as iio
+
+    _sample_tool().main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set", "e2v_type=none",
+                         "--set", "model.base=t2v", "--prompt", "a person walking", "--steps", "2",
+                         "--num-videos", "2", "--frames", "5", "--out", str(tmp_path)])
+    assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["000_a_person_walking_0.mp4",
+                                                                     "000_a_person_walking_1.mp4"]
+    assert iio.imread(tmp_path / "base/000_a_person_walking_0.mp4").shape == (5, 64, 64, 3)
+
+
+def test_sample_py_from_trained_lora(viz_run, demo_data, tmp_path):
+    import imageio.v3 as iio
+
+    out = tmp_path / "video.mp4"
+    cmd = [sys.executable, str(ROOT / "tools/sample.py"), "--config", str(viz_run / "config.yaml"),
+           "--lora", str(viz_run / "lora"), "--element", f"person={demo_data / '000_person.png'}",
+           "--element", f"object={demo_data / '000_object.png'}", "--prompt", "a shape moves", "--steps", "3",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert iio.imread(out).shape == (17, 64, 64, 3)  # data.num_frames of the config
+
+    # a prompt file, 9 frames with the reference frames dropped (person x1 + object x4 = 5), base beside it
+    folder = tmp_path / "cmp"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a shape moves\n# a comment\n\na dog moves slowly\n")
+    main = _sample_tool().main
+    main(["--config", str(viz_run / "config.yaml"), "--lora", str(viz_run / "lora"), "--prompt-file", str(prompts),
+          "--element", f"person={demo_data / '000_person.png'}", "--element", f"object={demo_data / '000_object.png'}",
+          "--also-base", "--steps", "2", "--frames", "9", "--drop-frames", "ref", "--out", str(folder)])
+    for tag in ("base", "lora"):
+        files = sorted(p.name for p in (folder / tag).glob("*.mp4"))
+        assert files == ["000_a_shape_moves_0.mp4", "001_a_dog_moves_slowly_0.mp4"]
+        assert iio.imread(folder / tag / files[0]).shape == (4, 64, 64, 3)  # 9 frames - F_ref 5
+    base = iio.imread(folder / "base" / files[0]).astype(int)
+    lora = iio.imread(folder / "lora" / files[0]).astype(int)
+    assert np.abs(base - lora).max() > 0  # the LoRA changes the video

@@ -1,0 +1,102 @@
+"""Render the latents a run saved (`visualization` processor `latent_save`) into pictures, later.
+
+    python tools/dump_visualizations.py --config runs/<run>/config.yaml runs/<run>/visualizations [--every 4]
+
+Each argument is a step folder (`step_000100/`) or a folder of them. For every step folder it
+writes into `<step>/render/`:
+    <data>_grid.png       one row per sample, every n-th decoded frame (input, noisy, predicted,
+                          conditioned latents; the condition's 4 mask channels are dropped)
+    <data>_sample<i>.mp4  each decoded video
+    contact_sheet.png     references | target frames | predicted frames (when those were saved)
+The VAE comes from the run's config (the tiny preset is rebuilt in code; real weights load from
+`model.pretrained`'s vae/ folder), so only the VAE is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from e2v.config import load_config  # noqa: E402
+from e2v.viz import contact_sheet, decode_pixels, frame_strip, to_uint8, vstack, write_mp4, write_png  # noqa: E402
+
+LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
+
+
+def load_vae(cfg):
+    if cfg.model.preset == "tiny":
+        from e2v.tiny_vae import build_tiny_vae
+
+        return build_tiny_vae(cfg.model.tiny_seed, informative=cfg.model.tiny_vae == "informative").eval()
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan.from_pretrained(cfg.model.pretrained, subfolder="vae", torch_dtype=torch.float32).eval()
+
+
+def load_saved(step_dir: Path) -> dict:
+    """name -> tensor, from <name>.pt files or one latents.safetensors."""
+    saved = {p.stem: torch.load(p, weights_only=True) for p in sorted(step_dir.glob("*.pt"))}
+    st = step_dir / "latents.safetensors"
+    if st.exists():
+        from safetensors.torch import load_file
+
+        saved.update(load_file(str(st)))
+    return saved
+
+
+def step_dirs(paths: list[Path]) -> list[Path]:
+    out = []
+    for p in paths:
+        if not p.is_dir():
+            raise SystemExit(f"{p}: not a folder (give a step_NNNNNN folder or the visualizations folder)")
+        out += [p] if p.name.startswith("step_") else sorted(q for q in p.glob("step_*") if q.is_dir())
+    if not out:
+        raise SystemExit(f"no step_* folders under {', '.join(map(str, paths))}")
+    return out
+
+
+def render(step_dir: Path, vae, every: int, fps: int) -> list[Path]:
+    saved = load_saved(step_dir)
+    out_dir = step_dir / "render"
+    out_dir.mkdir(exist_ok=True)
+    written, videos = [], {}
+    for name in LATENT_DATA:
+        if name not in saved:
+            continue
+        video = to_uint8(decode_pixels(saved[name][:, -vae.config.z_dim:], vae).transpose(1, 2))  # [B,F,H,W,3]
+        videos[name] = video
+        write_png(out_dir / f"{name}_grid.png", vstack([frame_strip([], v, every) for v in video]))
+        written.append(out_dir / f"{name}_grid.png")
+        for i, v in enumerate(video):
+            write_mp4(out_dir / f"{name}_sample{i}.mp4", v, fps=fps)
+            written.append(out_dir / f"{name}_sample{i}.mp4")
+    if "input_latents" in videos and "predicted_latents" in videos:
+        refs = saved.get("reference_images")
+        tiles = [[] for _ in videos["input_latents"]] if refs is None else [list(to_uint8(r)) for r in refs]
+        sheet = contact_sheet(tiles, videos["input_latents"], videos["predicted_latents"], [0, -1])
+        write_png(out_dir / "contact_sheet.png", sheet)
+        written.append(out_dir / "contact_sheet.png")
+    return written
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", type=Path, help="step folders, or folders of them")
+    p.add_argument("--config", required=True, help="the run's config.yaml (for the VAE)")
+    p.add_argument("--every", type=int, default=4, help="grid: every n-th frame (and the last)")
+    p.add_argument("--fps", type=int, default=16)
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, check_paths=False)
+    vae = load_vae(cfg)
+    for d in step_dirs(args.paths):
+        files = render(d, vae, args.every, args.fps)
+        print(f"[dump] {d}: {len(files)} file(s) in {d / 'render'}")
+
+
+if __name__ == "__main__":
+    main()

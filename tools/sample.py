@@ -1,0 +1,154 @@
+"""Generate videos from elements (+ prompt) with a trained LoRA, the way SkyReels-A2 samples.
+
+    python tools/sample.py --config configs/e2v_tiny.yaml --lora runs/<run>/lora \
+        --element person=a.png --element object=b.png --prompt "a shape moves" --out video.mp4
+
+    # T2V LoRA evaluation: N videos per prompt from a prompt file, base and LoRA side by side
+    python tools/sample.py --config configs/t2v_lora.yaml --lora runs/<run>/lora \
+        --prompt-file prompts.txt --num-videos 4 --also-base --out samples/
+
+Conditions come from the training code (e2v.conditioning via e2v.sampling), so the layout a
+LoRA was trained on is the layout it is sampled with. `--out` ending in .mp4 with one prompt and one
+video writes that file; otherwise `--out` is a folder: `<out>/lora/<prompt#>_<slug>_<k>.mp4`
+(and `<out>/base/...` with --also-base, same seeds), plus `prompts.txt`. Video k of every prompt
+uses seed `--seed + k`. A2's script drops the first frames (the references and a transition):
+`--drop-frames ref` drops the F_ref reference frames, `--drop-frames 12` drops 12.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from e2v.config import ConfigError, load_config  # noqa: E402
+from e2v.media import load_image  # noqa: E402
+from e2v.models import load_parts  # noqa: E402
+from e2v.sampling import decode, generate, load_trained, reference_frames  # noqa: E402
+from e2v.viz import write_mp4  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the training YAML (model, elements, sizes)")
+    p.add_argument("--lora", help="a run's lora/ folder; without it, the base model")
+    p.add_argument("--element", action="append", default=[], metavar="NAME=IMAGE",
+                   help="an element image by its config name, e.g. person=a.png (repeatable)")
+    p.add_argument("--prompt", action="append", default=[], help="prompt (repeatable)")
+    p.add_argument("--prompt-file", type=Path, help="one prompt per line (blank lines and # comments skipped)")
+    p.add_argument("--negative-prompt", default=None, help="default: validation.negative_prompt")
+    p.add_argument("--out", required=True, type=Path, help="video.mp4, or a folder")
+    p.add_argument("--num-videos", type=int, default=1, help="videos per prompt (seeds --seed, --seed+1, ...)")
+    p.add_argument("--also-base", action="store_true", help="also sample the base model, same seeds, into <out>/base")
+    p.add_argument("--steps", type=int, default=None, help="default: validation.num_inference_steps")
+    p.add_argument("--guidance", type=float, default=None, help="text CFG scale; default validation.guidance_scale")
+    p.add_argument("--shift", type=float, default=None, help="UniPC flow shift; default validation.sample_shift (A2: 8)")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 frames; default data.num_frames")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--drop-frames", default="0", help="frames dropped from the start: a number, or 'ref' (F_ref)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], help="transformer dtype; default bf16 on CUDA (A2), fp32 on CPU")
+    return p.parse_args(argv)
+
+
+def slug(text: str, n: int = 40) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:n] or "empty"
+
+
+def read_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        lines = args.prompt_file.read_text().splitlines()
+        prompts += [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    if not prompts:
+        raise SystemExit("give --prompt TEXT or --prompt-file FILE")
+    return prompts
+
+
+def read_elements(args, cfg) -> dict:
+    images = {}
+    names = {e.name for e in cfg.data.elements}
+    for spec in args.element:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise SystemExit(f"--element {spec!r}: expected NAME=IMAGE, e.g. person=a.png")
+        if name not in names:
+            raise SystemExit(f"--element {name}: not an element of {args.config}; its elements are {sorted(names)}")
+        images[name] = load_image(path)
+    if images and cfg.e2v_type == "none":
+        raise SystemExit(f"{args.config} trains plain T2V (e2v_type: none): it takes no --element")
+    missing = [e.name for e in cfg.data.elements if e.required and e.name not in images]
+    if cfg.e2v_type != "none" and missing:
+        print(f"[sample] note: required element(s) {missing} not given; sampling without them")
+    return images
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sets = list(args.set)
+    sets += [f"data.num_frames={args.frames}"] if args.frames else []
+    if args.height or args.width:
+        h, w = args.height or args.width, args.width or args.height
+        sets.append(f"data.resolution=[{h},{w}]")
+    try:
+        cfg = load_config(args.config, sets, check_paths=False)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
+    v = cfg.validation
+    prompts = read_prompts(args)
+    images = read_elements(args, cfg)
+    drop = reference_frames(cfg, list(images)) if args.drop_frames == "ref" else int(args.drop_frames)
+    single = args.out.suffix == ".mp4"
+    if single and (len(prompts) > 1 or args.num_videos > 1 or args.also_base):
+        raise SystemExit("--out FILE.mp4 takes one prompt and one video; give a folder for more")
+
+    parts = load_parts(cfg, device=args.device)
+    for m in (parts.transformer, parts.vae, parts.text_encoder, parts.image_encoder):
+        if m is not None:
+            m.to(args.device).eval().requires_grad_(False)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    options = dict(num_steps=args.steps or v.num_inference_steps,
+                   guidance_scale=v.guidance_scale if args.guidance is None else args.guidance,
+                   shift=v.sample_shift if args.shift is None else args.shift,
+                   negative_prompt=v.negative_prompt if args.negative_prompt is None else args.negative_prompt,
+                   device=args.device, dtype=dtype)
+
+    def run(model, tag: str) -> list[Path]:
+        written = []
+        model.to(args.device, dtype)
+        for i, prompt in enumerate(prompts):  # one video at a time: a 14B model has no room for batches
+            for k in range(args.num_videos):
+                t0 = time.perf_counter()
+                latents = generate(model, parts, cfg, [prompt], [images], seed=args.seed + k, **options)
+                video = decode(latents, parts.vae)[0, drop:]
+                path = args.out if single else args.out / tag / f"{i:03d}_{slug(prompt)}_{k}.mp4"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_mp4(path, video, fps=args.fps)
+                written.append(path)
+                print(f"[sample] {tag} {path.name}: seed {args.seed + k}, {len(video)} frames, "
+                      f"{time.perf_counter() - t0:.1f}s")
+        return written
+
+    if not single:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    out = []
+    if args.also_base or not args.lora:  # the base first: loading the LoRA changes the model in place
+        out += run(parts.transformer, "base")
+    if args.lora:
+        out += run(load_trained(parts.transformer, args.lora), "lora")
+    print(f"[sample] wrote {len(out)} video(s): {out[0] if single else args.out}")
+
+
+if __name__ == "__main__":
+    main()
