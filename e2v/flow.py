@@ -67,3 +67,27 @@ def loss_weighting(sigma_B: torch.Tensor, scheme: str = "none") -> torch.Tensor:
 def per_sample_mse(pred_BCTHW: torch.Tensor, target_BCTHW: torch.Tensor) -> torch.Tensor:
     """Mean squared error per sample, in fp32 whatever the model's dtype."""
     return (pred_BCTHW.float() - target_BCTHW.float()).pow(2).flatten(1).mean(1)
+
+
+# --- what the loop logs (names follow the video-regression seed: SEED_FORMATS.md section 6) -----
+
+TIME_BUCKET_EDGES = (250, 500, 750, 1000)  # timestep ranges of `loss_at_time_<lo>-<hi>`
+
+
+def time_bucket(sigma: float, timestep_list: list[float] | None = None) -> str:
+    """The `loss_at_time_<range>` bucket of one sample. Training at a `denoising_step_list` names
+    the sampled timestep itself (rounded, not snapped to the list, so a stray timestep would show
+    up as its own bucket); otherwise the 250-wide timestep range that holds 1000 * sigma."""
+    t = 1000.0 * sigma
+    if timestep_list:
+        return f"{round(t, 2):g}"
+    hi = next(b for b in TIME_BUCKET_EDGES if t <= b)
+    return f"{hi - 250}-{hi}"
+
+
+def latent_stats(target_BCTHW: torch.Tensor, pred_BCTHW: torch.Tensor) -> dict[str, float]:
+    """Mean and std of the clean latents and of the model's x0 estimate: a regression whose
+    prediction std collapses below the target's is averaging, not reconstructing."""
+    target, pred = target_BCTHW.float(), pred_BCTHW.float()
+    return {"target_latent_mean": target.mean().item(), "target_latent_std": target.std().item(),
+            "pred_latent_mean": pred.mean().item(), "pred_latent_std": pred.std().item()}

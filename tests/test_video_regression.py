@@ -1,0 +1,159 @@
+"""The video-regression recipe (configs/video_regression.yaml, SEED_FORMATS.md section 6): a CSV of
+clips, `flow.objective: x0` (loss on the clean-latent estimate x_t - sigma * v), timesteps drawn
+only from `denoising_step_list`, and the seed's logged names."""
+
+import random
+
+import pytest
+import torch
+
+from conftest import ROOT, run_train
+from helpers_t2v import make_csv_videos
+
+CONFIG = str(ROOT / "configs/video_regression.yaml")
+STEP_LIST = [1000, 750, 500, 250]
+NUM_FRAMES, SIZE, BATCH, STEPS = 9, 32, 2, 4
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    data = tmp_path_factory.mktemp("regression_csv")
+    make_csv_videos(data, num_clips=4, num_frames=NUM_FRAMES, height=SIZE, width=SIZE)
+    out = tmp_path_factory.mktemp("regression_runs")
+    proc = run_train(CONFIG, "model.preset=tiny", "model.pretrained=null", f"data.datasets.0.data_root={data}",
+                     f"data.num_frames={NUM_FRAMES}", f"data.resolution=[{SIZE},{SIZE}]",
+                     "train.mixed_precision='no'", "train.gradient_checkpointing=false",
+                     f"train.micro_batch_size={BATCH}", f"train.max_steps={STEPS}", f"train.checkpoint_every={STEPS}",
+                     f"output_dir={out}", "run_id=reg")
+    return out / "reg", proc
+
+
+@pytest.fixture(scope="module")
+def scalars(trained_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(trained_run[0] / "tb"))
+    ea.Reload()
+    return {tag: {e.step: e.value for e in ea.Scalars(tag)} for tag in ea.Tags()["scalars"]}
+
+
+def test_shipped_config_maps_the_seed_keys():
+    from e2v.config import load_config
+
+    cfg = load_config(CONFIG, check_paths=False)
+    ds = cfg.data.datasets[0]
+    assert (ds.dataset_type, ds.data_root, ds.metadata_path) == ("csv", "data/regression", "metadata.csv")
+    assert (cfg.data.num_frames, cfg.data.resolution, cfg.data.time_division_factor) == (81, [480, 832], 4)
+    assert cfg.flow.objective == "x0" and cfg.flow.denoising_step_list == STEP_LIST
+    assert cfg.e2v_type == "none" and cfg.model.base == "t2v"
+    assert (cfg.train.micro_batch_size, cfg.train.checkpoint_every) == (1, 500)
+
+
+def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
+    """A config written with the seed's own key names maps onto the same schema, with a note per key."""
+    from e2v.config import ConfigError, load_config
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    seed = tmp_path / "seed.yaml"
+    seed.write_text("dataset_base_path: data\nmetadata_path: data/metadata.csv\nnum_frames: 81\nheight: 480\n"
+                    "width: 832\ntime_division_factor: 4\nbatch_size: 2\nlr: 2.0e-5\nmax_steps: 300\n"
+                    "save_interval: 100\ndenoising_step_list: [1000, 750, 500, 250]\n"
+                    "model: {preset: tiny, base: t2v}\n")
+    cfg = load_config(seed)
+    ds = cfg.data.datasets[0]
+    assert (ds.dataset_type, ds.data_root, ds.metadata_path) == ("csv", "data", str(tmp_path / "data/metadata.csv"))
+    assert (cfg.data.num_frames, cfg.data.resolution, cfg.data.time_division_factor) == (81, [480, 832], 4)
+    assert (cfg.train.micro_batch_size, cfg.train.lr, cfg.train.max_steps, cfg.train.checkpoint_every) == (2, 2e-5, 300, 100)
+    assert cfg.flow.denoising_step_list == STEP_LIST and cfg.flow.objective == "x0" and cfg.e2v_type == "none"
+    out = capsys.readouterr().out
+    assert "seed key 'save_interval' -> train.checkpoint_every = 100" in out and "flow.objective = x0" in out
+    seed.write_text(seed.read_text() + "train: {lr: 1.0e-4}\n")
+    with pytest.raises(ConfigError, match="seed key 'lr' and train.lr are both set"):
+        load_config(seed)
+
+
+def test_x0_loss_equals_the_euler_jump_to_sigma_zero():
+    """Oracle: diffusers' FlowMatchEulerDiscreteScheduler stepping from sigma to 0 with the model's
+    velocity gives its clean-latent estimate; the x0 loss is the MSE of that against x0. A second
+    identity: x0_hat - x0 = sigma * (v_target - v), so the x0 loss is sigma^2 times the flow loss."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from e2v.flow import add_noise, per_sample_mse, velocity_target, x0_from_velocity
+
+    g = torch.Generator().manual_seed(3)
+    x0, noise, v = (torch.randn(3, 16, 2, 4, 4, generator=g) for _ in range(3))
+    sigma = torch.tensor([1.0, 0.75, 0.25])
+    x_t = add_noise(x0, noise, sigma)
+    loss = per_sample_mse(x0_from_velocity(x_t, v, sigma), x0)
+
+    oracle = []
+    for i, s in enumerate(sigma.tolist()):
+        sched = FlowMatchEulerDiscreteScheduler(shift=1.0)
+        sched.set_timesteps(sigmas=[s])
+        x_t_i = (1 - s) * x0[i:i + 1] + s * noise[i:i + 1]
+        x0_hat = sched.step(v[i:i + 1], sched.timesteps[0], x_t_i).prev_sample
+        oracle.append(((x0_hat - x0[i:i + 1]) ** 2).mean())
+    torch.testing.assert_close(loss, torch.stack(oracle), rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, sigma ** 2 * per_sample_mse(v, velocity_target(x0, noise)), rtol=1e-5, atol=0)
+
+
+def test_only_listed_timesteps_are_sampled():
+    from e2v.flow import sample_sigmas
+
+    g = torch.Generator().manual_seed(0)
+    for mode in ("uniform", "logit_normal"):
+        sigma = sample_sigmas(4000, generator=g, mode=mode, shift=5.0, timestep_list=STEP_LIST)
+        values, counts = torch.unique(sigma, return_counts=True)
+        assert values.tolist() == [0.25, 0.5, 0.75, 1.0]  # unshifted: the listed timesteps / 1000
+        assert (counts.float() / 4000 - 0.25).abs().max() < 0.03  # each equally likely
+    free = sample_sigmas(4000, generator=g, shift=5.0)
+    assert len(torch.unique(free)) > 3900  # without a list: continuous
+
+
+def test_run_logs_the_seed_names_and_only_listed_timesteps(scalars):
+    buckets = {t for t in scalars if t.startswith("train/loss_at_time_")}
+    assert buckets and buckets <= {f"train/loss_at_time_{t}" for t in STEP_LIST}, buckets
+    for tag in ("train/target_latent_mean", "train/target_latent_std", "train/pred_latent_mean",
+                "train/pred_latent_std", "train/loss"):
+        assert sorted(scalars[tag]) == list(range(1, STEPS + 1)), tag
+
+
+def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
+    """Rebuild the run's first batch, sigmas and noise from its config and seed (the order
+    train_e2v.py draws them), run the untrained transformer, and compute the x0 loss by hand."""
+    from e2v.conditioning import encode_batch
+    from e2v.config import load_config
+    from e2v.data import index_samples, make_loader
+    from e2v.flow import sample_sigmas
+    from e2v.models import load_parts, setup_training
+
+    run, _ = trained_run
+    cfg = load_config(run / "config.yaml")
+    parts = load_parts(cfg)
+    setup_training(parts.transformer, cfg, expanded=False)
+    rng, gen = random.Random(cfg.seed * 1000), torch.Generator().manual_seed(cfg.seed * 1000)
+    batch = next(iter(make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)))
+    with torch.no_grad():
+        c = encode_batch(batch, parts, cfg, rng=rng, generator=gen)
+        x0 = c.latents_BCTHW
+        sigma = sample_sigmas(BATCH, generator=gen, timestep_list=cfg.flow.denoising_step_list)
+        noise = torch.randn(x0.shape, generator=gen)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        x_t = (1 - s) * x0 + s * noise
+        v = parts.transformer(x_t, timestep=1000 * sigma, encoder_hidden_states=c.text_BLD, return_dict=False)[0]
+        x0_hat = x_t - s * v
+    per_sample = ((x0_hat - x0) ** 2).flatten(1).mean(1)
+
+    assert scalars["train/loss"][1] == pytest.approx(per_sample.mean().item(), rel=1e-5)
+    assert scalars["train/target_latent_mean"][1] == pytest.approx(x0.mean().item(), rel=1e-5, abs=1e-6)
+    assert scalars["train/target_latent_std"][1] == pytest.approx(x0.std().item(), rel=1e-5)
+    assert scalars["train/pred_latent_mean"][1] == pytest.approx(x0_hat.mean().item(), rel=1e-4, abs=1e-6)
+    assert scalars["train/pred_latent_std"][1] == pytest.approx(x0_hat.std().item(), rel=1e-5)
+    step1 = {}
+    for t, l in zip((1000 * sigma).round().int().tolist(), per_sample.tolist()):
+        step1.setdefault(f"train/loss_at_time_{t}", []).append(l)
+    logged = {tag: vals[1] for tag, vals in scalars.items() if tag.startswith("train/loss_at_time_") and 1 in vals}
+    assert logged.keys() == step1.keys()
+    for tag, vals in step1.items():
+        assert logged[tag] == pytest.approx(sum(vals) / len(vals), rel=1e-5)
