@@ -10,7 +10,7 @@ DEMO_DATA ?= demo_data
 NUM_GPUS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test bench clean-demo
+.PHONY: install demo test bench check-data clean-demo
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
@@ -33,6 +33,10 @@ test: install
 
 bench: install
 	$(PY) tools/bench.py
+
+CONFIG ?= configs/e2v_tiny.yaml
+check-data: install
+	$(PY) tools/check_dataset.py --config $(CONFIG)
 
 clean-demo:
 	rm -rf $(DEMO_DATA) runs

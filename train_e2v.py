@@ -10,33 +10,58 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import random
-import signal
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from e2v import checkpoint as ckpt
-from e2v.conditioning import encode_batch
-from e2v.config import ConfigError, load_config, resolve_deepspeed_config, save_config
-from e2v.data import index_samples, make_loader
-from e2v.flow import add_noise, loss_weighting, per_sample_mse, sample_sigmas, velocity_target, x0_from_velocity
-from e2v.models import count_params, is_expanded, load_parts, setup_training
-
-SIGMA_BUCKETS = (0.25, 0.5, 0.75, 1.0)  # loss by timestep bucket: where the model is weak
+from e2v.cache import batch_conditions
+from e2v.config import ConfigError, load_config, map_seed_flags, resolve_deepspeed_config, save_config
+from e2v.data import index_samples, make_loader, total_over_ranks
+from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
+                      velocity_target, x0_from_velocity)
+from e2v.models import (activation_context, build_meta_transformer, count_params, describe_plan, fp32_kept_params,
+                        is_expanded, load_parts, restore_fp32_params, setup_training)
+from e2v.validation import Validator, split_held_out
+from e2v.viz import Visualizer
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="YAML config, or a seed JSON dataset config")
+    p.add_argument("--config", default=None, help="YAML config, or a seed JSON dataset config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=5e-5")
     p.add_argument("--resume", default=None, help="'latest' (newest complete checkpoint of the run) or a path")
     p.add_argument("--dry_run", action="store_true", help="validate, index data, build on meta, print plan, exit")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    return p.parse_args()
+    args, old_flags = p.parse_known_args()
+    try:  # the finetrainers-style flags of SEED_FORMATS.md section 3 -> --dataset_configs / --set
+        config, sets, notes = map_seed_flags(old_flags)
+    except ConfigError as e:
+        p.error(str(e))
+    for note in notes:
+        print(f"[e2v config] {note}")
+    args.config, args.set = args.config or config, sets + args.set  # explicit --set wins
+    if args.config is None:
+        p.error("--config is required: a YAML config (configs/e2v.yaml) or a seed JSON dataset config")
+    return args
+
+
+def dry_run(cfg) -> None:
+    """Validated config (load_config) -> indexed data -> the transformer on the meta device with its
+    LoRA and trained modules (no weights read, nothing downloaded) -> the plan. No DeepSpeed launch."""
+    samples = index_samples(cfg)
+    transformer = build_meta_transformer(cfg)
+    full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
+    ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
+    print(f"[e2v dry run] config OK; {len(samples)} samples in {', '.join(d.data_root for d in cfg.data.datasets)}")
+    for line in describe_plan(transformer, cfg, ds_config, full_names).splitlines():
+        print(f"[e2v dry run] {line}")
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
@@ -86,6 +111,7 @@ class Log:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.jsonl = open(run_dir / "scalars.jsonl", "a")  # exact values per step (resume checks, scripts)
         self.first_losses: list[float] = []
         self.losses: list[float] = []
 
@@ -93,10 +119,14 @@ class Log:
         if self.tb is not None:
             for k, v in values.items():
                 self.tb.add_scalar(k, v, step)
+            if values:
+                self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
+                self.jsonl.flush()
 
     def close(self):
         if self.tb is not None:
             self.tb.close()
+            self.jsonl.close()
 
 
 def main():
@@ -105,6 +135,11 @@ def main():
         cfg = load_config(args.config, args.set)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
+    if args.dry_run:
+        try:
+            return dry_run(cfg)
+        except ValueError as e:
+            raise SystemExit(f"dry run: {e}")
 
     import deepspeed
     from tqdm import tqdm
@@ -125,7 +160,7 @@ def main():
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)  # sigmas, noise, posterior samples
 
     # --- models ---
-    parts = load_parts(cfg, device=str(device))
+    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=str(device))  # cache: transformer only
     full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
     if cfg.train.gradient_checkpointing:
         parts.transformer.enable_gradient_checkpointing()
@@ -136,23 +171,23 @@ def main():
         raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
     samples = index_samples(cfg, verbose=rank == 0)
+    samples, val_samples = split_held_out(samples, cfg)  # validation.num_samples ids leave training
     ds_config = resolve_deepspeed_config(cfg, world, cuda)
     if rank == 0:
-        import json
-
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
         print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
               f"{count_params(parts.transformer) / 1e6:.2f}M params, "
               f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
-              f"({len(full_names)} tensors in full beside the LoRA)")
-    if args.dry_run:
-        return
+              f"({len(full_names)} tensors in full beside the LoRA)\n[e2v] frozen encoders loaded: "
+              f"{', '.join(n for n in ('vae', 'text_encoder', 'image_encoder') if getattr(parts, n) is not None) or 'none'}")
 
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
+    kept_fp32 = fp32_kept_params(parts.transformer)  # DeepSpeed's bf16 would cast them: restored below
     engine, _, _, scheduler = deepspeed.initialize(
         model=parts.transformer, model_parameters=params, config=ds_config,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
     )
+    restore_fp32_params(parts.transformer, kept_fp32)
     dtype = torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
 
     # --- resume ---
@@ -168,9 +203,11 @@ def main():
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
     log = Log(run_dir, rank)
-    stop = {"signal": None}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _f: stop.update(signal=s))
+    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
+    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
+    log.scalars(global_step, validator.maybe_run(engine, global_step))  # step 0: the untrained baseline
+    stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
+    guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
     def save(step):
         return ckpt.save_checkpoint(
@@ -179,20 +216,22 @@ def main():
             keep_last=cfg.train.keep_last, rank=rank)
 
     accum, fl = cfg.train.gradient_accumulation_steps, cfg.flow
-    bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True)
+    bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
+               mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save = time.time()
     skipped_total = 0
     # --- the loop ---
     while global_step < cfg.train.max_steps:
-        t_step, t_data, step_losses, bucket = time.perf_counter(), 0.0, [], {}
-        for _ in range(accum):
+        t_step, t_data, step_losses, stats = time.perf_counter(), 0.0, [], {}  # stats: tag -> micro-batch values
+        micro = 0
+        while micro < accum:
             t0 = time.perf_counter()
             batch = next(data_iter)
             t_data += time.perf_counter() - t0
             skipped_total += len(batch["skipped"])
             samples_seen += len(batch["id"])
             with torch.no_grad():
-                c = encode_batch(batch, parts, cfg, rng=rng, generator=gen)
+                c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
             latents = c.latents_BCTHW
             sigma = sample_sigmas(latents.shape[0], generator=gen, mode=fl.sigma_sampling, shift=fl.shift,
                                   logit_mean=fl.logit_mean, logit_std=fl.logit_std,
@@ -200,50 +239,55 @@ def main():
             noise = torch.randn(latents.shape, generator=gen)
             noisy_model_input = add_noise(latents, noise, sigma)
             model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
-            model_pred = engine(
-                model_input.to(device, dtype), timestep=(1000 * sigma).to(device, dtype),
-                encoder_hidden_states=c.text_BLD.to(device, dtype),
-                encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-                return_dict=False,
-            )[0].float().cpu()
+            with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
+                model_pred = engine(
+                    model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
+                    encoder_hidden_states=c.text_BLD.to(device, dtype),
+                    encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
+                    return_dict=False,
+                )[0].float().cpu()
             if fl.objective == "x0":  # video regression: the loss is on the clean-latent estimate
                 model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), latents
             else:
                 target = velocity_target(latents, noise)
             per_sample = per_sample_mse(model_pred, target)
             loss = (loss_weighting(sigma, fl.weighting) * per_sample).mean()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {loss.item()} at step {global_step + 1}, rank {rank}, "
-                                         f"samples {batch['id']}")
+            if guard.bad(loss.item(), "loss", global_step + 1, batch["id"]):
+                continue  # every rank skips this micro-batch before backward: nothing was updated
             engine.backward(loss.to(device))
             engine.step()
+            micro += 1
             step_losses.append(loss.item())
-            for s, l in zip(sigma.tolist(), per_sample.tolist()):
-                bucket.setdefault(next(b for b in SIGMA_BUCKETS if s <= b), []).append(l)
+            vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
+            for s, l in zip(sigma.tolist(), per_sample.tolist()):  # loss by timestep: where the model is weak
+                stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+            if fl.objective == "x0":
+                for k, v in latent_stats(target, model_pred).items():
+                    stats.setdefault(f"train/{k}", []).append(v)
         global_step += 1
         step_time = time.perf_counter() - t_step
-        grad_norm = engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, batch["id"])
         mean_loss = sum(step_losses) / len(step_losses)
         if global_step % cfg.train.log_every == 0:
             log.scalars(global_step, {
                 "train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                 "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
                 "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
-                "data/skipped_samples": skipped_total,
-                **{f"train/loss_sigma_le_{b}": sum(v) / len(v) for b, v in bucket.items()},
+                "data/skipped_samples": skipped_total, "train/nonfinite_skipped": guard.skipped,
+                **{k: sum(v) / len(v) for k, v in stats.items()},
             })
         bar.update(1)
         bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+        log.scalars(global_step, validator.maybe_run(engine, global_step))
         every_min = cfg.train.checkpoint_every_minutes
-        stopping = broadcast(stop["signal"], rank) is not None
+        stopping = ckpt.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
         if (global_step % cfg.train.checkpoint_every == 0 or stopping
-                or (every_min and time.time() - last_save > 60 * every_min)):
+                or (every_min and ckpt.any_rank(time.time() - last_save > 60 * every_min))):
             save(global_step)
             last_save = time.time()
         if stopping:
             if rank == 0:
-                print(f"\n[e2v] signal {stop['signal']}: checkpoint saved at step {global_step}; resume with --resume latest")
+                print(f"\n[e2v] stop signal: checkpoint saved at step {global_step}; resume with --resume latest")
             break
     bar.close()
 
@@ -251,9 +295,11 @@ def main():
         if global_step % cfg.train.checkpoint_every:
             save(global_step)
         out = ckpt.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
+        skipped_total = total_over_ranks(skipped_total)  # every rank's skips, not rank 0's
         if rank == 0:
             print(f"[e2v] done: {global_step} steps. LoRA: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s)" if skipped_total else ""))
+    vis.close()
     log.close()
 
 

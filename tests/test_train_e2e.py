@@ -1,13 +1,12 @@
 """The real entry point, end to end: `deepspeed train_e2v.py` on the tiny config, then the exported
 LoRA in a fresh, plain diffusers WanImageToVideoPipeline."""
 
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT, run_train
+from conftest import run_train
 
 
 @pytest.fixture(scope="module")
