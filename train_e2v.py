@@ -161,7 +161,9 @@ def main():
 
     # --- models ---
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=str(device))  # cache: transformer only
-    full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
+    with torch.random.fork_rng(devices=[]):  # the same LoRA init on every rank, whatever loading drew
+        torch.manual_seed(cfg.seed)
+        full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
     if cfg.train.gradient_checkpointing:
         parts.transformer.enable_gradient_checkpointing()
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):
@@ -209,86 +211,99 @@ def main():
     stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
-    def save(step):
+    def save(step, seen=None, rng_state=None):
         return ckpt.save_checkpoint(
             engine, run_dir / "checkpoints", step,
-            {"global_step": step, "samples_seen": samples_seen, "rng": ckpt.rng_state(rng, gen)},
+            {"global_step": step, "samples_seen": samples_seen if seen is None else seen,
+             "rng": rng_state or ckpt.rng_state(rng, gen)},
             keep_last=cfg.train.keep_last, rank=rank)
 
     accum, fl = cfg.train.gradient_accumulation_steps, cfg.flow
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
-    last_save = time.time()
+    last_save, saved_step = time.time(), global_step
     skipped_total = 0
     # --- the loop ---
-    while global_step < cfg.train.max_steps:
-        t_step, t_data, step_losses, stats = time.perf_counter(), 0.0, [], {}  # stats: tag -> micro-batch values
-        micro = 0
-        while micro < accum:
-            t0 = time.perf_counter()
-            batch = next(data_iter)
-            t_data += time.perf_counter() - t0
-            skipped_total += len(batch["skipped"])
-            samples_seen += len(batch["id"])
-            with torch.no_grad():
-                c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
-            latents = c.latents_BCTHW
-            sigma = sample_sigmas(latents.shape[0], generator=gen, mode=fl.sigma_sampling, shift=fl.shift,
-                                  logit_mean=fl.logit_mean, logit_std=fl.logit_std,
-                                  timestep_list=fl.denoising_step_list)
-            noise = torch.randn(latents.shape, generator=gen)
-            noisy_model_input = add_noise(latents, noise, sigma)
-            model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
-            with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
-                model_pred = engine(
-                    model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
-                    encoder_hidden_states=c.text_BLD.to(device, dtype),
-                    encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-                    return_dict=False,
-                )[0].float().cpu()
-            if fl.objective == "x0":  # video regression: the loss is on the clean-latent estimate
-                model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), latents
-            else:
-                target = velocity_target(latents, noise)
-            per_sample = per_sample_mse(model_pred, target)
-            loss = (loss_weighting(sigma, fl.weighting) * per_sample).mean()
-            if guard.bad(loss.item(), "loss", global_step + 1, batch["id"]):
-                continue  # every rank skips this micro-batch before backward: nothing was updated
-            engine.backward(loss.to(device))
-            engine.step()
-            micro += 1
-            step_losses.append(loss.item())
-            vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
-            for s, l in zip(sigma.tolist(), per_sample.tolist()):  # loss by timestep: where the model is weak
-                stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
-            if fl.objective == "x0":
-                for k, v in latent_stats(target, model_pred).items():
-                    stats.setdefault(f"train/{k}", []).append(v)
-        global_step += 1
-        step_time = time.perf_counter() - t_step
-        grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, batch["id"])
-        mean_loss = sum(step_losses) / len(step_losses)
-        if global_step % cfg.train.log_every == 0:
-            log.scalars(global_step, {
-                "train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
-                "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
-                "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
-                "data/skipped_samples": skipped_total, "train/nonfinite_skipped": guard.skipped,
-                **{k: sum(v) / len(v) for k, v in stats.items()},
-            })
-        bar.update(1)
-        bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-        log.scalars(global_step, validator.maybe_run(engine, global_step))
-        every_min = cfg.train.checkpoint_every_minutes
-        stopping = ckpt.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
-        if (global_step % cfg.train.checkpoint_every == 0 or stopping
-                or (every_min and ckpt.any_rank(time.time() - last_save > 60 * every_min))):
-            save(global_step)
-            last_save = time.time()
-        if stopping:
-            if rank == 0:
-                print(f"\n[e2v] stop signal: checkpoint saved at step {global_step}; resume with --resume latest")
-            break
+    try:
+        while global_step < cfg.train.max_steps:
+            step_start = (samples_seen, ckpt.rng_state(rng, gen))  # what an error-time save records
+            t_step, t_data, step_losses, stats = time.perf_counter(), 0.0, [], {}  # stats: tag -> micro-batch values
+            micro = 0
+            while micro < accum:
+                t0 = time.perf_counter()
+                batch = next(data_iter)
+                t_data += time.perf_counter() - t0
+                skipped_total += len(batch["skipped"])
+                samples_seen += len(batch["id"])
+                with torch.no_grad():
+                    c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
+                latents = c.latents_BCTHW
+                sigma = sample_sigmas(latents.shape[0], generator=gen, mode=fl.sigma_sampling, shift=fl.shift,
+                                      logit_mean=fl.logit_mean, logit_std=fl.logit_std,
+                                      timestep_list=fl.denoising_step_list)
+                noise = torch.randn(latents.shape, generator=gen)
+                noisy_model_input = add_noise(latents, noise, sigma)
+                model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
+                with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
+                    model_pred = engine(
+                        model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
+                        encoder_hidden_states=c.text_BLD.to(device, dtype),
+                        encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
+                        return_dict=False,
+                    )[0].float().cpu()
+                if fl.objective == "x0":  # video regression: the loss is on the clean-latent estimate
+                    model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), latents
+                else:
+                    target = velocity_target(latents, noise)
+                per_sample = per_sample_mse(model_pred, target)
+                loss = (loss_weighting(sigma, fl.weighting) * per_sample).mean()
+                if guard.bad(loss.item(), "loss", global_step + 1, batch["id"]):
+                    continue  # every rank skips this micro-batch before backward: nothing was updated
+                engine.backward(loss.to(device))
+                engine.step()
+                micro += 1
+                step_losses.append(loss.item())
+                vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
+                for s, l in zip(sigma.tolist(), per_sample.tolist()):  # loss by timestep: where the model is weak
+                    stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+                if fl.objective == "x0":
+                    for k, v in latent_stats(target, model_pred).items():
+                        stats.setdefault(f"train/{k}", []).append(v)
+            global_step += 1
+            step_time = time.perf_counter() - t_step
+            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, batch["id"])
+            mean_loss = sum(step_losses) / len(step_losses)
+            if global_step % cfg.train.log_every == 0:
+                log.scalars(global_step, {
+                    "train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                    "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
+                    "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
+                    "data/skipped_samples": skipped_total, "train/nonfinite_skipped": guard.skipped,
+                    **{k: sum(v) / len(v) for k, v in stats.items()},
+                })
+            bar.update(1)
+            bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
+            log.scalars(global_step, validator.maybe_run(engine, global_step))
+            every_min = cfg.train.checkpoint_every_minutes
+            stopping = ckpt.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
+            if (global_step % cfg.train.checkpoint_every == 0 or stopping
+                    or (every_min and ckpt.any_rank(time.time() - last_save > 60 * every_min))):
+                save(global_step)
+                last_save, saved_step = time.time(), global_step
+            if stopping:
+                if rank == 0:
+                    print(f"\n[e2v] stop signal: checkpoint saved at step {global_step}; resume with --resume latest")
+                break
+    except FloatingPointError:  # non-finite loss / gradient norm: the weights are suspect, save nothing
+        raise
+    except Exception:
+        # One process: nothing else waits on a collective, so the weights of the last finished step
+        # are saved before the error propagates (several ranks rely on the periodic checkpoints).
+        if world == 1 and global_step > saved_step:
+            print(f"\n[e2v] error in step {global_step + 1}: saving step {global_step} first "
+                  f"(resume with --resume latest)", file=sys.stderr, flush=True)
+            save(global_step, *step_start)
+        raise
     bar.close()
 
     if global_step >= cfg.train.max_steps:

@@ -35,3 +35,23 @@ def test_decord_width_bug_gives_a_clear_error(tmp_path, width):
     else:
         assert probe_video(tmp_path / "v.mp4").width == 64
         assert load_video(tmp_path / "v.mp4", 9, 32, 64).shape == (3, 9, 32, 64)
+
+
+@pytest.mark.parametrize("resize_mode,reshape_mode", [("center_crop", "bicubic"), ("resize", "bilinear"),
+                                                      ("center_crop", "area")])
+def test_clip_resize_matches_pil_per_frame(resize_mode, reshape_mode):
+    """The whole-clip torch resize against the oracle: PIL on each frame with the image path's
+    crop arithmetic (center_crop / resize of e2v.media)."""
+    from PIL import Image
+
+    from e2v.media import RESAMPLE, center_crop, frames_to_video, resize
+
+    rng = np.random.default_rng(1)
+    frames = (rng.integers(0, 256, (3, 36, 60, 3)) // 32 * 32).astype(np.uint8).repeat(2, 1).repeat(2, 2)
+    got = frames_to_video(frames, 32, 48, resize_mode, reshape_mode)
+    pil = center_crop if resize_mode == "center_crop" else resize
+    want = np.stack([np.asarray(pil(Image.fromarray(f), 32, 48, RESAMPLE[reshape_mode])) for f in frames])
+    want = torch.from_numpy(want).permute(3, 0, 1, 2).float() / 127.5 - 1
+    levels = (got - want).abs() * 127.5
+    assert got.shape == (3, 3, 32, 48)
+    assert levels.mean() < 0.05 and levels.max() <= (0 if reshape_mode == "area" else 1.01), (levels.mean(), levels.max())
