@@ -1024,7 +1024,7 @@ def render_data(d: dict) -> list[str]:
     t = d["target"]
     out = ["## 3. Data pipeline at 81 x 480 x 832", "",
            f"{d['clips']} synthetic clips, {t[0]} frames at {d['source_hw'][0]}x{d['source_hw'][1]} (H.264, CRF 23), "
-           f"centre-cropped and resized (PIL bicubic) to {t[1]}x{t[2]}; elements: {d['elements']}. One sample is "
+           f"centre-cropped and resized (torch antialiased bicubic, e2v.media) to {t[1]}x{t[2]}; elements: {d['elements']}. One sample is "
            f"one E2VDataset.load: a {d['video_tensor_mb']} MB float32 video tensor. ms per sample, one torch thread, "
            f"median (min-max) over {d['decoders']['decord']['item']['n']} loads. Decoded pixels of the two "
            f"decoders differ by {d['decoder_mean_abs_diff_levels']} levels (mean |diff|, of 255). "
