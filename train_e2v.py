@@ -102,6 +102,38 @@ def lr_lambda(cfg):
     return f
 
 
+def model_inputs(c, fl, generator: torch.Generator):
+    """Flow matching's draw for one micro-batch: sigma_B (per sample), the noise, x_t and the
+    transformer input (x_t, then the condition channels when there are any)."""
+    latents = c.latents_BCTHW
+    sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
+                          logit_mean=fl.logit_mean, logit_std=fl.logit_std, timestep_list=fl.denoising_step_list)
+    noise = torch.randn(latents.shape, generator=generator)
+    noisy_model_input = add_noise(latents, noise, sigma)
+    model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
+    return sigma, noise, noisy_model_input, model_input
+
+
+def forward_loss(model, c, sigma, noise, noisy_model_input, model_input, cfg, device, dtype):
+    """The transformer on the micro-batch and the weighted loss: velocity (flow objective) or,
+    for video regression, the clean-latent estimate x_t - sigma * v against the latents.
+    Returns (loss, per-sample loss, prediction, target); prediction and target on the CPU in fp32."""
+    fl = cfg.flow
+    with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
+        model_pred = model(
+            model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
+            encoder_hidden_states=c.text_BLD.to(device, dtype),
+            encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
+            return_dict=False,
+        )[0].float().cpu()
+    if fl.objective == "x0":
+        model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), c.latents_BCTHW
+    else:
+        target = velocity_target(c.latents_BCTHW, noise)
+    per_sample = per_sample_mse(model_pred, target)
+    return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
+
+
 class Log:
     """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
 
@@ -147,7 +179,7 @@ def main():
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    ckpt.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
 
@@ -237,26 +269,9 @@ def main():
                 samples_seen += len(batch["id"])
                 with torch.no_grad():
                     c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
-                latents = c.latents_BCTHW
-                sigma = sample_sigmas(latents.shape[0], generator=gen, mode=fl.sigma_sampling, shift=fl.shift,
-                                      logit_mean=fl.logit_mean, logit_std=fl.logit_std,
-                                      timestep_list=fl.denoising_step_list)
-                noise = torch.randn(latents.shape, generator=gen)
-                noisy_model_input = add_noise(latents, noise, sigma)
-                model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
-                with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
-                    model_pred = engine(
-                        model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
-                        encoder_hidden_states=c.text_BLD.to(device, dtype),
-                        encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-                        return_dict=False,
-                    )[0].float().cpu()
-                if fl.objective == "x0":  # video regression: the loss is on the clean-latent estimate
-                    model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), latents
-                else:
-                    target = velocity_target(latents, noise)
-                per_sample = per_sample_mse(model_pred, target)
-                loss = (loss_weighting(sigma, fl.weighting) * per_sample).mean()
+                sigma, noise, noisy_model_input, model_input = model_inputs(c, fl, gen)
+                loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input,
+                                                                    model_input, cfg, device, dtype)
                 if guard.bad(loss.item(), "loss", global_step + 1, batch["id"]):
                     continue  # every rank skips this micro-batch before backward: nothing was updated
                 engine.backward(loss.to(device))

@@ -53,6 +53,23 @@ def _rank() -> int:
     return torch.distributed.get_rank() if _dist() else 0
 
 
+def init_distributed() -> None:
+    """`deepspeed.init_distributed` with NCCL on CUDA, gloo elsewhere.
+
+    On the CPU accelerator DeepSpeed JIT-compiles a shared-memory op (`deepspeed_shm_comm`) at
+    every first init. Only `inference_all_reduce` uses it, never training; the compile costs ~30 s
+    on a fresh 2-core machine, and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
+    cleared when a build is killed, after which every later run waits on it forever, printing
+    nothing. So CPU runs opt out of the op (set E2V_DS_SHM_COMM=1 to keep it)."""
+    import deepspeed
+    import deepspeed.ops
+
+    cuda = torch.cuda.is_available()
+    if not cuda and os.environ.get("E2V_DS_SHM_COMM", "0") != "1":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read before the backend builds it
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank if `flag` is true on any rank (a collective: all ranks must call it)."""
     if not _dist():

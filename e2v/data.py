@@ -157,6 +157,28 @@ def index_samples(cfg: Config, verbose: bool = True) -> list[Sample]:
 # --- dataset -----------------------------------------------------------------------------------
 
 
+def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
+    """One sample's reference images (name -> PIL, absent optional elements left out) -> the
+    per-element inputs collate stacks: the VAE references at the video size (image_CHW in
+    [-1, 1]) with their repeats, and the CLIP references as uint8 HWC at the CLIP resolution, in
+    element order (absent elements compact the positions)."""
+    d, pv, pc = cfg.data, cfg.processors.vae, cfg.processors.clip
+    out = {"element_names": [], "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
+    for el in ordered_elements(cfg) if cfg.e2v_type != "none" else []:
+        img = images.get(el.name)
+        if img is None:
+            continue
+        out["element_names"].append(el.name)
+        if el.vae is not None:
+            mode = el.vae.preprocess or pv.default_preprocess
+            out["vae_refs"][el.name] = image_to_tensor(preprocess_image(img, height, width, mode, d.reshape_mode))
+            out["vae_repeats"][el.name] = el.vae.repeat
+        if el.clip is not None:
+            mode = el.clip.preprocess or pc.default_preprocess
+            out["clip_refs"][el.name] = np.asarray(preprocess_image(img, *pc.resolution, mode, d.reshape_mode))
+    return out
+
+
 class E2VDataset(torch.utils.data.Dataset):
     def __init__(self, cfg: Config, samples: list[Sample], cache: CacheStore | None = None):
         self.cfg = cfg
@@ -177,27 +199,12 @@ class E2VDataset(torch.utils.data.Dataset):
             raise MediaError(f"{s.video.with_suffix('.txt')}: empty prompt")
         if self.cache is not None:
             return self.cache.load(s)
-        d, pv, pc = self.cfg.data, self.cfg.processors.vae, self.cfg.processors.clip
+        d = self.cfg.data
         f, h, w = sample_bucket(s, self.cfg)
         video = load_video(s.video, f, h, w, stride=d.frame_stride,
                            resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
-        item = {"id": s.id, "video": video, "prompt": s.prompt, "element_names": [],
-                "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
-        for el in self.elements:
-            path = s.elements.get(el.name)
-            if path is None:
-                continue  # optional and absent: positions compact
-            img = load_image(path)
-            item["element_names"].append(el.name)
-            if el.vae is not None:
-                mode = el.vae.preprocess or pv.default_preprocess
-                item["vae_refs"][el.name] = image_to_tensor(preprocess_image(img, h, w, mode, d.reshape_mode))
-                item["vae_repeats"][el.name] = el.vae.repeat
-            if el.clip is not None:
-                mode = el.clip.preprocess or pc.default_preprocess
-                ch, cw = pc.resolution
-                item["clip_refs"][el.name] = np.asarray(preprocess_image(img, ch, cw, mode, d.reshape_mode))
-        return item
+        images = {el.name: load_image(s.elements[el.name]) for el in self.elements if el.name in s.elements}
+        return {"id": s.id, "video": video, "prompt": s.prompt, **element_inputs(self.cfg, images, h, w)}
 
     def __getitem__(self, index: int) -> dict:
         skipped = []

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from e2v.conditioning import Conditions, denormalize_latents, encode_batch, encode_text
-from e2v.data import collate, ordered_elements
-from e2v.media import image_to_tensor, preprocess_image
+from e2v.data import collate, element_inputs
 
 
 def make_scheduler(shift: float, num_train_timesteps: int = 1000):
@@ -38,30 +37,17 @@ def make_scheduler(shift: float, num_train_timesteps: int = 1000):
 
 def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
     """One data.py item from in-memory element images (PIL RGB; RGBA must already be on white:
-    media.load_image does it). Mirrors `E2VDataset.load`, which tests/test_sampling.py checks.
+    media.load_image does it), through the same `element_inputs` as `E2VDataset.load`.
     The target video is a zero placeholder: encode_batch encodes it too (one wasted VAE encode
     per generation; the price of sharing the exact training code path)."""
-    d, pv, pc = cfg.data, cfg.processors.vae, cfg.processors.clip
+    d = cfg.data
     h, w = d.resolution
     known = {e.name for e in cfg.data.elements}
     unknown = sorted(set(images) - known)
     if unknown:
         raise ValueError(f"unknown element(s) {unknown}: the config's data.elements names are {sorted(known)}")
-    item = {"id": f"sample_{index}", "video": torch.zeros(3, d.num_frames, h, w), "prompt": prompt,
-            "element_names": [], "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}, "skipped": []}
-    for el in ordered_elements(cfg) if cfg.e2v_type != "none" else []:
-        img = images.get(el.name)
-        if img is None:
-            continue
-        item["element_names"].append(el.name)
-        if el.vae is not None:
-            mode = el.vae.preprocess or pv.default_preprocess
-            item["vae_refs"][el.name] = image_to_tensor(preprocess_image(img, h, w, mode, d.reshape_mode))
-            item["vae_repeats"][el.name] = el.vae.repeat
-        if el.clip is not None:
-            mode = el.clip.preprocess or pc.default_preprocess
-            item["clip_refs"][el.name] = np.asarray(preprocess_image(img, *pc.resolution, mode, d.reshape_mode))
-    return item
+    return {"id": f"sample_{index}", "video": torch.zeros(3, d.num_frames, h, w), "prompt": prompt, "skipped": [],
+            **element_inputs(cfg, images, h, w)}
 
 
 def inference_config(cfg):

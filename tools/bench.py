@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -214,11 +216,10 @@ def build_parts(preset: str, cfg, with_encoders: bool, device: str):
 
 def init_single_rank() -> None:
     """A one-process gloo (or NCCL) group, so deepspeed.initialize runs inside this process."""
-    import deepspeed
-    import torch
+    from e2v.checkpoint import init_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+    init_distributed()
 
 
 def make_engine(transformer, cfg, cuda: bool, ds_config: dict | None = None):
@@ -311,37 +312,19 @@ class StepRunner:
     def step(self, model, c, phases: Phases, scheduler=None) -> float:
         """Everything after the conditions exist: flow sampling, model input, forward, loss,
         backward, optimizer, and (when logging) the loop's per-step bookkeeping."""
-        import torch
+        from train_e2v import broadcast, forward_loss, model_inputs
 
-        from e2v.flow import add_noise, loss_weighting, per_sample_mse, sample_sigmas, velocity_target
-        from e2v.models import activation_context
-        from train_e2v import broadcast
-
-        fl, device, dtype = self.cfg.flow, self.device, self.dtype
         t_step = time.perf_counter()
         with phases("noise_and_input"):
-            latents = c.latents_BCTHW
-            sigma = sample_sigmas(latents.shape[0], generator=self.gen, mode=fl.sigma_sampling, shift=fl.shift,
-                                  logit_mean=fl.logit_mean, logit_std=fl.logit_std,
-                                  timestep_list=fl.denoising_step_list)
-            noise = torch.randn(latents.shape, generator=self.gen)
-            noisy_model_input = add_noise(latents, noise, sigma)
-            model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
-        with phases("forward_and_loss"), activation_context(self.cfg.train.activation_offload):
-            model_pred = model(
-                model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
-                encoder_hidden_states=c.text_BLD.to(device, dtype),
-                encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-                return_dict=False,
-            )[0].float().cpu()
-            target = velocity_target(latents, noise)
-            per_sample = per_sample_mse(model_pred, target)
-            loss = (loss_weighting(sigma, fl.weighting) * per_sample).mean()
+            sigma, noise, noisy_model_input, model_input = model_inputs(c, self.cfg.flow, self.gen)
+        with phases("forward_and_loss"):
+            loss, per_sample, _, _ = forward_loss(model, c, sigma, noise, noisy_model_input, model_input, self.cfg,
+                                                  self.device, self.dtype)
         if self.guard is not None:
             with phases("loss_check"):  # the loop's non-finite check: all ranks agree before backward
                 self.guard.bad(loss.item(), "loss", self.global_step + 1, [])
         with phases("backward"):
-            model.backward(loss.to(device))
+            model.backward(loss.to(self.device))
         with phases("optimizer"):
             model.step()
         if self.log is None:
@@ -359,7 +342,7 @@ class StepRunner:
                 self.log.scalars(self.global_step, {
                     "train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                     "perf/step_time_s": step_time, "perf/data_wait_share": 0.0,
-                    "perf/samples_per_s": latents.shape[0] / step_time, "data/skipped_samples": 0,
+                    "perf/samples_per_s": len(sigma) / step_time, "data/skipped_samples": 0,
                     **{k: sum(v) / len(v) for k, v in bucket.items()},
                 })
             with phases("logging/progress_bar"):
@@ -587,7 +570,6 @@ def make_data_clips(root: Path) -> Path:
     """DATA_CLIPS clips of 81 frames at 720p (so the resize to 480x832 really runs) with a subject
     (RGBA), an object and a background (wider than 16:9), like a real E2V sample."""
     import imageio_ffmpeg
-    import numpy as np
     from PIL import Image
 
     out = root / "data81"
@@ -621,7 +603,7 @@ def make_data_clips(root: Path) -> Path:
     return out
 
 
-def decode_decord(path) -> "np.ndarray":
+def decode_decord(path) -> np.ndarray:
     """What e2v.media.load_video does before resizing: decord, one thread, a batch of indices."""
     from e2v.media import _reader, frame_indices
 
@@ -629,10 +611,9 @@ def decode_decord(path) -> "np.ndarray":
     return vr.get_batch(frame_indices(len(vr), DATA_FRAMES)).asnumpy()
 
 
-def decode_opencv(path) -> "np.ndarray":
+def decode_opencv(path) -> np.ndarray:
     """The alternative: OpenCV's VideoCapture, sequential reads, BGR -> RGB."""
     import cv2
-    import numpy as np
 
     from e2v.media import MediaError, frame_indices
 
@@ -667,7 +648,6 @@ def timed_load_video(decode, phases: Phases):
 def pil_frames_to_video(frames_FHWC, height: int, width: int):
     """The resize e2v.media.frames_to_video did before it resized whole clips in torch: PIL
     per frame (centre crop, bicubic), then the float conversion. Kept here to measure the gain."""
-    import numpy as np
     import torch
     from PIL import Image
 
