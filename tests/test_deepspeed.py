@@ -77,6 +77,20 @@ def test_zero2_and_zero3_offload_train_the_same_model(zero2_runs, zero3_offload_
         assert plain[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], rel=1e-6), step
 
 
+def test_zero3_without_offload_trains_the_same_model(demo_data, tmp_path, zero3_offload_run):
+    """The fourth shipped config with 2 processes (zero2: above; zero2_offload: the non-finite test;
+    zero3_offload: the shared run): the same losses as ZeRO-3 with offload."""
+    sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
+    run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+              "run_id=z3", "train.max_steps=3", "train.checkpoint_every=3", "deepspeed.config=ds_configs/zero3.json",
+              *sets, num_gpus=2)
+    ours, reference = read_scalars(tmp_path / "z3"), read_scalars(zero3_offload_run)
+    assert sorted(ours) == [1, 2, 3]
+    for step in ours:
+        assert ours[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], rel=1e-6), step
+    assert (tmp_path / "z3/lora/pytorch_lora_weights.safetensors").exists()
+
+
 def test_nonfinite_loss_stops_naming_step_ranks_and_samples(demo_data, tmp_path):
     """A real trigger: lr 1e30 turns the weights to ~1e30 in one step, so step 2's loss is inf/nan."""
     proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
@@ -120,10 +134,11 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", LO
 import deepspeed
 from diffusers import WanTransformer3DModel
 from deepspeed.utils import safe_get_full_fp32_param
+from e2v.checkpoint import init_distributed
 from e2v.config import load_config
 from e2v.models import build_tiny_parts, fp32_kept_params, restore_fp32_params, setup_training
 
-deepspeed.init_distributed(dist_backend="gloo")
+init_distributed()
 model = build_tiny_parts(seed=0, with_encoders=False).transformer
 tmp = tempfile.mkdtemp()
 model.save_pretrained(tmp)
