@@ -204,7 +204,8 @@ def main():
     if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:
         raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
-    samples = index_samples(cfg, verbose=rank == 0)
+    excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
+    samples = index_samples(cfg, verbose=rank == 0, excluded=excluded)
     samples, val_samples = split_held_out(samples, cfg)  # validation.num_samples ids leave training
     ds_config = resolve_deepspeed_config(cfg, world, cuda)
     if rank == 0:
@@ -289,11 +290,13 @@ def main():
             grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, batch["id"])
             mean_loss = sum(step_losses) / len(step_losses)
             if global_step % cfg.train.log_every == 0:
+                skipped_all = total_over_ranks(skipped_total)  # every rank's skips (a collective)
                 log.scalars(global_step, {
                     "train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                     "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
                     "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
-                    "data/skipped_samples": skipped_total, "train/nonfinite_skipped": guard.skipped,
+                    "data/skipped_samples": skipped_all, "data/excluded_samples": len(excluded),
+                    "train/nonfinite_skipped": guard.skipped,
                     **{k: sum(v) / len(v) for k, v in stats.items()},
                 })
             bar.update(1)
@@ -328,7 +331,9 @@ def main():
         skipped_total = total_over_ranks(skipped_total)  # every rank's skips, not rank 0's
         if rank == 0:
             print(f"[e2v] done: {global_step} steps. LoRA: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
-                  + (f"\n[e2v] skipped {skipped_total} bad sample(s)" if skipped_total else ""))
+                  + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
+                  + (f"\n[e2v] left out {len(excluded)} bad sample(s) at indexing (listed at the start)"
+                     if excluded else ""))
     vis.close()
     log.close()
 

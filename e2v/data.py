@@ -129,9 +129,10 @@ def bucket_name(b: Bucket) -> str:
 # --- indexing ----------------------------------------------------------------------------------
 
 
-def index_samples(cfg: Config, verbose: bool = True) -> list[Sample]:
+def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None) -> list[Sample]:
     """Every sample of every dataset, with its bucket. Problems are reported by name: with
-    on_bad_sample error they stop here, with skip the samples are left out and listed."""
+    on_bad_sample error they stop here, with skip the samples are left out, listed, and appended
+    to `excluded` (so the run can count them beside the samples skipped while loading)."""
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
@@ -148,6 +149,8 @@ def index_samples(cfg: Config, verbose: bool = True) -> list[Sample]:
                                        "tools/check_dataset.py lists every problem)")
         if verbose:
             print(f"[e2v data] {msg}")
+        if excluded is not None:
+            excluded.extend(problems)
     if not samples:
         roots = ", ".join(d.data_root for d in cfg.data.datasets)
         raise BadSampleError(f"no samples found in {roots}")

@@ -103,7 +103,8 @@ def test_uncacheable_modes_are_refused(demo_data, tmp_path):
 
 def make_mixed_dataset(root, n_square=4, n_wide=4, bad_element=False):
     """Square 17-frame clips and wide 9-12-frame clips (two buckets), each with a person image;
-    bad_element adds a square sample whose image is unreadable (found at load, not at indexing)."""
+    bad_element adds a square sample whose image is unreadable (found at load, not at indexing)
+    and one with no person image at all (the required element: left out at indexing)."""
     from PIL import Image
 
     from tools.make_demo_dataset import write_video
@@ -121,6 +122,8 @@ def make_mixed_dataset(root, n_square=4, n_wide=4, bad_element=False):
         write_video(root / "bad.mp4", np.zeros((17, 64, 64, 3), np.uint8))
         (root / "bad.txt").write_text("a sample whose reference image is broken")
         (root / "bad_person.png").write_bytes(b"not a png")
+        write_video(root / "noref.mp4", np.zeros((17, 64, 64, 3), np.uint8))
+        (root / "noref.txt").write_text("a sample without its required person image")
     return root
 
 
@@ -148,9 +151,13 @@ def test_mixed_sizes_train_with_two_processes(mixed_runs):
     tmp, pre, enc, cac = mixed_runs
     assert "wrote 7 entries (1 bad samples recorded)" in pre.stdout
     assert "17x64x64" in enc.stdout and "9x64x112" in enc.stdout  # the printed bucket table
-    for run, proc in (("encoded", enc), ("cached", cac)):  # the broken sample: skipped, named and counted
+    for run, proc in (("encoded", enc), ("cached", cac)):  # the broken samples: skipped, named and counted
         assert "skipped bad sample bad:" in proc.stdout + proc.stderr
-        assert "[e2v] skipped 1 bad sample(s)" in proc.stdout, run
+        assert "[e2v] skipped 1 bad sample(s) while loading" in proc.stdout, run
+        assert "required element 'person' missing -> add one of noref_person.png" in proc.stdout, run
+        assert "[e2v] left out 1 bad sample(s) at indexing" in proc.stdout, run
+        last = read_scalars(tmp / "runs" / run)[3]  # TensorBoard's counts: every rank's skips, and the index's
+        assert last["data/skipped_samples"] == 1 and last["data/excluded_samples"] == 1, run
     losses = [read_scalars(tmp / "runs/encoded")[s]["train/loss"] for s in (1, 2, 3)]
     assert all(np.isfinite(losses))
 

@@ -312,6 +312,7 @@ class StepRunner:
     def step(self, model, c, phases: Phases, scheduler=None) -> float:
         """Everything after the conditions exist: flow sampling, model input, forward, loss,
         backward, optimizer, and (when logging) the loop's per-step bookkeeping."""
+        from e2v.data import total_over_ranks
         from train_e2v import broadcast, forward_loss, model_inputs
 
         t_step = time.perf_counter()
@@ -348,6 +349,8 @@ class StepRunner:
             with phases("logging/progress_bar"):
                 self.bar.update(1)
                 self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+            with phases("logging/skipped_count"):
+                total_over_ranks(0)  # the loop sums the ranks' skipped samples at each logged step
             with phases("logging/stop_broadcast"):
                 broadcast(None, 0)  # the per-step stop-signal broadcast (a collective every step)
         return loss_value

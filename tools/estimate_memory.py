@@ -140,7 +140,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     best = next((r for r in rows if r["fits"]), None)
     return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
                 video_tokens=s, context_tokens=ctx, rows=rows, configured=configured, best=best,
-                load_cpu_per_node_gb=4 * (counts.trainable + counts.frozen) * gpus / GB)
+                load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
 
 
 def main() -> None:
@@ -177,7 +177,8 @@ def main() -> None:
                                  f"{str(b['gradient_checkpointing']).lower()} train.activation_offload="
                                  f"{str(b['activation_offload']).lower()}" if b else
                                  "none: lower data.num_frames / data.resolution, or use more GPUs"))
-    print(f"loading: each rank materialises the fp32 transformer before DeepSpeed partitions it: "
+    dtype = "bf16" if cfg.train.mixed_precision == "bf16" else "fp32"
+    print(f"loading: each rank materialises the {dtype} transformer before DeepSpeed partitions it: "
           f"~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up")
 
 
