@@ -26,8 +26,9 @@ from e2v.config import ConfigError, load_config, map_seed_flags, resolve_deepspe
 from e2v.data import index_samples, make_loader, total_over_ranks
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
-from e2v.models import (activation_context, build_meta_transformer, count_params, describe_plan, fp32_kept_params,
-                        is_expanded, load_parts, restore_fp32_params, setup_training)
+from e2v.models import (activation_context, count_params, describe_plan, fp32_kept_params, is_expanded,
+                        knows_shape_offline, load_parts, preflight, restore_fp32_params, setup_training,
+                        trained_fp32_kept)
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
 
@@ -54,12 +55,18 @@ def parse_args():
 
 def dry_run(cfg) -> None:
     """Validated config (load_config) -> indexed data -> the transformer on the meta device with its
-    LoRA and trained modules (no weights read, nothing downloaded) -> the plan. No DeepSpeed launch."""
-    samples = index_samples(cfg)
-    transformer = build_meta_transformer(cfg)
-    full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
+    LoRA and trained modules (no weights read, nothing downloaded) -> the plan. No DeepSpeed launch.
+    A data folder that does not exist yet is reported, not fatal: the plan is still worth reading."""
+    missing = [d.data_root for d in cfg.data.datasets if not Path(d.data_root).exists()]
+    for root in missing:
+        print(f"[e2v dry run] WARNING: data_root {root} does not exist: not indexed (training would stop here; "
+              f"set it with --set data.datasets.0.data_root=...)")
+    cfg.data.datasets = [d for d in cfg.data.datasets if d.data_root not in missing]
+    samples = index_samples(cfg) if cfg.data.datasets else []
+    transformer, full_names = preflight(cfg)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
-    print(f"[e2v dry run] config OK; {len(samples)} samples in {', '.join(d.data_root for d in cfg.data.datasets)}")
+    print(f"[e2v dry run] config OK; {len(samples)} samples in "
+          f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}")
     for line in describe_plan(transformer, cfg, ds_config, full_names).splitlines():
         print(f"[e2v dry run] {line}")
 
@@ -134,6 +141,19 @@ def forward_loss(model, c, sigma, noise, noisy_model_input, model_input, cfg, de
     return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
 
 
+def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
+    """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
+    describe 1/world of the global batch); `*_count` keys are summed instead. A collective."""
+    if world > 1:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, stats)
+        stats = {}
+        for part in gathered:
+            for k, v in part.items():
+                stats.setdefault(k, []).extend(v)
+    return {k: sum(v) if k.endswith("_count") else sum(v) / len(v) for k, v in stats.items()}
+
+
 class Log:
     """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
 
@@ -164,7 +184,7 @@ class Log:
 def main():
     args = parse_args()
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set, check_paths=not args.dry_run)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     if args.dry_run:
@@ -172,6 +192,11 @@ def main():
             return dry_run(cfg)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
+    try:  # model-dependent checks on the meta device, before minutes of loading
+        if knows_shape_offline(cfg):
+            preflight(cfg)
+    except ValueError as e:
+        raise SystemExit(f"config error: {e}")
 
     import deepspeed
     from tqdm import tqdm
@@ -179,6 +204,9 @@ def main():
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
+        if cfg.train.mixed_precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise SystemExit("config error: train.mixed_precision: bf16, but this GPU has no bf16 (pre-Ampere); "
+                             "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
     ckpt.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
@@ -201,7 +229,7 @@ def main():
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):
         if m is not None:
             m.to(device).requires_grad_(False)
-    if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:
+    if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:  # hub ids preflight could not see
         raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
@@ -215,6 +243,10 @@ def main():
               f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
               f"({len(full_names)} tensors in full beside the LoRA)\n[e2v] frozen encoders loaded: "
               f"{', '.join(n for n in ('vae', 'text_encoder', 'image_encoder') if getattr(parts, n) is not None) or 'none'}")
+        bf16_trained = trained_fp32_kept(parts.transformer) if cfg.train.mixed_precision == "bf16" else []
+        if bf16_trained:
+            print(f"[e2v] note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
+                  f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
 
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
     kept_fp32 = fp32_kept_params(parts.transformer)  # DeepSpeed's bf16 would cast them: restored below
@@ -235,13 +267,15 @@ def main():
         if rank == 0:
             print(f"[e2v] resumed from {resume_from} at step {global_step}")
 
+    # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
+    # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
+    stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
     log = Log(run_dir, rank)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
     log.scalars(global_step, validator.maybe_run(engine, global_step))  # step 0: the untrained baseline
-    stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
     def save(step, seen=None, rng_state=None):
@@ -259,26 +293,29 @@ def main():
     # --- the loop ---
     try:
         while global_step < cfg.train.max_steps:
-            step_start = (samples_seen, ckpt.rng_state(rng, gen))  # what an error-time save records
+            if world == 1:  # what an error-time save records (only a one-process run saves on error)
+                step_start = (samples_seen, ckpt.rng_state(rng, gen))
             t_step, t_data, step_losses, stats = time.perf_counter(), 0.0, [], {}  # stats: tag -> micro-batch values
-            micro = 0
+            step_ids, micro = [], 0
             while micro < accum:
                 t0 = time.perf_counter()
                 batch = next(data_iter)
                 t_data += time.perf_counter() - t0
                 skipped_total += len(batch["skipped"])
                 samples_seen += len(batch["id"])
+                step_ids += batch["id"]
                 with torch.no_grad():
                     c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
                 sigma, noise, noisy_model_input, model_input = model_inputs(c, fl, gen)
                 loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input,
                                                                     model_input, cfg, device, dtype)
-                if guard.bad(loss.item(), "loss", global_step + 1, batch["id"]):
+                loss_value = loss.item()
+                if guard.bad(loss_value, "loss", global_step + 1, batch["id"]):
                     continue  # every rank skips this micro-batch before backward: nothing was updated
                 engine.backward(loss.to(device))
                 engine.step()
                 micro += 1
-                step_losses.append(loss.item())
+                step_losses.append(loss_value)
                 vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
                 for s, l in zip(sigma.tolist(), per_sample.tolist()):  # loss by timestep: where the model is weak
                     stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
@@ -287,17 +324,18 @@ def main():
                         stats.setdefault(f"train/{k}", []).append(v)
             global_step += 1
             step_time = time.perf_counter() - t_step
-            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, batch["id"])
+            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, step_ids)
             mean_loss = sum(step_losses) / len(step_losses)
             if global_step % cfg.train.log_every == 0:
-                skipped_all = total_over_ranks(skipped_total)  # every rank's skips (a collective)
+                # every rank's losses and skips (a collective), rank 0 writes
+                ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_count": [skipped_total], **stats},
+                                        world)
                 log.scalars(global_step, {
-                    "train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                    "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                     "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
                     "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
-                    "data/skipped_samples": skipped_all, "data/excluded_samples": len(excluded),
-                    "train/nonfinite_skipped": guard.skipped,
-                    **{k: sum(v) / len(v) for k, v in stats.items()},
+                    "data/skipped_samples": ranks.pop("data/skipped_count"), "data/excluded_samples": len(excluded),
+                    "train/nonfinite_skipped": guard.skipped, **ranks,
                 })
             bar.update(1)
             bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
@@ -322,10 +360,13 @@ def main():
                   f"(resume with --resume latest)", file=sys.stderr, flush=True)
             save(global_step, *step_start)
         raise
-    bar.close()
+    finally:
+        bar.close()
+        vis.close()  # pending visualization writes land (or raise) even when the run fails
+        log.close()
 
     if global_step >= cfg.train.max_steps:
-        if global_step % cfg.train.checkpoint_every:
+        if saved_step < global_step:
             save(global_step)
         out = ckpt.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
         skipped_total = total_over_ranks(skipped_total)  # every rank's skips, not rank 0's
@@ -334,8 +375,6 @@ def main():
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
                   + (f"\n[e2v] left out {len(excluded)} bad sample(s) at indexing (listed at the start)"
                      if excluded else ""))
-    vis.close()
-    log.close()
 
 
 if __name__ == "__main__":

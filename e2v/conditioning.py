@@ -121,8 +121,19 @@ def encode_clip_images(images: list[np.ndarray], image_encoder, image_processor)
     return out.hidden_states[-2].float()
 
 
+def clean_prompt(prompt: str) -> str:
+    """The cleaning diffusers' Wan pipelines (and A2's) apply before tokenizing: ftfy, HTML
+    unescape, whitespace collapsed. Without it a caption with `&amp;`, curly quotes or a newline
+    embeds differently in training than at inference."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    return prompt_clean(prompt)
+
+
 def encode_text(prompts: list[str], tokenizer, text_encoder, max_length: int = TEXT_LEN) -> torch.Tensor:
-    """UMT5 last hidden state, zero after each prompt's true length, padded to exactly 512."""
+    """UMT5 last hidden state of the cleaned prompts, zero after each prompt's true length, padded
+    to exactly 512."""
+    prompts = [clean_prompt(p) for p in prompts]
     tok = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True,
                     add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
     device = next(text_encoder.parameters()).device
@@ -138,13 +149,15 @@ def encode_text(prompts: list[str], tokenizer, text_encoder, max_length: int = T
 
 def select_elements(n: int, mode: str, rng: random.Random, frame_index: int = 0) -> list[int]:
     """Which of n present elements (position order) a sample keeps. Dropped ones are treated as
-    absent, so training sees exactly the layouts inference with fewer references produces."""
+    absent, so training sees exactly the layouts inference with fewer references produces.
+    `index` counts the present elements; a sample with fewer keeps its last one (config.py checks
+    frame_index against the configured elements)."""
     if n == 0:
         return []
     if mode == "full":
         return list(range(n))
     if mode == "index":
-        return [frame_index] if frame_index < n else []
+        return [min(frame_index, n - 1)]
     if mode == "prefix":
         return list(range(rng.randint(1, n)))
     if mode == "random":
@@ -245,10 +258,12 @@ def draw_choices(element_names: list[list[str]], cfg, rng: random.Random,
 def finish_condition(cond_lat_BCTHW: torch.Tensor, ref_frames_B: list[int], kept: list[list[str]],
                      ref_drop: list[bool], num_frames: int, concatenate_mask: bool) -> torch.Tensor:
     """Condition latents -> cat([mask4, latents16]), with dropped (or absent) references as a zero
-    condition AND a zero mask (A2's unconditional layout)."""
+    condition AND a zero mask (A2's unconditional layout). A sample with no reference frame (all
+    kept elements CLIP-only) gets the same exact zeros, not the encoded grey video."""
     b, _, _, h, w = cond_lat_BCTHW.shape
     mask = condition_mask(ref_frames_B, num_frames, h, w).to(cond_lat_BCTHW)
-    keep = torch.tensor([0.0 if (d or not kept[i]) else 1.0 for i, d in enumerate(ref_drop)]).view(b, 1, 1, 1, 1)
+    keep = torch.tensor([0.0 if (d or not kept[i] or not ref_frames_B[i]) else 1.0
+                         for i, d in enumerate(ref_drop)]).view(b, 1, 1, 1, 1)
     cond_lat_BCTHW, mask = cond_lat_BCTHW * keep, mask * keep
     return torch.cat([mask, cond_lat_BCTHW], dim=1) if concatenate_mask else cond_lat_BCTHW
 

@@ -314,6 +314,26 @@ def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
     return transformer
 
 
+def knows_shape_offline(cfg: Config) -> bool:
+    """Whether transformer_config can tell the base's shape without reading weights or downloading."""
+    return (cfg.model.preset == "tiny" or (Path(cfg.model.pretrained) / "transformer" / "config.json").exists()
+            or cfg.model.pretrained in KNOWN_WAN_CONFIGS)
+
+
+def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
+    """The model-dependent config checks (base vs model.base, e2v_type none on a 16-channel base,
+    train.trainable patterns, LoRA targets) on the meta device, in seconds, before any weight
+    loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a typo.
+    Returns the meta transformer set up for training and the names trained in full."""
+    transformer = build_meta_transformer(cfg)
+    if cfg.e2v_type == "none" and transformer.config.in_channels != 16:
+        raise ValueError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
+                         f"has {transformer.config.in_channels} input channels: use a 16-channel T2V base "
+                         "(model.base: t2v with the tiny preset)")
+    full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
+    return transformer, full_names
+
+
 def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
     """Bytes of the training state summed over all GPUs, before ZeRO partitioning and offload:
     weights in the training precision, gradients of the trained parameters in that precision,
@@ -411,10 +431,19 @@ def fp32_kept_params(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
     Wan: rope, time_embedder, scale_shift_table, norm1/2/3), taken before deepspeed.initialize:
     DeepSpeed's bf16 mode casts every parameter (it keeps only buffers, such as the rope tables).
     Names match as in diffusers' loader: a listed name equals one dotted component. Trainable
-    parameters are not listed: they live in the optimizer's bf16 buffers with fp32 master copies."""
+    parameters are not listed: they live in the optimizer's bf16 buffers with fp32 master copies,
+    so a TRAINED kept module (train.trainable: [scale_shift_table], a full fine-tune) computes in
+    bf16 under DeepSpeed's bf16 mode; `trained_fp32_kept` names them for the start-up note."""
     keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
     return {name: p.detach().float().clone() for name, p in transformer.named_parameters()
             if not p.requires_grad and any(k in name.split(".") for k in keep)}
+
+
+def trained_fp32_kept(transformer: torch.nn.Module) -> list[str]:
+    """Trainable parameters of the modules diffusers keeps in fp32 (they run in bf16 under bf16)."""
+    keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
+    return [name for name, p in transformer.named_parameters()
+            if p.requires_grad and any(k in name.split(".") for k in keep)]
 
 
 def restore_fp32_params(transformer: torch.nn.Module, saved: dict[str, torch.Tensor]) -> int:

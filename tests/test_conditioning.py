@@ -75,7 +75,8 @@ def test_text_is_padded_to_512_and_zero_after_prompt(tiny_parts):
 
 def test_text_matches_diffusers_wan_pipeline(tiny_parts):
     pipe = _i2v_pipe(tiny_parts)
-    prompts = ["a shape moves across a patterned background", "an object glides"]
+    # The second and third need the pipelines' prompt_clean (HTML entities, curly quotes, newlines).
+    prompts = ["a shape moves across a patterned background", "an object &amp; a “shape”\n  glide ", "an object glides"]
     with torch.no_grad():
         expected = pipe._get_t5_prompt_embeds(prompts, max_sequence_length=512, device=torch.device("cpu"))
         ours = encode_text(prompts, tiny_parts.tokenizer, tiny_parts.text_encoder)

@@ -435,3 +435,35 @@ def test_shipped_e2v_yaml_is_the_a2_recipe_and_dry_runs(demo_data, capsys, monke
     # norm_q, norm_k, norm_added_k) + patch embedding (2) + image embedder (8)
     assert "(lora; 610 tensors in full beside the LoRA)" in out
     assert "ZeRO-3, optimizer and param offloaded to CPU" in out
+
+
+def test_clip_only_elements_give_the_exact_zero_condition(tiny_parts):
+    """A sample whose kept elements are all CLIP-only has no reference frame: its condition is the
+    exact zeros of an absent or dropped reference, not the VAE encode of a grey video."""
+    cfg = make_cfg()
+    batch = make_batch([2, 2], seed=13)
+    batch["vae_refs"][1], batch["vae_repeats"][1] = {}, {}  # sample 1: both elements CLIP-only
+    c = encode(batch, tiny_parts, cfg, train=False)
+    assert c.kept == [["subject", "object"], ["subject", "object"]]
+    assert (c.cond_BCTHW[1] == 0).all()
+    assert c.cond_BCTHW[0, :4, :2].eq(1).all() and c.cond_BCTHW[0, 4:].abs().sum() > 0
+    assert c.clip_BLD[1].abs().sum() > 0  # the CLIP stream still carries them
+
+
+def test_index_mode_keeps_the_last_present_element_when_a_sample_has_fewer():
+    assert select_elements(2, "index", random.Random(0), frame_index=2) == [1]
+    assert select_elements(3, "index", random.Random(0), frame_index=2) == [2]
+
+
+def test_shipped_e2v_yaml_dry_runs_before_the_data_exists(capsys, monkeypatch):
+    """The command in configs/e2v.yaml's header, on a fresh clone: the missing data folder is
+    reported, the model and memory plan still printed."""
+    import sys
+
+    import train_e2v
+
+    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", "configs/e2v.yaml", "--dry_run"])
+    train_e2v.main()
+    out = capsys.readouterr().out
+    assert "WARNING: data_root data/e2v does not exist: not indexed" in out
+    assert "config OK; 0 samples" in out and "in_channels 36, image attention yes" in out
