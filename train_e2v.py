@@ -154,6 +154,29 @@ def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, floa
     return {k: sum(v) if k.endswith("_count") else sum(v) / len(v) for k, v in stats.items()}
 
 
+def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
+    """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
+    is weak) and, for video regression, the latent statistics."""
+    for s, l in zip(sigma.tolist(), per_sample.tolist()):
+        stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+    if fl.objective == "x0":
+        for k, v in latent_stats(target, model_pred).items():
+            stats.setdefault(f"train/{k}", []).append(v)
+
+
+def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
+                 step_losses: list[float], stats: dict, skipped: int, excluded: int, nonfinite: int) -> dict:
+    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
+    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_count": [skipped], **stats}, world)
+    return {
+        "train/lr": lr, "train/grad_norm": grad_norm,
+        "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
+        "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
+        "data/skipped_samples": ranks.pop("data/skipped_count"), "data/excluded_samples": excluded,
+        "train/nonfinite_skipped": nonfinite, **ranks,
+    }
+
+
 class Log:
     """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
 
@@ -317,26 +340,16 @@ def main():
                 micro += 1
                 step_losses.append(loss_value)
                 vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
-                for s, l in zip(sigma.tolist(), per_sample.tolist()):  # loss by timestep: where the model is weak
-                    stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
-                if fl.objective == "x0":
-                    for k, v in latent_stats(target, model_pred).items():
-                        stats.setdefault(f"train/{k}", []).append(v)
+                add_step_stats(stats, sigma, per_sample, target, model_pred, fl)
             global_step += 1
             step_time = time.perf_counter() - t_step
             grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, step_ids)
             mean_loss = sum(step_losses) / len(step_losses)
             if global_step % cfg.train.log_every == 0:
-                # every rank's losses and skips (a collective), rank 0 writes
-                ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_count": [skipped_total], **stats},
-                                        world)
-                log.scalars(global_step, {
-                    "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
-                    "perf/step_time_s": step_time, "perf/data_wait_share": t_data / step_time,
-                    "perf/samples_per_s": cfg.train.micro_batch_size * accum * world / step_time,
-                    "data/skipped_samples": ranks.pop("data/skipped_count"), "data/excluded_samples": len(excluded),
-                    "train/nonfinite_skipped": guard.skipped, **ranks,
-                })
+                log.scalars(global_step, step_scalars(
+                    cfg, world, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
+                    data_time=t_data, step_losses=step_losses, stats=stats, skipped=skipped_total,
+                    excluded=len(excluded), nonfinite=guard.skipped))
             bar.update(1)
             bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
             log.scalars(global_step, validator.maybe_run(engine, global_step))

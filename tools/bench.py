@@ -312,15 +312,15 @@ class StepRunner:
     def step(self, model, c, phases: Phases, scheduler=None) -> float:
         """Everything after the conditions exist: flow sampling, model input, forward, loss,
         backward, optimizer, and (when logging) the loop's per-step bookkeeping."""
-        from e2v.data import total_over_ranks
-        from train_e2v import broadcast, forward_loss, model_inputs
+        from e2v.checkpoint import any_rank
+        from train_e2v import add_step_stats, forward_loss, model_inputs, step_scalars
 
         t_step = time.perf_counter()
         with phases("noise_and_input"):
             sigma, noise, noisy_model_input, model_input = model_inputs(c, self.cfg.flow, self.gen)
         with phases("forward_and_loss"):
-            loss, per_sample, _, _ = forward_loss(model, c, sigma, noise, noisy_model_input, model_input, self.cfg,
-                                                  self.device, self.dtype)
+            loss, per_sample, model_pred, target = forward_loss(model, c, sigma, noise, noisy_model_input, model_input,
+                                                                self.cfg, self.device, self.dtype)
         if self.guard is not None:
             with phases("loss_check"):  # the loop's non-finite check: all ranks agree before backward
                 self.guard.bad(loss.item(), "loss", self.global_step + 1, [])
@@ -330,29 +330,22 @@ class StepRunner:
             model.step()
         if self.log is None:
             return loss.item()
-        with phases("logging"):  # what the loop does after engine.step (checkpointing aside)
+        with phases("logging"):  # what the loop does after engine.step (checkpointing aside), its functions
             with phases("logging/loss_and_grad_norm"):
-                loss_value = loss.item()
-                bucket = {}  # the loop's loss-by-timestep grouping (its bucket rule is not a cost)
-                for s, l in zip(sigma.tolist(), per_sample.tolist()):
-                    bucket.setdefault(f"train/loss_at_time_{round(1000 * s, -2):.0f}", []).append(l)
+                loss_value, stats = loss.item(), {}
+                add_step_stats(stats, sigma, per_sample, target, model_pred, self.cfg.flow)
                 self.global_step += 1
                 step_time = time.perf_counter() - t_step
                 grad_norm = self.guard.grad_norm(model.get_global_grad_norm(), self.global_step, [])
-            with phases("logging/tensorboard"):
-                self.log.scalars(self.global_step, {
-                    "train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
-                    "perf/step_time_s": step_time, "perf/data_wait_share": 0.0,
-                    "perf/samples_per_s": len(sigma) / step_time, "data/skipped_samples": 0,
-                    **{k: sum(v) / len(v) for k, v in bucket.items()},
-                })
+            with phases("logging/tensorboard"):  # incl. the loop's sum of losses and skips over ranks
+                self.log.scalars(self.global_step, step_scalars(
+                    self.cfg, 1, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
+                    data_time=0.0, step_losses=[loss_value], stats=stats, skipped=0, excluded=0, nonfinite=0))
             with phases("logging/progress_bar"):
                 self.bar.update(1)
-                self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-            with phases("logging/skipped_count"):
-                total_over_ranks(0)  # the loop sums the ranks' skipped samples at each logged step
-            with phases("logging/stop_broadcast"):
-                broadcast(None, 0)  # the per-step stop-signal broadcast (a collective every step)
+                self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
+            with phases("logging/stop_check"):
+                any_rank(False)  # the per-step stop-signal check (a collective every step)
         return loss_value
 
 
@@ -895,10 +888,13 @@ def main(argv=None):
     if args.model:
         args.data_root = args.data_root or str(make_data_clips(BENCH_DIR / "tmp"))
     if "data" in sections and not args.model:
+        t_section = time.time()
         res = run_child("data", args)
-        write_json("data", {"machine": info, "quick": args.quick, **res})
+        write_json("data", {"machine": info, "quick": args.quick, **res, "section_wall_s": time.time() - t_section})
     if "steps" in sections:
+        t_section = time.time()
         res = section_steps(args, ["model"] if args.model else [x for x in args.presets.split(",") if x])
+        res["section_wall_s"] = time.time() - t_section
         # a --model run without CUDA (--allow-cpu) only checks the code path: keep it out of RESULTS.md
         where = BENCH_DIR / "results" if torch.cuda.is_available() or not args.model else BENCH_DIR / "tmp" / "results"
         print(f"[bench] wrote {write_json('steps', {'machine': info, 'quick': args.quick, **res}, suffix, where)}")
@@ -916,7 +912,7 @@ PHASE_NAMES = {
     "text_encode": "text encode (tokenize + UMT5)", "clip_encode": "CLIP encode (processor + vision)",
     "conditioning_other": "conditioning glue", "noise_and_input": "sigma, noise, model input",
     "forward_and_loss": "forward + loss", "loss_check": "non-finite loss check (all ranks)", "backward": "backward", "optimizer": "optimizer step",
-    "logging": "logging (TensorBoard, tqdm, stop broadcast)",
+    "logging": "logging (TensorBoard, tqdm, stop-signal check)",
 }
 KIND_NAMES = {"full": "train_e2v.py step (ZeRO-2, logging)", "engine": "engine step (ZeRO-2, no logging)",
               "bare": "bare PyTorch loop", "zero2_no_overlap": "ZeRO-2, overlap_comm off", "zero1": "ZeRO-1",
@@ -1105,8 +1101,9 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         v = ", ".join(f"{k} {x}" for k, x in m["versions"].items() if x)
         lines += [f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads {m['torch_threads']}), "
                   f"GPU: {m['gpu'] or 'none'}", f"- Versions: Python {m['python']}, {v}",
-                  "- Date: " + ", ".join(f"{k} {r['machine']['date_utc']}" + (" (--quick: too few repeats to trust)"
-                                                                             if r.get("quick") else "")
+                  "- Date: " + ", ".join(f"{k} {r['machine']['date_utc']}"
+                                         + (f" (took {r['section_wall_s']:.0f} s)" if "section_wall_s" in r else "")
+                                         + (" (--quick: too few repeats to trust)" if r.get("quick") else "")
                                          for k, r in results.items()),
                   f"- Load: the 1-minute load average of this {m['cores']}-core machine was "
                   f"{min(_loads(results)):.2f} to {max(_loads(results)):.2f} while these ran (each table gives "
