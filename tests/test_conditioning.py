@@ -81,3 +81,19 @@ def test_text_matches_diffusers_wan_pipeline(tiny_parts):
         expected = pipe._get_t5_prompt_embeds(prompts, max_sequence_length=512, device=torch.device("cpu"))
         ours = encode_text(prompts, tiny_parts.tokenizer, tiny_parts.text_encoder)
     torch.testing.assert_close(ours, expected.float(), atol=1e-6, rtol=0)
+
+
+def test_clip_tokens_match_diffusers_i2v_encode_image(tiny_parts):
+    """Penultimate hidden states with CLS kept, as the pipeline's encode_image returns them."""
+    import numpy as np
+
+    from e2v.conditioning import encode_clip_images
+
+    pipe = _i2v_pipe(tiny_parts)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(3)]
+    with torch.no_grad():
+        expected = pipe.encode_image(images, device=torch.device("cpu"))
+        ours = encode_clip_images(images, tiny_parts.image_encoder, tiny_parts.image_processor)
+    assert ours.shape == (3, 17, 32)
+    torch.testing.assert_close(ours, expected.float(), atol=0, rtol=0)
