@@ -6,12 +6,16 @@ At every `visualization.frequency`-th step, rank 0 takes the first micro-batch's
     noisy_latents        x_t fed to the model                    [B,16,T,h,w]
     conditioned_latents  the VAE condition cat([mask4, lat16])   [B,20,T,h,w]
     predicted_latents    the model's x0 estimate x_t - sigma * v [B,16,T,h,w]
-    reference_images     VAE-path references, position order     [B,N,3,H,W] in [-1,1] (zero-padded to N)
+    reference_images     VAE-path references, position order     [B,N,3,H,W] in [-1,1] (zero-padded to N;
+                         all zero, i.e. blank grey tiles, where reference dropout removed them)
 and runs the configured processors: `latent_save` (.pt or .safetensors) and `vae_decode` (PNG of
 the chosen `frames` per sample, plus an mp4 with `video: true`). It also writes
-`contact_sheet.png` and the same image to TensorBoard (`viz/contact_sheet`). Other steps cost
-nothing. VAE decodes run on the training thread (the Wan VAE keeps its causal cache on the module,
-so it cannot decode while the loop encodes); file writing goes to a background thread.
+`contact_sheet.png` and the same image to TensorBoard (`viz/contact_sheet`), and `meta.json`
+with the ids, sigmas, and what the model was given: the prompts (empty where caption dropout
+replaced them), the reference names, and the `ref_dropped` / `caption_dropped` flags. Other
+steps cost nothing. VAE decodes run on the training thread (the Wan VAE keeps its causal cache on
+the module, so it cannot decode while the loop encodes); file writing goes to a background
+thread, and a failed write raises at the next dump (or at `close`), naming the file.
 
 Legend: B batch, N references, C channels, T latent frames, h/w latent size, F pixel frames,
 H/W pixels.
@@ -102,10 +106,14 @@ def write_mp4(path: Path, video_FHWC: np.ndarray, fps: int = 16) -> None:
 # --- the training-time dumper --------------------------------------------------------------------
 
 
-def reference_pixels(batch: dict, kept: list[list[str]] | None) -> torch.Tensor | None:
-    """[B,N,3,H,W] VAE-path references each sample was conditioned on (position order), zero-padded."""
+def reference_pixels(batch: dict, kept: list[list[str]] | None,
+                     dropped: list[bool] | None = None) -> torch.Tensor | None:
+    """[B,N,3,H,W] VAE-path references each sample was conditioned on (position order), zero-padded.
+    A sample whose references were dropped (reference dropout: zero condition) gets blank tiles,
+    as many as it had: the sheet shows what the model saw, and keeps its layout."""
     rows = [[batch["vae_refs"][i][k] for k in (kept[i] if kept else []) if k in batch["vae_refs"][i]]
             for i in range(len(batch["vae_refs"]))]
+    rows = [[torch.zeros_like(r) for r in row] if dropped and dropped[i] else row for i, row in enumerate(rows)]
     n = max((len(r) for r in rows), default=0)
     if n == 0:
         return None
@@ -128,7 +136,7 @@ class Visualizer:
                              "set visualization.enabled: false")
         self.last_step = -1
         self.pool = ThreadPoolExecutor(max_workers=1) if self.enabled else None
-        self.pending = []
+        self.pending: list[tuple[Path, object]] = []  # (file, future) of writes not yet checked
 
     def due(self, step: int) -> bool:
         return self.enabled and step != self.last_step and step % self.cfg.visualization.frequency == 0
@@ -139,15 +147,24 @@ class Visualizer:
         if not self.due(step):
             return
         self.last_step = step
+        self._check(wait=False)
         pred_x0 = model_pred if self.cfg.flow.objective == "x0" else x0_from_velocity(noisy_BCTHW, model_pred, sigma_B)
         tensors = {"input_latents": c.latents_BCTHW, "noisy_latents": noisy_BCTHW,
                    "conditioned_latents": c.cond_BCTHW, "predicted_latents": pred_x0,
-                   "reference_images": reference_pixels(batch, c.kept)}
+                   "reference_images": reference_pixels(batch, c.kept, c.ref_dropped)}
         tensors = {k: v.detach().float().cpu().clone() for k, v in tensors.items() if v is not None}
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"step": step, "ids": list(batch["id"]), "prompts": list(batch["prompt"]),
-                "sigmas": sigma_B.tolist(), "references": c.kept, "shapes": {k: list(v.shape) for k, v in tensors.items()}}
+        b = len(batch["id"])
+        ref_dropped = [bool(x) for x in (c.ref_dropped or [False] * b)]
+        caption_dropped = [bool(x) for x in (c.caption_dropped or [False] * b)]
+        meta = {"step": step, "ids": list(batch["id"]), "sigmas": sigma_B.tolist(),
+                # what the model was given: encode_batch swaps a dropped caption for ""
+                "prompts": ["" if d else p for p, d in zip(batch["prompt"], caption_dropped)],
+                "caption_dropped": caption_dropped,
+                "references": [[] if d else list(k) for k, d in zip(c.kept or [[]] * b, ref_dropped)],
+                "ref_dropped": ref_dropped,
+                "shapes": {k: list(v.shape) for k, v in tensors.items()}}
         self._write(folder / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=2)))
         decoded = {}
         for proc in self.cfg.visualization.processors:
@@ -173,15 +190,27 @@ class Visualizer:
         return contact_sheet(ref_tiles, target, pred, frames)
 
     def _write(self, path: Path, fn) -> None:
-        self.pending.append(self.pool.submit(fn, path))
+        self.pending.append((path, self.pool.submit(fn, path)))
+
+    def _check(self, wait: bool) -> None:
+        """Forget finished writes and raise the first failure, naming its file (a visualization
+        must not vanish silently). wait=False looks only at the writes already done."""
+        done, still = [], []
+        for item in self.pending:
+            (done if wait or item[1].done() else still).append(item)
+        self.pending = still
+        for path, f in done:
+            if f.exception() is not None:  # waits when wait=True
+                raise RuntimeError(f"visualization: writing {path} failed: {f.exception()!r}") from f.exception()
 
     def close(self) -> None:
-        """Wait for the writes; re-raise the first failure (a visualization must not vanish)."""
+        """Wait for the writes and stop the writer thread; raise the first failure."""
         if self.pool is None:
             return
-        for f in self.pending:
-            f.result()
-        self.pool.shutdown()
+        try:
+            self._check(wait=True)
+        finally:
+            self.pool.shutdown()
 
 
 def _latent_save(vis: Visualizer, proc, tensors: dict, decoded: dict, folder: Path) -> None:

@@ -1,6 +1,8 @@
-"""The A2 sampler: its first step is a hand-built transformer call on hand-built conditions; with
-one reference (and for T2V) it reproduces diffusers' own Wan pipelines; tools/sample.py writes
-mp4s with the configured frame count from a trained tiny LoRA."""
+"""The A2 sampler: its first step is a hand-built transformer call on hand-built conditions (three
+references), and, for a trained LoRA loaded as tools/sample.py loads it, a call on the inputs
+diffusers' WanImageToVideoPipeline builds for one reference; with one reference (and for T2V) it
+reproduces diffusers' own Wan pipelines; tools/sample.py writes mp4s with the configured frame
+count from a trained tiny LoRA, and in bf16 keeps diffusers' fp32 modules in fp32."""
 
 from __future__ import annotations
 
@@ -59,6 +61,84 @@ def test_first_step_is_a_hand_built_transformer_call(tiny_parts):
         v_cond, v_uncond = call(text), call(negative)
     assert int(seen[0][0]) == first_t == 999 and len(seen) == 4
     torch.testing.assert_close(seen[0][1], v_uncond + 4.0 * (v_cond - v_uncond), atol=1e-6, rtol=0)
+
+
+def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
+    """The model as tools/sample.py loads it (parts of the run's config + its exported LoRA) on the
+    real sampling path (e2v.sampling.generate). Its first two transformer calls (cond, uncond) must
+    receive exactly the tensors diffusers' WanImageToVideoPipeline builds for one reference
+    (prepare_latents: noise + condition; encode_image; encode_prompt): with one element of repeat 1,
+    A2's layout is the Wan I2V layout."""
+    from diffusers import WanImageToVideoPipeline
+
+    from e2v.config import load_config
+    from e2v.models import build_tiny_parts
+    from e2v.sampling import generate, load_trained, make_scheduler
+
+    tool = _sample_tool()
+    cfg = load_config(viz_run / "config.yaml", check_paths=False)
+    parts = tool.load_frozen_parts(cfg, "cpu")
+    model = tool.to_inference_dtype(load_trained(parts.transformer, viz_run / "lora"), "cpu", torch.float32)
+    calls = []
+
+    def recorder(hidden_states, **kw):
+        calls.append({"hidden_states": hidden_states, **kw})
+        return model(hidden_states, **kw)
+
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    generate(recorder, parts, cfg, ["a shape moves"], [{"person": image}], seed=7, num_steps=2, guidance_scale=3.0,
+             shift=3.0, negative_prompt="static")
+    assert len(calls) == 4  # 2 steps x (cond, uncond)
+
+    pipe = WanImageToVideoPipeline(tokenizer=parts.tokenizer, text_encoder=parts.text_encoder, vae=parts.vae,
+                                   image_encoder=parts.image_encoder, image_processor=parts.image_processor,
+                                   transformer=model, scheduler=make_scheduler(3.0))
+    with torch.no_grad():
+        text, negative = pipe.encode_prompt("a shape moves", "static", max_sequence_length=512, device="cpu")
+        clip = pipe.encode_image(image, "cpu")
+        pixels = pipe.video_processor.preprocess(image, height=64, width=64).float()
+        noise, condition = pipe.prepare_latents(pixels, 1, 16, 64, 64, 17, torch.float32, "cpu",
+                                                torch.Generator().manual_seed(7))
+        first_t = torch.tensor([999])  # UniPC flow sigmas start at 1 - 1/1000; shift 3 -> 999
+        for call, txt in zip(calls[:2], (text, negative)):
+            oracle = {"hidden_states": torch.cat([noise, condition], 1), "timestep": first_t,
+                      "encoder_hidden_states": txt, "encoder_hidden_states_image": clip}
+            for k, want in oracle.items():
+                torch.testing.assert_close(call[k].float(), want.float(), atol=1e-5, rtol=0, msg=k)
+        v = model(**{k: calls[0][k] for k in oracle}, return_dict=False)[0]
+        base = build_tiny_parts(seed=0, with_encoders=False).transformer.eval()
+        v_base = base(**{k: calls[0][k] for k in oracle}, return_dict=False)[0]
+    assert (v - v_base).abs().max() > 1e-3  # the LoRA is in effect: not the base model's call
+
+
+def test_bf16_sampling_keeps_diffusers_fp32_modules(tmp_path):
+    """tools/sample.py --dtype bf16 casts the transformer as diffusers' from_pretrained(torch_dtype=
+    bf16) loads it: time embedder, scale_shift_table, norms and rope tables stay fp32 (the oracle:
+    a saved tiny transformer reloaded by diffusers), with their exact fp32 values."""
+    import imageio.v3 as iio
+    from diffusers import WanTransformer3DModel
+
+    from e2v.models import build_tiny_parts
+
+    tool = _sample_tool()
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    model.save_pretrained(tmp_path / "tiny")
+    fp32 = {n: t.clone() for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    oracle = WanTransformer3DModel.from_pretrained(tmp_path / "tiny", torch_dtype=torch.bfloat16)
+    tool.to_inference_dtype(model, "cpu", torch.bfloat16)
+    ours = dict([*model.named_parameters(), *model.named_buffers()])
+    want = dict([*oracle.named_parameters(), *oracle.named_buffers()])
+    assert {n: t.dtype for n, t in ours.items()} == {n: t.dtype for n, t in want.items()}
+    kept = [n for n, t in ours.items() if t.dtype == torch.float32]
+    assert any("time_embedder" in n for n in kept) and "scale_shift_table" in kept and "rope.freqs_cos" in kept
+    assert all(torch.equal(ours[n], fp32[n]) for n in kept)
+    assert any(t.dtype == torch.bfloat16 for t in ours.values())
+
+    out = tmp_path / "bf16.mp4"  # the whole tool in bf16 on CPU
+    tool.main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set", "e2v_type=none", "--set", "model.base=t2v",
+               "--prompt", "a person walking", "--steps", "1", "--frames", "5", "--dtype", "bf16", "--device", "cpu",
+               "--out", str(out)])
+    assert iio.imread(out).shape == (5, 64, 64, 3)
 
 
 def test_exact_velocity_model_lands_on_its_clean_latents():

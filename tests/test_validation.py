@@ -1,6 +1,7 @@
 """Validation: logged by the real run at steps 0, n, 2n; identical when run twice on the same
 weights (and the same as the engine's numbers, recomputed from the exported LoRA); leaves the
-training RNG alone; the reference gaps are exactly 0 for a model that ignores its references."""
+training RNG alone (losses and videos); the reference gaps are exactly 0 for a model that ignores
+its references; `validation.sets` alone (no held-out samples) still generates videos."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 import pytest
 import torch
 
+from conftest import ROOT
 
 
 def read_scalars(run_dir) -> dict[int, dict]:
@@ -28,10 +30,14 @@ def test_logged_at_steps_and_videos_written(viz_run):
     for s in val_steps:
         d = scalars[s]
         for tag in ("val/reference_gap_shuffle", "val/reference_gap_drop", "val/loss_at_sigma_0.9",
-                    "val/reference_gap_shuffle_at_sigma_0.9", "val/loss_shuffled_refs", "val/loss_dropped_refs"):
+                    "val/reference_gap_shuffle_at_sigma_0.9", "val/loss_shuffled_refs", "val/loss_dropped_refs",
+                    "val/reference_gap_shuffle_rel", "val/reference_gap_drop_rel",
+                    "val/reference_gap_shuffle_rel_at_sigma_0.9", "val/reference_gap_drop_rel_at_sigma_0.3"):
             assert torch.isfinite(torch.tensor(d[tag])), tag
-        assert d["val/reference_gap_shuffle"] == pytest.approx(
-            (d["val/loss_shuffled_refs"] - d["val/loss"]) / d["val/loss"], rel=1e-6)  # relative gap
+        for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):  # the issue's gap is a plain difference
+            gap = d[f"val/loss_{name}_refs"] - d["val/loss"]
+            assert d[f"val/reference_gap_{tag}"] == pytest.approx(gap, rel=1e-6, abs=1e-12)
+            assert d[f"val/reference_gap_{tag}_rel"] == pytest.approx(gap / d["val/loss"], rel=1e-6, abs=1e-12)
     import imageio.v3 as iio
 
     for s in val_steps:
@@ -86,7 +92,9 @@ def test_gaps_are_zero_for_a_model_that_ignores_references(viz_run, trained_vali
             return self.inner(hidden_states, encoder_hidden_states_image=torch.zeros_like(encoder_hidden_states_image), **kw)
 
     out = validator.losses(Blind(parts.transformer))
-    assert out["val/reference_gap_shuffle"] == 0.0 and out["val/reference_gap_drop"] == 0.0
+    gaps = [k for k in out if k.startswith("val/reference_gap_")]
+    assert len(gaps) == 2 * 2 * (1 + 2)  # shuffle/drop x plain/rel x (mean + 2 sigmas)
+    assert all(out[k] == 0.0 for k in gaps), {k: out[k] for k in gaps}
     logged = read_scalars(viz_run)[4]
     assert logged["val/loss_shuffled_refs"] != logged["val/loss"]  # while the unblinded model does read them
 
@@ -109,3 +117,56 @@ def test_held_out_split():
     cfg.validation.every_n_steps, cfg.validation.num_samples = 10, 10
     with pytest.raises(ValueError, match="num_samples"):
         split_held_out(samples, cfg)
+
+
+def test_videos_leave_the_training_rngs_alone(trained_validator, tmp_path):
+    """Generating draws its noise from a generator seeded by validation.seed: the global torch,
+    numpy and Python RNGs and a training generator are where they were."""
+    import numpy as np
+
+    validator, parts = trained_validator
+    validator.out = tmp_path  # the fixture run's samples/ stay as the run wrote them
+    torch.manual_seed(11)
+    np.random.seed(11)
+    train_gen = torch.Generator().manual_seed(5)
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate(), train_gen.get_state())
+    assert validator.videos(parts.transformer, 9) == 2
+    assert (tmp_path / "step_000009/01.mp4").exists()
+    assert torch.equal(torch.get_rng_state(), states[0]) and np.array_equal(np.random.get_state()[1], states[1])
+    assert random.getstate() == states[2] and torch.equal(train_gen.get_state(), states[3])
+
+
+def test_console_line_shows_difference_and_percent():
+    from e2v.validation import summary
+
+    scalars = {"val/loss": 1.04, "val/reference_gap_shuffle": 0.177, "val/reference_gap_shuffle_rel": 0.170,
+               "val/reference_gap_drop": -0.02, "val/reference_gap_drop_rel": -0.0192}
+    assert summary(scalars, 2) == "loss 1.0400, shuffle gap +0.177 (+17.0%), drop gap -0.020 (-1.9%), 2 video(s)"
+    assert summary({}, 1) == "1 video(s)"
+
+
+def test_sets_alone_validate_with_videos_only(tiny_parts, demo_data, tmp_path):
+    """validation.sets without held-out samples: videos at every_n_steps (and the last step), no
+    losses; the config accepts it, and still rejects validation with nothing to do."""
+    from e2v.config import ConfigError, load_config
+    from e2v.data import index_samples
+    from e2v.validation import Validator, split_held_out
+
+    base = [f"data.datasets.0.data_root={demo_data}", "validation.every_n_steps=3", "train.max_steps=4",
+            "validation.num_inference_steps=1"]
+    with pytest.raises(ConfigError, match="nothing to validate"):
+        load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=0"])
+    with pytest.raises(ConfigError, match=r"num_samples must be >= 2 \(or 0"):
+        load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=1"])
+    sets = ('validation.sets=[{prompt: "a shape moves", elements: {person: "%s", background: "%s"}}]'
+            % (demo_data / "000_person.png", demo_data / "000_background.png"))
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=0", sets])
+    samples = index_samples(cfg, verbose=False)
+    train, held_out = split_held_out(samples, cfg)
+    assert held_out == [] and train == samples
+
+    validator = Validator(cfg, held_out, tiny_parts, tmp_path, rank=0, device="cpu", dtype=torch.float32)
+    assert [s for s in range(5) if validator.due(s)] == [0, 3, 4]
+    assert validator.maybe_run(tiny_parts.transformer, 3) == {}
+    assert sorted(p.name for p in (tmp_path / "samples/step_000003").iterdir()) == ["00.mp4", "00.txt"]
+    assert (tmp_path / "samples/step_000003/00.txt").read_text() == "a shape moves\n"

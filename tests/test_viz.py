@@ -125,3 +125,150 @@ def test_config_rejects_bad_processors(bad, match):
 
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "configs/e2v_tiny.yaml", [f"visualization.processors=[{json.dumps(bad)}]"], check_paths=False)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("visualization.sheet_frames", "[0,17]", r"visualization.sheet_frames: \[17\] out of range for 17 .*-17\.\.16"),
+    ("visualization.processors", '[{"type": "vae_decode", "format": "png", "frames": [-18]}]',
+     r"visualization.processors\[0\].frames: \[-18\] out of range .*-17\.\.16"),
+])
+def test_config_rejects_frames_out_of_range(key, value, match):
+    """Rejected at load, not as an IndexError at the first visualization step mid-run."""
+    from e2v.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(ROOT / "configs/e2v_tiny.yaml", [f"{key}={value}"], check_paths=False)
+    ok = load_config(ROOT / "configs/e2v_tiny.yaml", ["visualization.sheet_frames=[-17,16]"], check_paths=False)
+    assert ok.visualization.sheet_frames == [-17, 16]
+
+
+@pytest.mark.parametrize("sets", [
+    ["data.auto_frame_buckets=true", "data.frame_buckets=[9,17]"],
+    ["data.time_division_factor=4"],  # 5, 9, 13, 17, but nothing below the 9 reference frames
+    ["e2v_type=none", "model.base=t2v", "data.time_division_factor=4"],
+    ["data.auto_frame_buckets=true", "data.num_frames=33"],
+])
+def test_frames_are_bounded_by_the_shortest_bucket(sets):
+    """With auto frame buckets the shortest batch bounds the index; the oracle is the bucket list
+    data.py draws from (config.py keeps its own copy of the rule)."""
+    from e2v.config import ConfigError, load_config
+    from e2v.data import frame_bucket_list
+
+    tiny = ROOT / "configs/e2v_tiny.yaml"
+    short = min(frame_bucket_list(load_config(tiny, sets, check_paths=False)))
+    assert load_config(tiny, sets + [f"visualization.sheet_frames=[{short - 1},-{short}]"], check_paths=False)
+    for bad in (short, -short - 1):
+        with pytest.raises(ConfigError, match=rf"\[{bad}\] out of range for {short} .*-{short}\.\.{short - 1}"):
+            load_config(tiny, sets + [f"visualization.sheet_frames=[{bad}]"], check_paths=False)
+
+
+def _dump(cfg, tmp_path, tiny_parts, dropout: float):
+    """One visualization of a real encoded demo batch (2 samples) at the given reference and
+    caption dropout; returns the step folder."""
+    import random
+
+    from e2v.conditioning import encode_batch
+    from e2v.data import E2VDataset, collate, index_samples
+    from e2v.viz import Visualizer
+
+    cfg.conditioning.reference_dropout = cfg.conditioning.caption_dropout = dropout
+    samples = index_samples(cfg, verbose=False)[:2]
+    batch = collate([E2VDataset(cfg, samples)[i] for i in range(2)])
+    c = encode_batch(batch, tiny_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
+    assert c.ref_dropped == [dropout == 1.0] * 2 and c.caption_dropped == [dropout == 1.0] * 2
+    vis = Visualizer(cfg, tmp_path / f"run{dropout}", tiny_parts.vae, rank=0)
+    lat = c.latents_BCTHW
+    vis.maybe_dump(1, batch, c, lat, torch.zeros_like(lat), torch.tensor([0.5, 0.5]))
+    vis.close()
+    return tmp_path / f"run{dropout}/visualizations/step_000001", batch
+
+
+def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_data, tmp_path):
+    """With reference_dropout 1.0 the model saw no references: the sheet shows blank (mid-grey)
+    tiles, reference_images are zeros, and meta.json says so; with 0.0 the real references."""
+    from e2v.config import load_config
+    from e2v.viz import to_uint8
+
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}",
+                                                       "visualization.frequency=1"])
+    kept, batch = _dump(cfg, tmp_path, tiny_parts, 0.0)
+    dropped, _ = _dump(cfg, tmp_path, tiny_parts, 1.0)
+
+    names = ["person", "object", "background"]
+    meta = json.loads((dropped / "meta.json").read_text())
+    assert meta["ref_dropped"] == [True, True] and meta["caption_dropped"] == [True, True]
+    assert meta["prompts"] == ["", ""] and meta["references"] == [[], []]
+    meta0 = json.loads((kept / "meta.json").read_text())
+    assert meta0["ref_dropped"] == [False, False] and meta0["caption_dropped"] == [False, False]
+    assert meta0["prompts"] == list(batch["prompt"]) and meta0["references"] == [names, names]
+
+    refs = torch.load(dropped / "reference_images.pt", weights_only=True)
+    assert refs.shape == (2, 3, 3, 64, 64) and not refs.any()
+    refs0 = torch.load(kept / "reference_images.pt", weights_only=True)
+    for i in range(2):
+        assert torch.equal(refs0[i], torch.stack([batch["vae_refs"][i][k] for k in names]))
+
+    # sheet rows: 3 reference tiles | target 0, -1 | predicted 0, -1; 64-px tiles, 2-px gaps
+    sheet = np.asarray(Image.open(dropped / "contact_sheet.png"))
+    sheet0 = np.asarray(Image.open(kept / "contact_sheet.png"))
+    for row in range(2):
+        for j in range(3):
+            y, x = row * 66, j * 66
+            assert (sheet[y:y + 64, x:x + 64] == 128).all()  # blank: zero pixels, mid-grey
+            assert np.array_equal(sheet0[y:y + 64, x:x + 64], to_uint8(refs0[row, j]))
+        assert np.array_equal(sheet[row * 66:row * 66 + 64, 3 * 66:], sheet0[row * 66:row * 66 + 64, 3 * 66:])
+    ref_pngs = sorted((dropped / "reference_images").glob("*.png"))
+    assert len(ref_pngs) == 6 and all((np.asarray(Image.open(p)) == 128).all() for p in ref_pngs)
+
+
+def test_write_errors_raise_at_the_next_dump_and_finished_writes_are_dropped(tiny_parts, tmp_path):
+    from e2v.conditioning import Conditions
+    from e2v.viz import Visualizer
+
+    cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, sheet_frames=[0],
+                                                        processors=[]), flow=SimpleNamespace(objective="flow"))
+    v = Visualizer(cfg, tmp_path, tiny_parts.vae, rank=0)
+    lat = torch.zeros(1, 16, 1, 4, 4)
+    batch = {"id": ["a"], "prompt": ["p"], "vae_refs": [{}]}
+    c = Conditions(lat, torch.zeros(1, 512, 32), None, None, kept=[[]])
+
+    def dump(step):
+        v.maybe_dump(step, batch, c, lat, lat, torch.tensor([0.5]))
+        v.pool.submit(lambda: None).result()  # one FIFO writer thread: every earlier write has finished
+
+    for step in (1, 2, 3):
+        dump(step)
+        assert len(v.pending) == 2  # meta.json + contact_sheet.png of this step only
+    (tmp_path / "v/step_000004/meta.json").mkdir(parents=True)  # the write of meta.json will fail
+    dump(4)
+    with pytest.raises(RuntimeError, match=r"writing .*step_000004/meta.json failed"):
+        dump(5)
+    assert (tmp_path / "v/step_000004/contact_sheet.png").exists()  # the other files still written
+    v.close()
+
+    v = Visualizer(cfg, tmp_path / "second", tiny_parts.vae, rank=0)  # a last failing write: at close
+    (tmp_path / "second/v/step_000001/meta.json").mkdir(parents=True)
+    v.maybe_dump(1, batch, c, lat, lat, torch.tensor([0.5]))
+    with pytest.raises(RuntimeError, match="meta.json"):
+        v.close()
+
+
+def test_dump_tool_uses_the_configured_sheet_frames(viz_run, tmp_path):
+    """tools/dump_visualizations.py draws the contact sheet with visualization.sheet_frames, as
+    the run did: frame 8 alone here, which is the third tile (frames 0, 4, 8, ...) of its grid."""
+    import shutil
+
+    import yaml
+
+    raw = yaml.safe_load((viz_run / "config.yaml").read_text())
+    raw["visualization"]["sheet_frames"] = [8]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    step = tmp_path / "step_000004"
+    shutil.copytree(viz_run / "visualizations/step_000004", step, ignore=shutil.ignore_patterns("render"))
+    subprocess.run([sys.executable, str(ROOT / "tools/dump_visualizations.py"), "--config",
+                    str(tmp_path / "config.yaml"), str(step)], check=True, capture_output=True)
+    sheet = np.asarray(Image.open(step / "render/contact_sheet.png"))
+    assert sheet.shape == (2 * 64 + 2, 5 * 64 + 4 * 2, 3)  # 3 references | target frame 8 | predicted frame 8
+    for name, col in (("input_latents", 3), ("predicted_latents", 4)):
+        grid = np.asarray(Image.open(step / f"render/{name}_grid.png"))
+        assert np.array_equal(sheet[:64, col * 66:col * 66 + 64], grid[:64, 2 * 66:2 * 66 + 64]), name

@@ -7,7 +7,8 @@ writes into `<step>/render/`:
     <data>_grid.png       one row per sample, every n-th decoded frame (input, noisy, predicted,
                           conditioned latents; the condition's 4 mask channels are dropped)
     <data>_sample<i>.mp4  each decoded video
-    contact_sheet.png     references | target frames | predicted frames (when those were saved)
+    contact_sheet.png     references | target frames | predicted frames (when those were saved;
+                          the frames of the config's visualization.sheet_frames, as the run drew it)
 The VAE comes from the run's config (the tiny preset is rebuilt in code; real weights load from
 `model.pretrained`'s vae/ folder), so only the VAE is loaded.
 """
@@ -60,7 +61,7 @@ def step_dirs(paths: list[Path]) -> list[Path]:
     return out
 
 
-def render(step_dir: Path, vae, every: int, fps: int) -> list[Path]:
+def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int]) -> list[Path]:
     saved = load_saved(step_dir)
     out_dir = step_dir / "render"
     out_dir.mkdir(exist_ok=True)
@@ -78,7 +79,7 @@ def render(step_dir: Path, vae, every: int, fps: int) -> list[Path]:
     if "input_latents" in videos and "predicted_latents" in videos:
         refs = saved.get("reference_images")
         tiles = [[] for _ in videos["input_latents"]] if refs is None else [list(to_uint8(r)) for r in refs]
-        sheet = contact_sheet(tiles, videos["input_latents"], videos["predicted_latents"], [0, -1])
+        sheet = contact_sheet(tiles, videos["input_latents"], videos["predicted_latents"], sheet_frames)
         write_png(out_dir / "contact_sheet.png", sheet)
         written.append(out_dir / "contact_sheet.png")
     return written
@@ -94,7 +95,7 @@ def main(argv=None):
     cfg = load_config(args.config, check_paths=False)
     vae = load_vae(cfg)
     for d in step_dirs(args.paths):
-        files = render(d, vae, args.every, args.fps)
+        files = render(d, vae, args.every, args.fps, cfg.visualization.sheet_frames)
         print(f"[dump] {d}: {len(files)} file(s) in {d / 'render'}")
 
 
