@@ -64,11 +64,21 @@ def dry_run(cfg) -> None:
     cfg.data.datasets = [d for d in cfg.data.datasets if d.data_root not in missing]
     samples = index_samples(cfg) if cfg.data.datasets else []
     transformer, full_names = preflight(cfg)
+    comfy_check(transformer)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
     print(f"[e2v dry run] config OK; {len(samples)} samples in "
           f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}")
     for line in describe_plan(transformer, cfg, ds_config, full_names).splitlines():
         print(f"[e2v dry run] {line}")
+
+
+def comfy_check(transformer) -> None:
+    """Say at start, not after training, when the LoRA's ComfyUI copy will not be written (a target
+    diffusers' Wan LoRA converter cannot place); the diffusers LoRA is exported either way."""
+    try:
+        ckpt.check_comfy_mappable(ckpt.lora_module_names(transformer))
+    except ValueError as e:
+        print(f"[e2v] note: {e}. The export will skip {ckpt.COMFY_FILE}.")
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
@@ -217,7 +227,7 @@ def main():
             raise SystemExit(f"dry run: {e}")
     try:  # model-dependent checks on the meta device, before minutes of loading
         if knows_shape_offline(cfg):
-            preflight(cfg)
+            comfy_check(preflight(cfg)[0])
     except ValueError as e:
         raise SystemExit(f"config error: {e}")
 
@@ -243,7 +253,9 @@ def main():
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)  # sigmas, noise, posterior samples
 
     # --- models ---
-    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=str(device))  # cache: transformer only
+    ds_config = resolve_deepspeed_config(cfg, world, cuda)  # ZeRO-3: the transformer is partitioned at load
+    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=str(device),  # cache: transformer only
+                       ds_config=ds_config)
     with torch.random.fork_rng(devices=[]):  # the same LoRA init on every rank, whatever loading drew
         torch.manual_seed(cfg.seed)
         full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
@@ -258,7 +270,6 @@ def main():
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
     samples = index_samples(cfg, verbose=rank == 0, excluded=excluded)
     samples, val_samples = split_held_out(samples, cfg)  # validation.num_samples ids leave training
-    ds_config = resolve_deepspeed_config(cfg, world, cuda)
     if rank == 0:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
         print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
@@ -272,7 +283,7 @@ def main():
                   f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
 
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
-    kept_fp32 = fp32_kept_params(parts.transformer)  # DeepSpeed's bf16 would cast them: restored below
+    kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)  # bf16 casts them: restored below
     engine, _, _, scheduler = deepspeed.initialize(
         model=parts.transformer, model_parameters=params, config=ds_config,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),

@@ -3,10 +3,12 @@ non-finite losses, and exports that load in plain diffusers (and ComfyUI) with n
 
 Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier rank 0 writes
 `COMPLETE` (the size of every file in the folder), renames the folder to `step_NNNNNN` and then
-replaces `checkpoints/latest` (write-then-rename). `--resume latest` takes the newest folder whose
-files all match its `COMPLETE` manifest, so a kill during a save, or a file truncated afterwards
-(a half-finished copy, a full disk), falls back to the previous checkpoint. The checkpoint folder
-must be on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
+replaces `checkpoints/latest` (write-then-rename). `--resume latest` takes the checkpoint `latest`
+names when its files all match its `COMPLETE` manifest, else the newest intact one by step, so a
+kill during a save, or a file truncated afterwards (a half-finished copy, a full disk), falls back
+to the previous checkpoint. `latest` wins over a higher step because a run resumed from an older
+checkpoint path leaves the abandoned branch's higher steps behind. The checkpoint folder must be
+on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
 
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
 into their own `rng_rank_NNNN.pt`; the data order is the sampler offset (`samples_seen`).
@@ -29,8 +31,9 @@ import torch
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # original Wan names, `diffusion_model.` prefix
 EXTRA_FILE = "e2v_modules.safetensors"  # fully trained modules beside the LoRA (load_lora_weights rejects them)
+COMFY_EXTRA_FILE = "e2v_modules_comfyui.safetensors"  # the same modules under original Wan names
 MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
-FULL_DIR = "transformer"  # full fine-tune: the 16-bit transformer via save_pretrained
+FULL_DIR = "transformer"  # full fine-tune: the transformer via save_pretrained (bf16; fp32 where diffusers keeps it)
 MANIFEST = "COMPLETE"
 EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
 PARTIAL = ".partial"
@@ -133,8 +136,8 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     partial, final = ckpt_root / f"{tag}{PARTIAL}", ckpt_root / tag
     client_state = dict(client_state)
     rng = client_state.pop("rng", None)
-    if rank == 0 and partial.exists():
-        shutil.rmtree(partial)  # left by a save that was killed
+    if rank == 0:
+        remove_stale_saves(ckpt_root)
     _dist_barrier()
     engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
     if rng is not None:
@@ -154,10 +157,34 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         else:
             os.replace(partial, final)
         _write_atomic(ckpt_root / "latest", tag)  # DeepSpeed's zero_to_fp32 reads this file
-        for old in complete_checkpoints(ckpt_root)[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(ckpt_root, keep_last)
     _dist_barrier()
     return final
+
+
+def remove_stale_saves(ckpt_root: Path) -> list[Path]:
+    """Delete the `step_N.partial/` folders of saves that were cut short (~100 GB each at 14B;
+    find_resume never uses them). Only one save runs at a time, so at the start of a save every
+    such folder is stale; completed `step_N/` folders are never touched. Rank 0 only. Returns the
+    deleted folders."""
+    stale = sorted(p for p in Path(ckpt_root).glob(f"step_*{PARTIAL}") if p.is_dir())
+    for p in stale:
+        print(f"[e2v checkpoint] removing {p}: left by a save that did not finish")
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def prune_checkpoints(ckpt_root: Path, keep_last: int) -> list[Path]:
+    """Keep the `keep_last` newest intact checkpoints by step (0: keep all) and, always, the one
+    `latest` names (after a resume from an older path it is not among the highest steps).
+    Returns the deleted folders."""
+    if keep_last <= 0:
+        return []
+    pointed = _latest_pointer(ckpt_root)
+    doomed = [p for p in complete_checkpoints(ckpt_root)[:-keep_last] if p != pointed]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -187,24 +214,50 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
+def _step(path: Path) -> int | None:
+    """The step of a `step_N` checkpoint folder name, None for anything else (`.partial`)."""
+    m = re.fullmatch(r"step_(\d+)", Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Checkpoint folders that finished on every rank and are intact, oldest first."""
+    """Checkpoint folders that finished on every rank and are intact, oldest first by step (not by
+    name: `step_1000000` sorts before `step_999999`)."""
     if not Path(ckpt_root).exists():
         return []
-    return sorted(p for p in Path(ckpt_root).glob("step_*")
-                  if p.is_dir() and re.fullmatch(r"step_\d+", p.name) and checkpoint_problem(p) is None)
+    found = [p for p in Path(ckpt_root).glob("step_*")
+             if p.is_dir() and _step(p) is not None and checkpoint_problem(p) is None]
+    return sorted(found, key=_step)
+
+
+def _latest_pointer(ckpt_root: Path) -> Path | None:
+    """The checkpoint folder `checkpoints/latest` names (the last one saved), if the file exists."""
+    pointer = Path(ckpt_root) / "latest"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    return Path(ckpt_root) / name if _step(name) is not None else None
 
 
 def find_resume(resume: str, run_dir: Path | None) -> Path | None:
-    """`latest` -> newest intact checkpoint of the run (None if there is none); a path -> that
-    checkpoint folder (must be intact)."""
+    """`latest` -> the checkpoint `checkpoints/latest` names if it is intact, else the newest
+    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact)."""
     if resume == "latest":
         root = Path(run_dir) / "checkpoints" if run_dir else None
         if root is None or not root.exists():
             return None
+        pointed = _latest_pointer(root)
+        if pointed is not None:
+            problem = checkpoint_problem(pointed) if pointed.is_dir() else "the folder is missing"
+            if problem is None:
+                return pointed
+            if _rank() == 0:
+                print(f"[e2v checkpoint] skipping {pointed} (named by {root / 'latest'}): {problem}")
         found = complete_checkpoints(root)
-        for p in sorted(root.glob("step_*")):
-            if p not in found and (not found or p.name > found[-1].name) and _rank() == 0:
+        newest = _step(found[-1]) if found else -1
+        for p in sorted(root.glob("step_*")):  # say why anything newer than the pick is not used
+            m = re.match(r"step_(\d+)", p.name)
+            if p not in found and p != pointed and m and int(m.group(1)) > newest and _rank() == 0:
                 print(f"[e2v checkpoint] skipping {p}: {checkpoint_problem(p) or 'not a checkpoint folder'}")
         return found[-1] if found else None
     path = Path(resume)
@@ -352,7 +405,8 @@ def export_meta(transformer: torch.nn.Module) -> dict:
 def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
     """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
     alpha = r), a ComfyUI-keyed copy, the fully-trained modules and the model shape beside it.
-    Full fine-tune: the transformer in bf16 via save_pretrained in `<out_dir>/transformer`.
+    Full fine-tune: the transformer in bf16 (fp32 where diffusers keeps fp32) via save_pretrained
+    in `<out_dir>/transformer`.
     Collective under ZeRO: every rank calls it, rank 0 writes."""
     meta = export_meta(transformer)
     if meta["training_type"] == "full":
@@ -363,13 +417,27 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     return Path(out_dir)
 
 
-def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0,
-                dtype: torch.dtype = torch.bfloat16) -> Path:
-    """The whole transformer in 16 bit, diffusers layout. Parameters are gathered one at a time,
-    so no rank holds more than one full parameter beyond rank 0's 16-bit copy of the model."""
+def _export_dtype(name: str, keep_fp32: list[str]) -> torch.dtype:
+    """bf16, except the modules diffusers keeps in fp32 (`_keep_in_fp32_modules`: for Wan the time
+    embedder, modulation tables and norms), matched as diffusers' loader does: a listed name equals
+    one dotted component. Rounding them to bf16 would change the model diffusers loads."""
+    return torch.float32 if any(k in name.split(".") for k in keep_fp32) else torch.bfloat16
+
+
+def _keep_in_fp32() -> list[str]:
+    from diffusers import WanTransformer3DModel
+
+    return list(WanTransformer3DModel._keep_in_fp32_modules or [])
+
+
+def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0) -> Path:
+    """The whole transformer in bf16 (fp32 where diffusers keeps fp32), diffusers layout.
+    Parameters are gathered one at a time, so no rank holds more than one full parameter beyond
+    rank 0's copy of the model."""
+    keep = _keep_in_fp32()
     state = {}
     for name, p in transformer.named_parameters():
-        value = _full_fp32(p).to(dtype)
+        value = _full_fp32(p).to(_export_dtype(name, keep))
         if rank == 0:
             state[name] = value
     if rank == 0:
@@ -401,38 +469,58 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> No
     if lora:
         WanLoraLoaderMixin.save_lora_weights(str(out_dir), transformer_lora_layers=lora,
                                              transformer_lora_adapter_metadata=meta["lora"])
-        save_file({k: v.contiguous() for k, v in comfy_lora(lora, meta["lora"]["lora_alpha"]).items()},
-                  str(out_dir / COMFY_FILE))
+        try:  # the diffusers LoRA above is the primary export; an unmappable target costs only this copy
+            check_comfy_mappable(sorted({k.rsplit(".lora_", 1)[0] for k in lora}))
+            save_file({k: v.contiguous() for k, v in comfy_lora(lora, meta["lora"]["lora_alpha"]).items()},
+                      str(out_dir / COMFY_FILE))
+        except ValueError as e:
+            print(f"[e2v export] no {COMFY_FILE}: {e}")
     if extra:
         save_file({k: v.contiguous() for k, v in extra.items()}, str(out_dir / EXTRA_FILE))
+        save_file({f"diffusion_model.{wan_original_key(k)}": v.contiguous() for k, v in extra.items()},
+                  str(out_dir / COMFY_EXTRA_FILE))
     c = meta["transformer_config"]
     shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
              "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
 
 
-# Diffusers module names -> original Wan2.1 names (what ComfyUI and the Wan repo use); the inverse
-# of diffusers' `_convert_non_diffusers_wan_lora_to_diffusers`. Applied in order, first match wins.
+# Diffusers names -> original Wan2.1 names (what ComfyUI and the Wan repo use): the inverse of
+# diffusers' `convert_wan_transformer_to_diffusers` (loaders/single_file_utils.py, weights) and
+# `_convert_non_diffusers_wan_lora_to_diffusers` (loaders/lora_conversion_utils.py, LoRAs).
+# Applied in order, first match wins; keys are module names, or parameter names for the
+# modulation tables (parameters of the block / the model itself).
 WAN_ORIGINAL_NAMES = {
     r"^blocks\.(\d+)\.attn1\.to_q$": r"blocks.\1.self_attn.q",
     r"^blocks\.(\d+)\.attn1\.to_k$": r"blocks.\1.self_attn.k",
     r"^blocks\.(\d+)\.attn1\.to_v$": r"blocks.\1.self_attn.v",
     r"^blocks\.(\d+)\.attn1\.to_out\.0$": r"blocks.\1.self_attn.o",
+    r"^blocks\.(\d+)\.attn1\.norm_(q|k)$": r"blocks.\1.self_attn.norm_\2",
     r"^blocks\.(\d+)\.attn2\.to_q$": r"blocks.\1.cross_attn.q",
     r"^blocks\.(\d+)\.attn2\.to_k$": r"blocks.\1.cross_attn.k",
     r"^blocks\.(\d+)\.attn2\.to_v$": r"blocks.\1.cross_attn.v",
     r"^blocks\.(\d+)\.attn2\.to_out\.0$": r"blocks.\1.cross_attn.o",
+    r"^blocks\.(\d+)\.attn2\.norm_(q|k)$": r"blocks.\1.cross_attn.norm_\2",
     r"^blocks\.(\d+)\.attn2\.add_k_proj$": r"blocks.\1.cross_attn.k_img",
     r"^blocks\.(\d+)\.attn2\.add_v_proj$": r"blocks.\1.cross_attn.v_img",
+    r"^blocks\.(\d+)\.attn2\.norm_added_k$": r"blocks.\1.cross_attn.norm_k_img",
+    # Wan's block applies norm3 before cross-attention; diffusers calls that norm2 (its conversion
+    # swaps the two names). The other two block norms have no weights.
+    r"^blocks\.(\d+)\.norm2$": r"blocks.\1.norm3",
     r"^blocks\.(\d+)\.ffn\.net\.0\.proj$": r"blocks.\1.ffn.0",
     r"^blocks\.(\d+)\.ffn\.net\.2$": r"blocks.\1.ffn.2",
+    r"^blocks\.(\d+)\.scale_shift_table$": r"blocks.\1.modulation",
+    r"^scale_shift_table$": "head.modulation",
+    r"^patch_embedding$": "patch_embedding",
     r"^condition_embedder\.time_proj$": "time_projection.1",
     r"^condition_embedder\.text_embedder\.linear_1$": "text_embedding.0",
     r"^condition_embedder\.text_embedder\.linear_2$": "text_embedding.2",
     r"^condition_embedder\.time_embedder\.linear_1$": "time_embedding.0",
     r"^condition_embedder\.time_embedder\.linear_2$": "time_embedding.2",
+    r"^condition_embedder\.image_embedder\.norm1$": "img_emb.proj.0",
     r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj$": "img_emb.proj.1",
     r"^condition_embedder\.image_embedder\.ff\.net\.2$": "img_emb.proj.3",
+    r"^condition_embedder\.image_embedder\.norm2$": "img_emb.proj.4",
     r"^proj_out$": "head.head",
 }
 
@@ -441,21 +529,68 @@ def wan_original_name(module: str) -> str:
     for pattern, repl in WAN_ORIGINAL_NAMES.items():
         if re.match(pattern, module):
             return re.sub(pattern, repl, module)
-    raise KeyError(f"no original Wan name for module '{module}' (add it to WAN_ORIGINAL_NAMES)")
+    raise KeyError(f"no original Wan name for '{module}' (add it to WAN_ORIGINAL_NAMES in e2v/checkpoint.py)")
+
+
+def wan_original_key(param: str) -> str:
+    """A diffusers parameter name in original Wan naming: `blocks.0.norm2.weight` -> `blocks.0.norm3.weight`."""
+    module, _, leaf = param.rpartition(".")
+    return f"{wan_original_name(module)}.{leaf}" if leaf in ("weight", "bias") else wan_original_name(param)
 
 
 def comfy_lora(lora: dict, alpha: float) -> dict:
     """ComfyUI / original-Wan LoRA keys: `diffusion_model.<wan name>.lora_A.weight`, `.lora_B.weight`
-    and the scalar `.alpha` (the loader scales by alpha / rank)."""
+    and the scalar `.alpha` (both loaders scale by alpha / rank). Outside the blocks diffusers'
+    converter rejects `.alpha` keys, so there alpha / rank is folded into lora_A and no `.alpha`
+    is written: ComfyUI and diffusers then both use scale 1, the same product."""
     out = {}
     for key, value in lora.items():
         m = re.fullmatch(r"(.+)\.(lora_A|lora_B)\.weight", key)
         if m is None:
             raise KeyError(f"unexpected LoRA key {key}")
         name = f"diffusion_model.{wan_original_name(m.group(1))}"
-        out[f"{name}.{m.group(2)}.weight"] = value
-        out[f"{name}.alpha"] = torch.tensor(float(alpha))
+        if m.group(1).startswith("blocks."):
+            out[f"{name}.{m.group(2)}.weight"] = value
+            out[f"{name}.alpha"] = torch.tensor(float(alpha))
+        else:
+            rank = lora[f"{m.group(1)}.lora_A.weight"].shape[0]
+            out[f"{name}.{m.group(2)}.weight"] = value * (alpha / rank) if m.group(2) == "lora_A" else value
     return out
+
+
+def lora_module_names(transformer: torch.nn.Module) -> list[str]:
+    """Names of the modules peft wrapped with a LoRA (`blocks.0.attn1.to_q`, ...)."""
+    return [n for n, m in transformer.named_modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
+
+
+def check_comfy_mappable(lora_target_names: list[str]) -> None:
+    """Fail at setup, not at the export after training, when the ComfyUI copy of this LoRA could
+    not be written or would not load in diffusers. The oracle is diffusers' own ComfyUI/Wan LoRA
+    converter, run on a rank-1 dummy LoRA of the same modules: it must give back exactly them.
+    It knows the attention and FFN layers of every block (all of them, k_img and v_img together)
+    and time_projection, text/time embeddings, img_emb and head outside them."""
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+
+    names = sorted(lora_target_names)
+    if not names:  # a full fine-tune: no LoRA to convert
+        return
+    dummy = {f"{n}.lora_{ab}.weight": torch.ones(1, 1) for n in names for ab in "AB"}
+    fix = ("remove them from lora.target_modules (or train them in full with train.trainable), or set "
+           "the targets to attention / FFN layers of every block")
+    try:
+        comfy = comfy_lora(dummy, alpha=1.0)
+    except KeyError as e:
+        raise ValueError(f"lora.target_modules: the ComfyUI export has no original Wan name for a LoRA module "
+                         f"({e}); {fix}") from None
+    try:
+        back = {k.removeprefix("transformer.") for k in _convert_non_diffusers_wan_lora_to_diffusers(comfy)}
+        odd, why = sorted({k.rsplit(".lora_", 1)[0] for k in set(dummy) ^ back}), "keys lost or renamed"
+    except (ValueError, KeyError) as e:  # the converter lists the keys it could not place
+        odd = [n for n in names if f"{wan_original_name(n)}." in str(e)] or names
+        why = f"{type(e).__name__}: {str(e)[:200]}"
+    if odd:
+        raise ValueError(f"lora.target_modules: the ComfyUI copy of a LoRA on {odd[:6]} would not load in "
+                         f"diffusers' Wan LoRA converter ({why}); {fix}")
 
 
 def load_extra_modules(transformer: torch.nn.Module, lora_dir: Path) -> list[str]:
@@ -506,7 +641,8 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
     state, meta = state_from_checkpoint(path)
     if meta["training_type"] == "full":
         out = Path(out_dir) / FULL_DIR
-        save_full({k: v.to(torch.bfloat16) for k, v in state.items()}, meta["transformer_config"], out)
+        keep = _keep_in_fp32()
+        save_full({k: v.to(_export_dtype(k, keep)) for k, v in state.items()}, meta["transformer_config"], out)
         return out
     lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
     extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}

@@ -1,6 +1,6 @@
-"""DeepSpeed for real: every shipped ds_config resolves; 2-process runs under ZeRO-2 (with gradient
-checkpointing and the activation-offload key) give exactly the losses of the ZeRO-3-offload run
-without them; a non-finite loss stops a 2-process run naming step, ranks and samples, after
+"""DeepSpeed for real: every shipped ds_config resolves; 2-process runs under ZeRO-2, and ZeRO-2 with
+optimizer offload plus gradient checkpointing and the activation-offload key, give the losses of
+the ZeRO-3-offload run; a non-finite loss stops a 2-process run naming step, ranks and samples, after
 saving nothing from that step; under bf16 the modules diffusers keeps in fp32 stay fp32 (checked
 against diffusers' own bf16 loading), and trainable weights keep fp32 master copies."""
 
@@ -49,18 +49,21 @@ def test_every_auto_field_is_filled_from_the_yaml(name):
 
 @pytest.fixture(scope="module")
 def zero2_runs(demo_data, tmp_path_factory):
-    """2 processes, ZeRO-2, 4 steps: plain, and with gradient checkpointing + activation offload."""
+    """2 processes, 4 steps: ZeRO-2, and ZeRO-2 with optimizer offload (the config's only normal
+    2-process run) plus gradient checkpointing and activation offload."""
     out = tmp_path_factory.mktemp("z2")
     sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
-    for run_id, extra in (("plain", []), ("ckpt", ["train.gradient_checkpointing=true", "train.activation_offload=true"])):
+    for run_id, extra in (("plain", ["deepspeed.config=ds_configs/zero2.json"]),
+                          ("ckpt", ["deepspeed.config=ds_configs/zero2_offload.json", "train.gradient_checkpointing=true",
+                                    "train.activation_offload=true"])):
         run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
-                  f"run_id={run_id}", "train.max_steps=4", "train.checkpoint_every=4",
-                  "deepspeed.config=ds_configs/zero2.json", *sets, *extra, num_gpus=2)
+                  f"run_id={run_id}", "train.max_steps=4", "train.checkpoint_every=4", *sets, *extra, num_gpus=2)
     return read_scalars(out / "plain"), read_scalars(out / "ckpt")
 
 
-def test_zero2_checkpointing_and_activation_offload_keep_the_losses(zero2_runs):
-    """Gradient checkpointing recomputes the same ops; activation offload is a no-op without CUDA:
+def test_zero2_offload_checkpointing_and_activation_offload_keep_the_losses(zero2_runs):
+    """Optimizer offload runs the same torch AdamW on the same fp32 partitions, on the CPU; gradient
+    checkpointing recomputes the same ops; activation offload is a no-op without CUDA:
     bit-identical losses and gradient norms."""
     plain, ckpt = zero2_runs
     assert sorted(plain) == sorted(ckpt) == [1, 2, 3, 4]
@@ -78,8 +81,8 @@ def test_zero2_and_zero3_offload_train_the_same_model(zero2_runs, zero3_offload_
 
 
 def test_zero3_without_offload_trains_the_same_model(demo_data, tmp_path, zero3_offload_run):
-    """The fourth shipped config with 2 processes (zero2: above; zero2_offload: the non-finite test;
-    zero3_offload: the shared run): the same losses as ZeRO-3 with offload."""
+    """The fourth shipped config with 2 processes (zero2 and zero2_offload: above; zero3_offload:
+    the shared run): the same losses as ZeRO-3 with offload."""
     sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
     run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
               "run_id=z3", "train.max_steps=3", "train.checkpoint_every=3", "deepspeed.config=ds_configs/zero3.json",

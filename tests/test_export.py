@@ -1,8 +1,10 @@
 """Exports of a 2-process ZeRO-3 + CPU-offload run (fp32): the diffusers LoRA loads in a plain
 diffusers pipeline in a process that never imports DeepSpeed and reproduces the weights the
 engine trained (read back from the DeepSpeed checkpoint with DeepSpeed's own zero_to_fp32); the
-ComfyUI-keyed copy maps every key and gives the same output; tools/export_lora.py rebuilds the
-same files offline from the checkpoint folder; a full fine-tune exports a 16-bit diffusers model."""
+ComfyUI-keyed copies (LoRA and fully-trained modules) map back through diffusers' own Wan
+conversions and give the same output, also for a LoRA outside the blocks; tools/export_lora.py
+rebuilds the same files offline from the checkpoint folder; a full fine-tune exports a bf16
+diffusers model that keeps diffusers' fp32 modules in fp32."""
 
 import json
 import subprocess
@@ -112,13 +114,101 @@ def test_comfyui_keys_all_map_back_to_the_diffusers_keys(zero3_offload_run):
         torch.testing.assert_close(v, ours[k] * (0.5 if ".lora_A." in k else 1.0), atol=0, rtol=0)
 
 
+def _from_original_wan(state: dict) -> dict:
+    """diffusers' own original-Wan -> diffusers weight conversion (what its single-file loader runs)."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    assert all(k.startswith("diffusion_model.") for k in state)
+    return convert_wan_transformer_to_diffusers({k.removeprefix("diffusion_model."): v for k, v in state.items()})
+
+
+def test_comfyui_modules_copy_maps_back_through_diffusers_conversion(zero3_offload_run):
+    lora_dir = zero3_offload_run / "lora"
+    ours = load_file(str(lora_dir / "e2v_modules.safetensors"))
+    comfy = load_file(str(lora_dir / "e2v_modules_comfyui.safetensors"))
+    assert {"diffusion_model.patch_embedding.weight", "diffusion_model.head.modulation",
+            "diffusion_model.img_emb.proj.0.weight", "diffusion_model.time_projection.1.weight"} <= set(comfy)
+    back = _from_original_wan(comfy)
+    assert set(back) == set(ours)
+    for k, v in back.items():
+        assert torch.equal(v, ours[k]), k
+
+
+def test_every_transformer_parameter_has_an_original_wan_name():
+    """All parameters of an I2V-layout transformer (norms, modulation, image embedder included):
+    our diffusers -> Wan table, then diffusers' Wan -> diffusers conversion, is the identity."""
+    from e2v.checkpoint import wan_original_key
+    from e2v.models import build_tiny_parts
+
+    names = [n for n, _ in build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters()]
+    original = {f"diffusion_model.{wan_original_key(n)}": n for n in names}
+    assert len(original) == len(names)
+    assert {"diffusion_model.blocks.0.norm3.weight",
+            "diffusion_model.blocks.0.cross_attn.norm_k_img.weight"} <= set(original)
+    back = _from_original_wan(dict(original))
+    assert back == {n: n for n in names}
+
+
+def test_lora_outside_the_blocks_loads_from_the_comfyui_copy():
+    """A LoRA on proj_out and time_proj too (alpha != rank): diffusers' converter rejects `.alpha`
+    there, so the ComfyUI copy folds it; loaded in diffusers it gives the peft model's output."""
+    from diffusers.loaders import WanLoraLoaderMixin
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from e2v.checkpoint import check_comfy_mappable, comfy_lora, lora_module_names
+    from e2v.models import build_tiny_parts
+
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    model.add_adapter(LoraConfig(r=8, lora_alpha=4, target_modules=["to_q", "ffn.net.2", "proj_out", "time_proj"]))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.5)  # peft starts B at zero: no effect to compare otherwise
+    targets = lora_module_names(model)
+    assert {"proj_out", "condition_embedder.time_proj", "blocks.1.attn2.to_q"} <= set(targets)
+    check_comfy_mappable(targets)
+    comfy = comfy_lora(get_peft_model_state_dict(model), alpha=4)
+    assert "diffusion_model.head.head.alpha" not in comfy and "diffusion_model.blocks.0.ffn.2.alpha" in comfy
+    fresh = build_tiny_parts(seed=0, with_encoders=False).transformer
+    state = WanLoraLoaderMixin.lora_state_dict({k: v.clone() for k, v in comfy.items()})
+    fresh.load_lora_adapter(state, prefix="transformer")
+    probe = dict(hidden_states=torch.randn(1, 36, 5, 8, 8), timestep=torch.tensor([700.0]),
+                 encoder_hidden_states=torch.randn(1, 512, 32), encoder_hidden_states_image=torch.randn(1, 51, 32),
+                 return_dict=False)
+    with torch.no_grad():
+        ours, loaded = model(**probe)[0], fresh(**probe)[0]
+        model.disable_adapters()
+        base = model(**probe)[0]
+    assert (ours - base).abs().max() > 1e-3
+    torch.testing.assert_close(loaded, ours, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("targets, culprit", [(["to_q", "patch_embedding"], "patch_embedding"),
+                                              (["add_k_proj"], "blocks.0.attn2.add_k_proj"),
+                                              (["proj_out"], "proj_out")])
+def test_lora_the_comfyui_copy_cannot_carry_fails_at_setup(targets, culprit):
+    """Conv3d patch embedding: no converter entry; k_img without v_img: diffusers converts them only
+    as a pair; no block at all: the converter needs blocks."""
+    from peft import LoraConfig
+
+    from e2v.checkpoint import check_comfy_mappable, lora_module_names
+    from e2v.models import build_tiny_parts
+
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=targets))
+    with pytest.raises(ValueError, match=rf"lora\.target_modules: .*'{culprit}'.*would not load in diffusers"):
+        check_comfy_mappable(lora_module_names(model))
+
+
 def test_export_tool_rebuilds_the_same_files_offline(zero3_offload_run, tmp_path):
     ckpt = zero3_offload_run / "checkpoints" / "latest"
     proc = subprocess.run([sys.executable, str(ROOT / "tools/export_lora.py"), str(ckpt), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("pytorch_lora_weights.safetensors", "pytorch_lora_weights_comfyui.safetensors",
-                 "e2v_modules.safetensors"):
+                 "e2v_modules.safetensors", "e2v_modules_comfyui.safetensors"):
         a, b = load_file(str(tmp_path / name)), load_file(str(zero3_offload_run / "lora" / name))
         assert a.keys() == b.keys(), name
         for k in a:
@@ -127,7 +217,7 @@ def test_export_tool_rebuilds_the_same_files_offline(zero3_offload_run, tmp_path
         json.loads((zero3_offload_run / "lora/e2v_model.json").read_text())
 
 
-def test_full_finetune_exports_16bit_diffusers_model(tmp_path):
+def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
     from diffusers import WanTransformer3DModel
 
     from e2v.checkpoint import export_lora
@@ -139,6 +229,7 @@ def test_full_finetune_exports_16bit_diffusers_model(tmp_path):
     full_names = setup_training(model, cfg, expanded=False)
     with torch.no_grad():
         model.patch_embedding.weight.add_(0.25)  # "trained"
+        model.scale_shift_table.add_(1e-4)  # below bf16 resolution near 1: lost if rounded to bf16
     out = export_lora(model, tmp_path, full_names)
     assert out == tmp_path / "transformer"
     saved = {}
@@ -146,13 +237,34 @@ def test_full_finetune_exports_16bit_diffusers_model(tmp_path):
         saved.update(load_file(str(f)))
     named = dict(model.named_parameters())
     assert set(saved) == set(named)
+    # Oracle for what stays fp32: diffusers' own bf16 loading of the fp32 model.
+    model.save_pretrained(str(tmp_path / "fp32"))
+    bf16 = WanTransformer3DModel.from_pretrained(str(tmp_path / "fp32"), torch_dtype=torch.bfloat16)
+    want = {n: p.dtype for n, p in bf16.named_parameters()}
+    assert torch.float32 in want.values() and torch.bfloat16 in want.values()
     for name, p in named.items():
-        assert saved[name].dtype == torch.bfloat16 and torch.equal(saved[name], p.detach().to(torch.bfloat16)), name
+        assert saved[name].dtype == want[name], name
+        assert torch.equal(saved[name], p.detach().to(want[name])), name
     loaded = WanTransformer3DModel.from_pretrained(str(out), torch_dtype=torch.float32)
     probe = dict(hidden_states=torch.randn(1, 36, 5, 8, 8), timestep=torch.tensor([700.0]),
                  encoder_hidden_states=torch.randn(1, 512, 32), encoder_hidden_states_image=torch.randn(1, 51, 32),
                  return_dict=False)
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
+        for name, p in named.items():
+            p.copy_(p.to(want[name]).float())
         torch.testing.assert_close(loaded(**probe)[0], model(**probe)[0], atol=1e-6, rtol=0)
+
+
+def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_copy(tmp_path, capsys):
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from e2v.checkpoint import COMFY_FILE, write_lora_exports
+    from e2v.models import build_tiny_parts
+
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "patch_embedding"]))
+    meta = {"lora": model.peft_config["default"].to_dict(), "transformer_config": dict(model.config)}
+    write_lora_exports(tmp_path, get_peft_model_state_dict(model), {}, meta)
+    assert (tmp_path / "pytorch_lora_weights.safetensors").exists() and not (tmp_path / COMFY_FILE).exists()
+    assert f"no {COMFY_FILE}: lora.target_modules" in capsys.readouterr().out

@@ -1,7 +1,11 @@
 """Preemption and resume, end to end, 2 processes under ZeRO-3 + CPU offload (torch AdamW):
-SIGTERM to the whole job saves a checkpoint and exits; a truncated newest checkpoint is detected
-and the previous one used; `--resume latest` then gives exactly the losses of the uninterrupted
-run. The interrupted part runs with gradient checkpointing, which must not change the losses."""
+SIGTERM to the whole job saves a checkpoint (the only one: no periodic save is due) and exits;
+`--resume latest` continues from the signalled step with exactly the losses of the uninterrupted
+run, removing a stale `.partial` save, and its exported LoRA reproduces in plain diffusers the
+live engine's output at the end of training; a truncated newest checkpoint is detected and the
+previous one used. The interrupted part runs with gradient checkpointing, which must not change
+the losses. Checkpoint housekeeping (prune by step, `latest` over an abandoned branch) is tested
+on folders made here."""
 
 import json
 import os
@@ -11,21 +15,55 @@ import time
 
 import psutil
 import pytest
+import torch
+from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train, train_command
-from e2v.checkpoint import MANIFEST, checkpoint_problem, find_resume
+from e2v.checkpoint import (MANIFEST, checkpoint_problem, find_resume, load_extra_modules, prune_checkpoints,
+                            remove_stale_saves)
+from e2v.models import build_tiny_parts
+
+
+# The real entry point, plus one test-only step: just before the end-of-run export, every rank
+# runs the live engine's module on a fixed probe (a collective under ZeRO-3) and rank 0 saves the
+# output. train_e2v calls `ckpt.export_lora` through the module, so replacing the attribute hooks it.
+ENGINE_PROBE_WRAPPER = r"""
+import runpy, sys, torch
+sys.path.insert(0, {root!r})
+from e2v import checkpoint
+
+real_export = checkpoint.export_lora
+
+def export_after_probe(transformer, out_dir, full_names, rank=0):
+    probe = torch.load({probe!r})
+    with torch.no_grad():
+        out = transformer(**probe, return_dict=False)[0]
+    if rank == 0:
+        torch.save(out, {out!r})
+    return real_export(transformer, out_dir, full_names, rank=rank)
+
+checkpoint.export_lora = export_after_probe
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def _probe() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return dict(hidden_states=torch.randn(1, 36, 5, 8, 8, generator=g), timestep=torch.tensor([700.0]),
+                encoder_hidden_states=torch.randn(1, 512, 32, generator=g),
+                encoder_hidden_states_image=torch.randn(1, 17 * 3, 32, generator=g))
 
 
 @pytest.fixture(scope="module")
 def interrupted(demo_data, tmp_path_factory):
-    """The same run as zero3_offload_run, with checkpoints every step and gradient checkpointing,
-    preempted once step 2 is logged: SIGTERM to every rank, as a scheduler sends it. (Signalling
-    the deepspeed launcher too also works, but the launcher kills the ranks 30 s later, which a
-    heavily loaded 2-core machine can exceed.)"""
+    """The same run as zero3_offload_run, with gradient checkpointing and no periodic checkpoint
+    before the end (checkpoint_every 100 > max_steps 8), preempted once step 2 is logged: SIGTERM
+    to every rank, as a scheduler sends it. (Signalling the deepspeed launcher too also works, but
+    the launcher kills the ranks 30 s later, which a heavily loaded 2-core machine can exceed.)"""
     out = tmp_path_factory.mktemp("resume")
     run = out / "r"
-    sets = (f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=r", "train.checkpoint_every=1",
-            *ZERO3_OFFLOAD_RUN)
+    sets = (f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=r", *ZERO3_OFFLOAD_RUN,
+            "train.checkpoint_every=100")
     proc = subprocess.Popen(train_command("configs/e2v_tiny.yaml", *sets, "train.gradient_checkpointing=true",
                                           num_gpus=2),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -47,51 +85,78 @@ def test_sigterm_saves_a_checkpoint_and_exits(interrupted):
     stopped = int(log.split("checkpoint saved at step ")[1].split(";")[0])
     assert 2 <= stopped < 8, "the signal must stop the run before its end"
     assert "exits successfully" in log, "every rank must exit cleanly (code 0) after the save"
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:06d}"], \
+        "the signal's save must be the only checkpoint"
     assert (run / "checkpoints/latest").read_text() == f"step_{stopped:06d}"
     assert checkpoint_problem(run / f"checkpoints/step_{stopped:06d}") is None
-    assert not list((run / "checkpoints").glob("*.partial")) and "lora" not in os.listdir(run)
+    assert "lora" not in os.listdir(run)
     assert max(read_scalars(run)) == stopped
 
 
-def test_resume_skips_truncated_checkpoint_and_matches_uninterrupted_losses(interrupted, zero3_offload_run):
+def test_resume_continues_from_the_signalled_step_with_uninterrupted_losses(interrupted, zero3_offload_run):
     run, log, sets = interrupted
     stopped = max(read_scalars(run))
-    newest = run / f"checkpoints/step_{stopped:06d}"
-    victim = max((p for p in newest.iterdir() if p.suffix == ".pt"), key=lambda p: p.stat().st_size)
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # a save cut short by a full disk
-    assert "truncated" in checkpoint_problem(newest)
-    previous = run / f"checkpoints/step_{stopped - 1:06d}"
-    assert find_resume("latest", run) == previous
+    signalled = run / f"checkpoints/step_{stopped:06d}"
+    stale = run / "checkpoints/step_000005.partial"  # a save killed mid-write, never completed
+    (stale / "global_step5").mkdir(parents=True)
+    (stale / "global_step5/mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
 
-    proc = run_train("configs/e2v_tiny.yaml", *sets, num_gpus=2, extra=("--resume", "latest"))
-    assert f"resumed from {previous} at step {stopped - 1}" in proc.stdout
+    torch.save(_probe(), run / "probe.pt")
+    wrapper = run / "train_with_probe.py"
+    wrapper.write_text(ENGINE_PROBE_WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_e2v.py"),
+                                                   probe=str(run / "probe.pt"), out=str(run / "engine_probe_out.pt")))
+    cmd = [str(wrapper) if c == str(ROOT / "train_e2v.py") else c
+           for c in train_command("configs/e2v_tiny.yaml", *sets, num_gpus=2, extra=("--resume", "latest"))]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert f"resumed from {signalled} at step {stopped}" in proc.stdout
     reference = read_scalars(zero3_offload_run)
-    resumed = read_scalars(run)  # steps 1..stopped-1: the interrupted run (with checkpointing); then the resumed one
+    resumed = read_scalars(run)  # steps 1..stopped: the interrupted run (with checkpointing); then the resumed one
     assert sorted(resumed) == list(range(1, 9))
     for step in range(1, 9):
         assert resumed[step]["train/loss"] == reference[step]["train/loss"], step
         assert resumed[step]["train/lr"] == reference[step]["train/lr"], step
-    assert (run / "lora/pytorch_lora_weights.safetensors").exists()
+    assert not stale.exists(), "the final save must remove the stale .partial folder"
+    assert checkpoint_problem(signalled) is None, "completed checkpoints are kept"
+
+    # Oracle: the live engine at the end of training (not a reload of its checkpoint).
+    engine_out = torch.load(run / "engine_probe_out.pt")
+    parts = build_tiny_parts(seed=0)
+    pipe = WanImageToVideoPipeline(tokenizer=parts.tokenizer, text_encoder=parts.text_encoder, vae=parts.vae,
+                                   image_encoder=parts.image_encoder, image_processor=parts.image_processor,
+                                   transformer=parts.transformer, scheduler=UniPCMultistepScheduler())
+    pipe.load_lora_weights(str(run / "lora"))
+    assert load_extra_modules(pipe.transformer, run / "lora")
+    with torch.no_grad():
+        exported = pipe.transformer(**_probe(), return_dict=False)[0]
+    torch.testing.assert_close(exported, engine_out, atol=1e-5, rtol=0)
+
+    final = run / "checkpoints/step_000008"
+    assert (run / "checkpoints/latest").read_text() == final.name
+    victim = max((p for p in final.rglob("*.pt")), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # a copy cut short by a full disk
+    assert "truncated" in checkpoint_problem(final)
+    assert find_resume("latest", run) == signalled, "a truncated `latest` falls back to the previous checkpoint"
+
+
+def _make(root, name, files, manifest=True, truncate=None):
+    d = root / name
+    d.mkdir(parents=True)
+    for f, n in files.items():
+        (d / f).write_bytes(b"x" * n)
+    if manifest:
+        (d / MANIFEST).write_text(json.dumps({"step": 0, "files": files}))
+    if truncate:
+        (d / truncate).write_bytes(b"x")
 
 
 def test_find_resume_takes_newest_intact_checkpoint(tmp_path):
     root = tmp_path / "checkpoints"
-
-    def make(name, files, manifest=True, truncate=None):
-        d = root / name
-        d.mkdir(parents=True)
-        for f, n in files.items():
-            (d / f).write_bytes(b"x" * n)
-        if manifest:
-            (d / MANIFEST).write_text(json.dumps({"step": 0, "files": files}))
-        if truncate:
-            (d / truncate).write_bytes(b"x")
-
-    make("step_000001", {"a.pt": 10})
-    make("step_000002", {"a.pt": 10, "b.pt": 20})
-    make("step_000003", {"a.pt": 10, "b.pt": 20}, truncate="b.pt")
-    make("step_000004", {"a.pt": 10}, manifest=False)  # killed before COMPLETE
-    make("step_000005.partial", {"a.pt": 10})  # killed during DeepSpeed's save
+    _make(root, "step_000001", {"a.pt": 10})
+    _make(root, "step_000002", {"a.pt": 10, "b.pt": 20})
+    _make(root, "step_000003", {"a.pt": 10, "b.pt": 20}, truncate="b.pt")
+    _make(root, "step_000004", {"a.pt": 10}, manifest=False)  # killed before COMPLETE
+    _make(root, "step_000005.partial", {"a.pt": 10})  # killed during DeepSpeed's save
     assert find_resume("latest", tmp_path) == root / "step_000002"
     assert "truncated" in checkpoint_problem(root / "step_000003")
     with pytest.raises(FileNotFoundError, match="no COMPLETE"):
@@ -99,6 +164,33 @@ def test_find_resume_takes_newest_intact_checkpoint(tmp_path):
     (root / "step_000002/b.pt").unlink()
     assert find_resume("latest", tmp_path) == root / "step_000001"
     assert find_resume("latest", tmp_path / "elsewhere") is None
+
+
+def test_latest_pointer_wins_over_an_abandoned_branch_and_survives_pruning(tmp_path):
+    """A run resumed from the path of step 999998 and saved again: the folders of steps 999999..1000001
+    belong to the abandoned branch. Steps cross a digit boundary, where name order is not step order."""
+    root = tmp_path / "checkpoints"
+    for step in (999997, 999998, 999999, 1000000, 1000001):
+        _make(root, f"step_{step:06d}", {"a.pt": 10})
+    (root / "latest").write_text("step_999998")
+    assert find_resume("latest", tmp_path) == root / "step_999998"
+    assert prune_checkpoints(root, keep_last=2) == [root / "step_999997", root / "step_999999"]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_1000000", "step_1000001", "step_999998"]
+    (root / "step_999998/a.pt").write_bytes(b"x")  # `latest` damaged: the newest intact one by step
+    assert find_resume("latest", tmp_path) == root / "step_1000001"
+    (root / "latest").write_text("step_000042")  # names a folder that is gone
+    assert find_resume("latest", tmp_path) == root / "step_1000001"
+    assert prune_checkpoints(root, keep_last=0) == []
+
+
+def test_stale_partial_saves_are_removed_and_completed_ones_kept(tmp_path):
+    root = tmp_path / "checkpoints"
+    _make(root, "step_000001", {"a.pt": 10})
+    _make(root, "step_000002.partial", {"a.pt": 10}, manifest=False)
+    _make(root, "step_000003.partial", {"a.pt": 10})  # even with a manifest: never renamed, never resumed
+    assert remove_stale_saves(root) == [root / "step_000002.partial", root / "step_000003.partial"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_000001"]
+    assert checkpoint_problem(root / "step_000001") is None
 
 
 def test_error_mid_run_saves_the_last_finished_step_and_resumes(tmp_path):

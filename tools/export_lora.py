@@ -6,8 +6,10 @@ no GPU, no process group, no training data (the checkpoint carries e2v_export.js
 
 LoRA runs: pytorch_lora_weights.safetensors (diffusers, with adapter metadata),
 pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix),
-e2v_modules.safetensors (modules trained in full) and e2v_model.json. Full fine-tunes:
-transformer/ (bf16, save_pretrained). Works for any ZeRO stage (DeepSpeed's zero_to_fp32).
+e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
+under original Wan names) and e2v_model.json. Full fine-tunes: transformer/ (bf16, and fp32 for
+the modules diffusers keeps in fp32; save_pretrained). Works for any ZeRO stage (DeepSpeed's
+zero_to_fp32).
 """
 
 from __future__ import annotations
