@@ -23,7 +23,7 @@ import torch
 from e2v import checkpoint as ckpt
 from e2v.cache import batch_conditions
 from e2v.config import ConfigError, load_config, map_seed_flags, resolve_deepspeed_config, save_config
-from e2v.data import index_samples, make_loader, total_over_ranks
+from e2v.data import distinct_over_ranks, index_samples, make_loader
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
 from e2v.models import (activation_context, count_params, describe_plan, fp32_kept_params, is_expanded,
@@ -153,7 +153,8 @@ def forward_loss(model, c, sigma, noise, noisy_model_input, model_input, cfg, de
 
 def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
     """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
-    describe 1/world of the global batch); `*_count` keys are summed instead. A collective."""
+    describe 1/world of the global batch); `*_ids` keys become the number of distinct ids over all
+    ranks instead (a bad sample met by two ranks or workers counts once). A collective."""
     if world > 1:
         gathered = [None] * world
         torch.distributed.all_gather_object(gathered, stats)
@@ -161,7 +162,7 @@ def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, floa
         for part in gathered:
             for k, v in part.items():
                 stats.setdefault(k, []).extend(v)
-    return {k: sum(v) if k.endswith("_count") else sum(v) / len(v) for k, v in stats.items()}
+    return {k: len(set(v)) if k.endswith("_ids") else sum(v) / len(v) for k, v in stats.items()}
 
 
 def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
@@ -175,14 +176,14 @@ def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, mod
 
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
-                 step_losses: list[float], stats: dict, skipped: int, excluded: int, nonfinite: int) -> dict:
+                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int) -> dict:
     """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
-    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_count": [skipped], **stats}, world)
+    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
     return {
         "train/lr": lr, "train/grad_norm": grad_norm,
         "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
         "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
-        "data/skipped_samples": ranks.pop("data/skipped_count"), "data/excluded_samples": excluded,
+        "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
         "train/nonfinite_skipped": nonfinite, **ranks,
     }
 
@@ -323,7 +324,7 @@ def main():
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save, saved_step = time.time(), global_step
-    skipped_total = 0
+    skipped_ids: set[str] = set()  # samples that failed to load mid-run (on_bad_sample: skip)
     # --- the loop ---
     try:
         while global_step < cfg.train.max_steps:
@@ -335,7 +336,7 @@ def main():
                 t0 = time.perf_counter()
                 batch = next(data_iter)
                 t_data += time.perf_counter() - t0
-                skipped_total += len(batch["skipped"])
+                skipped_ids.update(sid for sid, _ in batch["skipped"])
                 samples_seen += len(batch["id"])
                 step_ids += batch["id"]
                 with torch.no_grad():
@@ -359,7 +360,7 @@ def main():
             if global_step % cfg.train.log_every == 0:
                 log.scalars(global_step, step_scalars(
                     cfg, world, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
-                    data_time=t_data, step_losses=step_losses, stats=stats, skipped=skipped_total,
+                    data_time=t_data, step_losses=step_losses, stats=stats, skipped_ids=skipped_ids,
                     excluded=len(excluded), nonfinite=guard.skipped))
             bar.update(1)
             bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
@@ -393,7 +394,7 @@ def main():
         if saved_step < global_step:
             save(global_step)
         out = ckpt.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
-        skipped_total = total_over_ranks(skipped_total)  # every rank's skips, not rank 0's
+        skipped_total = distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
             print(f"[e2v] done: {global_step} steps. LoRA: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")

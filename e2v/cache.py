@@ -46,7 +46,7 @@ from e2v.conditioning import (TEXT_LEN, VAE_T, Conditions, after_frames, after_r
                               draw_choices, encode_batch, encode_clip_images, encode_text, encode_video_stats, finish_condition,
                               image_token_shape, pad_after_latents, pad_clip_tokens, select_elements)
 from e2v.config import Config, to_dict
-from e2v.elements import Sample
+from e2v.elements import Sample, sample_bucket
 from e2v.media import MediaError
 
 CACHE_VERSION = "1"
@@ -112,9 +112,6 @@ class CacheStore:
     def shared_path(self) -> Path:
         return dataset_root(self.cfg, 0) / "_shared.safetensors"
 
-    def bucket(self, s: Sample) -> tuple[int, int, int]:
-        return s.bucket or (self.cfg.data.num_frames, *self.cfg.data.resolution)
-
     # -- checking ---------------------------------------------------------------------------------
 
     def problem(self, s: Sample) -> str | None:
@@ -124,7 +121,7 @@ class CacheStore:
             return f"sample {s.id}: no cache entry {path}"
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-        want = fingerprint(s, self.cfg, self.bucket(s))
+        want = fingerprint(s, self.cfg, sample_bucket(s, self.cfg))
         for key, value in want.items():
             old = meta.get(f"fp.{key}")
             if old != value:
@@ -145,6 +142,24 @@ class CacheStore:
             raise CacheError(f"{len(problems)} cache entr{'y is' if len(problems) == 1 else 'ies are'} missing or "
                              "stale:\n  " + "\n  ".join(problems[:10]) + more +
                              "\nfix: python tools/precompute.py --config <this config> (it recomputes only these)")
+        if self.cfg.data.on_bad_sample == "error":
+            bad = self.bad_entries(unique, workers)
+            if bad:
+                raise CacheError(bad_entries_message(bad))
+
+    def bad_entries(self, samples: list[Sample], workers: int = 8) -> list[str]:
+        """'sample <id>: <failure>' for each existing entry precompute recorded as bad (it ran with
+        on_bad_sample: skip); with on_bad_sample: error training would stop on the first of them."""
+        def bad(s: Sample) -> str | None:
+            path = self.path(s)
+            if not path.exists():
+                return None
+            with safe_open(str(path), "pt") as f:
+                message = (f.metadata() or {}).get("bad")
+            return f"sample {s.id}: {message}" if message is not None else None
+
+        with ThreadPoolExecutor(workers) as pool:
+            return [m for m in pool.map(bad, samples) if m]
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -184,13 +199,13 @@ class CacheStore:
         os.replace(tmp, path)
 
     def write(self, s: Sample, tensors: dict, element_names: list[str]) -> None:
-        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, self.bucket(s)).items()}
+        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, sample_bucket(s, self.cfg)).items()}
         meta["element_names"] = json.dumps(element_names)
         self._write(self.path(s), tensors, meta)
 
     def write_bad(self, s: Sample, message: str) -> None:
         """Remember a sample that failed (on_bad_sample: skip): training skips and counts it."""
-        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, self.bucket(s)).items()}
+        meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, sample_bucket(s, self.cfg)).items()}
         meta.update(bad=message, element_names="[]")
         self._write(self.path(s), {"_": torch.zeros(1)}, meta)
 
@@ -199,6 +214,14 @@ class CacheStore:
         empty = encode_text([""], parts.tokenizer, parts.text_encoder)[0, :text_length("", parts.tokenizer)]
         clip_shape = image_token_shape(parts) if parts.transformer.config.added_kv_proj_dim is not None else (0, 0)
         self._write(self.shared_path(), {"empty_text": empty}, {"clip_shape": json.dumps(clip_shape)})
+
+
+def bad_entries_message(bad: list[str]) -> str:
+    more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
+    return (f"{len(bad)} cache entr{'y is' if len(bad) == 1 else 'ies are'} recorded as bad samples (precompute ran "
+            "with data.on_bad_sample: skip) and data.on_bad_sample is error:\n  " + "\n  ".join(bad[:10]) + more +
+            "\nfix: repair or replace those files (precompute recomputes an entry whose files changed), or set "
+            "data.on_bad_sample: skip to train without them")
 
 
 def text_length(prompt: str, tokenizer) -> int:

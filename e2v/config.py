@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -49,9 +50,11 @@ class Element:
 
 @dataclass
 class Dataset:
-    data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v), base path for csv / jsonl
+    data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v); csv / jsonl: metadata_path's base
     dataset_type: Literal["e2v", "csv", "jsonl"] = "e2v"
     metadata_path: Optional[str] = None  # csv / jsonl file (relative to data_root if not absolute)
+    # folder the csv / jsonl paths are relative to (default: the metadata file's folder)
+    media_root: Optional[str] = None
     weight: float = 1.0  # sampling weight when several datasets are mixed
     repeat: int = 1  # times each sample appears per epoch
 
@@ -66,7 +69,9 @@ class Data:
     reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = "bicubic"
     video_resize: Literal["center_crop", "resize"] = "center_crop"  # how clips reach resolution
     frame_stride: int = 1  # take every n-th frame of the clip
-    time_division_factor: int = 4  # frames are trimmed to k * factor + 1 (video regression seed)
+    # Video regression seed: each clip trains at its largest k * factor + 1 frames up to num_frames
+    # (auto frame buckets in steps of factor, so a short clip trains shorter instead of failing).
+    time_division_factor: Optional[int] = None
     # Per clip, the largest count of frame_buckets the clip supports (empty list: 17, 33, ... up to
     # num_frames); off: every clip gives num_frames frames (too short = a bad sample).
     auto_frame_buckets: bool = False
@@ -134,6 +139,7 @@ class Model:
     weight_dtype: Literal["fp32", "bf16"] = "bf16"  # frozen encoders (VAE and CLIP stay fp32 as in A2)
     tiny_seed: int = 0
     tiny_vae: Literal["informative", "random"] = "informative"
+    zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
 
 
 @dataclass
@@ -267,10 +273,15 @@ class Config:
         return sorted((e for e in self.data.elements if e.vae is not None), key=lambda e: e.vae.position)
 
     @property
+    def ordered_elements(self) -> list[Element]:
+        """All elements in condition order: VAE position, then CLIP-only elements in config order."""
+        order = sorted(enumerate(self.data.elements), key=lambda ie: (0, ie[1].vae.position) if ie[1].vae else (1, ie[0]))
+        return [e for _, e in order]
+
+    @property
     def clip_elements(self) -> list[Element]:
-        """Elements in the CLIP stream, in the same (position) order as the VAE stream."""
-        pos = {e.name: (e.vae.position if e.vae else i) for i, e in enumerate(self.data.elements)}
-        return sorted((e for e in self.data.elements if e.clip is not None), key=lambda e: pos[e.name])
+        """Elements in the CLIP stream, in condition order (their token blocks follow it)."""
+        return [e for e in self.ordered_elements if e.clip is not None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +369,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported type {tp}")
 
 
+# Names other trainers use for our keys: an unknown key close to one gets our name as the hint.
+KEY_ALIASES = {"learning_rate": "lr", "batch_size": "micro_batch_size", "train_batch_size": "micro_batch_size",
+               "max_train_steps": "max_steps", "num_train_steps": "max_steps", "lr_warmup_steps": "warmup_steps",
+               "max_grad_norm": "grad_clip", "lora_alpha": "alpha", "lora_rank": "rank", "height_width": "resolution"}
+
+
 def _build(cls: type, data: Any, path: str) -> Any:
     if isinstance(data, cls):
         return data
@@ -369,7 +386,9 @@ def _build(cls: type, data: Any, path: str) -> Any:
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            aliases = {a: f for a, f in KEY_ALIASES.items() if f in fields}
+            near = difflib.get_close_matches(str(key), list(fields) + list(aliases), n=1, cutoff=0.5)
+            near = [aliases.get(n, n) for n in near]
             hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
             raise ConfigError(f"unknown key '{where}'{hint}")
         kwargs[key] = _convert(value, hints[key], where)
@@ -399,17 +418,26 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
 
 
+def _list_index(node: list, k: str, keys: list[str], i: int) -> int:
+    """`data.datasets.0.x`: the list position k names, or an error naming the key and the range."""
+    where = ".".join(keys[:i])
+    if not k.lstrip("-").isdigit() or not -len(node) <= int(k) < len(node):
+        raise ConfigError(f"--set {'.'.join(keys)}: '{where}' is a list of {len(node)}; "
+                          f"use an index 0..{len(node) - 1} after it, e.g. {where}.0.{'.'.join(keys[i + 1:]) or 'key'}")
+    return int(k)
+
+
 def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
     node = raw
     for i, k in enumerate(keys[:-1]):
         if isinstance(node, list):
-            node = node[int(k)]
+            node = node[_list_index(node, k, keys, i)]
             continue
         node = node.setdefault(k, {})
         if not isinstance(node, (dict, list)):
             raise ConfigError(f"--set {'.'.join(keys)}: '{'.'.join(keys[: i + 1])}' is not a section")
     if isinstance(node, list):
-        node[int(keys[-1])] = value
+        node[_list_index(node, keys[-1], keys, len(keys) - 1)] = value
     else:
         node[keys[-1]] = value
 
@@ -446,7 +474,9 @@ def map_seed_regression(raw: dict) -> tuple[dict, list[str]]:
         notes.append(f"seed key '{key}' -> {section}.{name} = {value!r}")
 
     if "dataset_base_path" in seed or "metadata_path" in seed:
+        # the seed's video paths are relative to dataset_base_path, wherever the CSV lives
         ds = {"data_root": seed.pop("dataset_base_path", ""), "dataset_type": "csv"}
+        ds["media_root"] = ds["data_root"] or None
         if "metadata_path" in seed:
             ds["metadata_path"] = str(Path(seed.pop("metadata_path")).absolute())
         put("data", "datasets", [ds], "dataset_base_path/metadata_path")
@@ -541,8 +571,12 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
             f"processors.vae.resolution {pv.resolution} differs from data.resolution {d.resolution}: "
             "the condition video has the target's size; drop the key or make them equal"
         )
-    if d.time_division_factor != 4:
-        raise ConfigError("data.time_division_factor: Wan's VAE compresses time by 4; only 4 is valid")
+    if d.time_division_factor is not None:
+        if d.time_division_factor != 4:
+            raise ConfigError("data.time_division_factor: Wan's VAE compresses time by 4; only 4 is valid")
+        if d.frame_buckets:
+            raise ConfigError("data.time_division_factor and data.frame_buckets both set the frame counts: keep one")
+        d.auto_frame_buckets = True  # the factor's counts are frame buckets (data.frame_bucket_list)
     if not d.datasets:
         raise ConfigError("data.datasets: at least one dataset is needed, e.g. [{data_root: path/to/data}]")
     for i, ds in enumerate(d.datasets):
@@ -589,11 +623,25 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         p = getattr(cfg.conditioning, name)
         if not 0.0 <= p <= 1.0:
             raise ConfigError(f"conditioning.{name}={p} must be within [0, 1]")
+    if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
+        n_vae = sum(e.vae is not None for e in d.elements)
+        if not 0 <= pv.frame_index < n_vae:
+            raise ConfigError(f"processors.vae.frame_index={pv.frame_index}: frame_conditioning: index keeps the "
+                              f"element at that place in vae.position order; use 0..{n_vae - 1}")
+    if len(cfg.processors.clip.resolution) != 2:
+        raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
+    if cfg.conditioning.target_layout == "prepend" and not cfg.uses_vae_condition:
+        raise ConfigError(f"conditioning.target_layout: prepend puts the VAE reference frames before the clip, but "
+                          f"e2v_type={cfg.e2v_type} has no VAE condition: use target_layout: overlay")
     t = cfg.train
-    if t.max_steps < 1 or t.micro_batch_size < 1 or t.gradient_accumulation_steps < 1:
-        raise ConfigError("train.max_steps, train.micro_batch_size and train.gradient_accumulation_steps must be >= 1")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr={t.lr} must be positive")
+    for name in ("max_steps", "micro_batch_size", "gradient_accumulation_steps", "checkpoint_every", "log_every"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 1")
+    for name in ("lr", "grad_clip", "eps"):
+        if not (math.isfinite(getattr(t, name)) and getattr(t, name) > 0):
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be a positive number")
+    if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0) or t.warmup_steps < 0 or t.keep_last < 0:
+        raise ConfigError("train.weight_decay, train.warmup_steps and train.keep_last (0: keep all) must be >= 0")
     for ts in cfg.flow.denoising_step_list:
         if not 0 < ts <= 1000:
             raise ConfigError(f"flow.denoising_step_list: {ts} must be a timestep in (0, 1000]")
@@ -642,9 +690,12 @@ def _validate_validation(cfg: Config) -> None:
     if v.every_n_steps < 0 or v.num_samples < 0 or v.num_videos < 0 or v.num_inference_steps < 1:
         raise ConfigError("validation.every_n_steps, num_samples, num_videos must be >= 0 and "
                           "validation.num_inference_steps >= 1")
-    if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples < 2:
-        raise ConfigError("validation.num_samples must be >= 2: the shuffled-reference gap swaps references "
-                          "between held-out samples")
+    if v.every_n_steps and not v.num_samples and not v.sets:
+        raise ConfigError("validation.every_n_steps > 0 with num_samples 0 and no validation.sets: nothing to "
+                          "validate; hold out samples (num_samples >= 2), give sets, or set every_n_steps: 0")
+    if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples == 1:
+        raise ConfigError("validation.num_samples must be >= 2 (or 0 for videos from validation.sets only): "
+                          "the shuffled-reference gap swaps references between held-out samples")
     for s in v.sigmas:
         if not 0 < s < 1:
             raise ConfigError(f"validation.sigmas: {s} must be within (0, 1)")
@@ -663,6 +714,24 @@ def _validate_validation(cfg: Config) -> None:
         if p.format not in VIS_FORMATS[p.type]:
             raise ConfigError(f"visualization.processors[{i}].format: {p.format!r} is not valid for {p.type}; "
                               f"use {' or '.join(VIS_FORMATS[p.type])}")
+    # Both index the decoded pixel frames of a training batch; with auto buckets the shortest batch
+    # can have fewer than num_frames. The counts follow data.frame_bucket_list (config may not import
+    # data: keep the two in step): frame_buckets, else 1 + step, 1 + 2 step, ..., none below F_ref.
+    d = cfg.data
+    short = d.num_frames
+    if d.auto_frame_buckets:
+        step = d.time_division_factor or 16
+        counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
+        ref = sum(e.vae.repeat for e in d.elements if e.vae is not None) if cfg.uses_vae_condition else 1
+        short = min((f for f in counts if f >= ref), default=d.num_frames)
+    lists = [("visualization.sheet_frames", vis.sheet_frames)]
+    lists += [(f"visualization.processors[{i}].frames", p.frames) for i, p in enumerate(vis.processors)
+              if p.type == "vae_decode"]
+    for key, frames in lists:
+        bad = [f for f in frames if not -short <= f < short]
+        if bad:
+            raise ConfigError(f"{key}: {bad} out of range for {short} decoded frames (the shortest training "
+                              f"video, data.num_frames / frame_buckets); valid indexes are {-short}..{short - 1}")
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -863,10 +932,20 @@ SEED_FLAGS = {
     "--max_grad_norm": "train.grad_clip={}",
     "--seed": "seed={}",
     "--flow_shift": "flow.shift={}",
+    "--flow_weighting_scheme": "flow.weighting={}",
+    "--lr_scheduler": "train.lr_scheduler={}",
+    "--weight_decay": "train.weight_decay={}",
+    "--caption_dropout_p": "conditioning.caption_dropout={}",
+    "--dataloader_num_workers": "data.num_workers={}",
 }
-SEED_FLAG_VALUES = {  # finetrainers spellings whose value differs in our schema
+SEED_FLAG_VALUES = {  # finetrainers spellings whose value differs in our schema ("k=v": a whole --set)
     "--training_type": {"e2v-lora": "lora", "lora": "lora", "e2v-full": "full", "full-finetune": "full"},
     "--mixed_precision": {"bf16": "bf16", "no": "'no'", "fp32": "'no'"},
+    "--lr_scheduler": {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear",
+                       "cosine": "cosine"},
+    # finetrainers' logit_normal is a way of drawing sigmas here, not a loss weighting
+    "--flow_weighting_scheme": {"none": "none", "sigma_sqrt": "sigma_sqrt", "cosmap": "cosmap",
+                                "logit_normal": "flow.sigma_sampling=logit_normal"},
 }
 
 
@@ -904,7 +983,7 @@ def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]
             if value not in allowed:
                 raise ConfigError(f"{flag} {value}: no equivalent; use one of {', '.join(allowed)}")
             value = allowed[value]
-        s = template.format(value) if takes_value else template
+        s = value if value is not None and "=" in value else template.format(value) if takes_value else template
         sets.append(s)
         notes.append(f"{' '.join(argv[start:i])} -> --set {s}")
         if template == "model.pretrained={}" and "T2V" in value:

@@ -6,14 +6,16 @@ VAE-path image at the video size and the CLIP-path image at the CLIP resolution.
 are preprocessed here so DataLoader workers do it in parallel with the step.
 
 Buckets: every sample trains at a (F, H, W) bucket: F is `data.num_frames`, or with
-`auto_frame_buckets` the largest of `frame_buckets` the clip supports; (H, W) is
+`auto_frame_buckets` the largest of `frame_buckets` the clip supports (`time_division_factor`:
+every k * factor + 1 up to num_frames); (H, W) is
 `data.resolution`, or the `resolution_buckets` entry nearest the clip's aspect ratio. A batch
 holds one bucket, and all ranks take the same bucket at every step (the global batch is drawn
 first, then split by rank), so nothing waits on a rank with a different shape.
 
 Bad samples (`data.on_bad_sample`): `error` stops with the file named; `skip` takes the next
-sample of the same bucket instead and reports the skipped one in the batch, so the loop counts
-and logs it. Index-time problems (missing required element, unreadable or too-short clip) are
+sample of the same bucket instead and reports the skipped one in the batch the first time this
+worker meets it, so the loop counts it once; the worker then remembers it and never decodes it
+again. Index-time problems (missing required element, unreadable or too-short clip) are
 reported the same way before the first step.
 """
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from e2v.cache import CacheStore
 from e2v.config import Config
-from e2v.elements import Problem, Sample, discover
+from e2v.elements import Problem, Sample, discover, sample_bucket
 from e2v.media import (MediaError, TooShortError, image_to_tensor, load_image, load_video, preprocess_image,
                        probe_video)
 
@@ -41,36 +42,22 @@ class BadSampleError(RuntimeError):
     pass
 
 
-def ordered_elements(cfg: Config):
-    """All elements in condition order: VAE position, then CLIP-only elements in config order."""
-    def key(ie):
-        i, e = ie
-        return (0, e.vae.position) if e.vae is not None else (1, i)
-    return [e for _, e in sorted(enumerate(cfg.data.elements), key=key)]
-
-
 # --- buckets -----------------------------------------------------------------------------------
 
 
 def frame_bucket_list(cfg: Config) -> list[int]:
-    """Allowed frame counts: data.frame_buckets, or 17, 33, ... (16-frame steps) up to num_frames,
-    without counts shorter than the condition frames the elements take."""
+    """Allowed frame counts: data.frame_buckets, or 1 + step, 1 + 2 step, ... up to num_frames
+    (step: data.time_division_factor, else 16), without counts shorter than the condition frames
+    the elements take."""
     d = cfg.data
-    counts = d.frame_buckets or sorted({*range(17, d.num_frames + 1, 16), d.num_frames})
+    step = d.time_division_factor or 16
+    counts = d.frame_buckets or sorted({*range(1 + step, d.num_frames + 1, step), d.num_frames})
     ref = sum(e.vae.repeat for e in d.elements if e.vae is not None) if cfg.uses_vae_condition else 1
     return sorted(f for f in set(counts) if f >= ref)
 
 
 def uses_buckets(cfg: Config) -> bool:
     return cfg.data.auto_frame_buckets or bool(cfg.data.resolution_buckets)
-
-
-def default_bucket(cfg: Config) -> Bucket:
-    return (cfg.data.num_frames, *cfg.data.resolution)
-
-
-def sample_bucket(s: Sample, cfg: Config) -> Bucket:
-    return s.bucket or default_bucket(cfg)
 
 
 def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
@@ -126,6 +113,25 @@ def bucket_name(b: Bucket) -> str:
     return f"{b[0]}x{b[1]}x{b[2]}"
 
 
+def with_repeats(samples: list[Sample], cfg: Config) -> list[Sample]:
+    """Each dataset's samples `repeat` times (the list repeated whole, the order index_samples has
+    always used): what training indexes and what tools/check_dataset.py counts."""
+    out = []
+    for d, ds in enumerate(cfg.data.datasets):
+        out += [s for s in samples if s.dataset == d] * ds.repeat
+    return out
+
+
+def bucket_counts(samples: list[Sample], cfg: Config) -> Counter:
+    """Samples per bucket in one epoch as the sampler draws them: the indexed list (repeats
+    included) times each dataset's weight, rounded (a fractional weight draws a random subset of
+    the dataset, so a bucket's share varies a little between epochs)."""
+    weighted = Counter()
+    for s in samples:
+        weighted[sample_bucket(s, cfg)] += cfg.data.datasets[s.dataset].weight
+    return Counter({b: round(n) for b, n in weighted.items()})
+
+
 # --- indexing ----------------------------------------------------------------------------------
 
 
@@ -138,7 +144,7 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
         probs += assign_buckets(found, cfg)
         bad = {p.sample for p in probs}
-        samples.extend([s for s in found if s.id not in bad] * ds.repeat)
+        samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
         problems.extend(probs)
     if problems:
         lines = "\n  ".join(str(p) for p in problems[:20])
@@ -167,7 +173,7 @@ def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
     element order (absent elements compact the positions)."""
     d, pv, pc = cfg.data, cfg.processors.vae, cfg.processors.clip
     out = {"element_names": [], "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
-    for el in ordered_elements(cfg) if cfg.e2v_type != "none" else []:
+    for el in cfg.ordered_elements if cfg.e2v_type != "none" else []:
         img = images.get(el.name)
         if img is None:
             continue
@@ -187,7 +193,10 @@ class E2VDataset(torch.utils.data.Dataset):
         self.cfg = cfg
         self.samples = samples
         self.cache = cache
-        self.elements = ordered_elements(cfg) if cfg.e2v_type != "none" else []
+        # ids found bad in this process (each DataLoader worker has its own copy): skipped without
+        # decoding again, and reported only the first time, so one bad clip counts once, not per epoch
+        self.known_bad: dict[tuple[int, str], str] = {}  # (dataset, id): two datasets may share ids
+        self.elements = cfg.ordered_elements if cfg.e2v_type != "none" else []
         groups: dict[Bucket, list[int]] = {}
         for i, s in enumerate(samples):
             groups.setdefault(sample_bucket(s, cfg), []).append(i)
@@ -199,7 +208,7 @@ class E2VDataset(torch.utils.data.Dataset):
 
     def load(self, s: Sample) -> dict:
         if not s.prompt.strip():
-            raise MediaError(f"{s.video.with_suffix('.txt')}: empty prompt")
+            raise MediaError(f"{s.prompt_source or s.video}: empty prompt")
         if self.cache is not None:
             return self.cache.load(s)
         d = self.cfg.data
@@ -214,6 +223,8 @@ class E2VDataset(torch.utils.data.Dataset):
         group, start = self.same_bucket[index]
         for attempt in range(len(group)):
             s = self.samples[group[(start + attempt) % len(group)]]
+            if (s.dataset, s.id) in self.known_bad:
+                continue
             try:
                 item = self.load(s)
                 item["skipped"] = skipped
@@ -223,10 +234,12 @@ class E2VDataset(torch.utils.data.Dataset):
                     raise BadSampleError(
                         f"sample {s.id}: {e}\n(set data.on_bad_sample: skip to skip and count bad samples)"
                     ) from e
+                self.known_bad[s.dataset, s.id] = str(e)
                 skipped.append((s.id, str(e)))
                 print(f"[e2v data] skipped bad sample {s.id}: {e}", flush=True)  # counted by the loop too
+        first = [(sid, err) for (_, sid), err in self.known_bad.items()][:3]
         raise BadSampleError(f"every sample of bucket {bucket_name(sample_bucket(self.samples[index], self.cfg))} "
-                             f"failed to load; first: {skipped[:3]}")
+                             f"failed to load; first: {first}")
 
 
 def collate(items: list[dict]) -> dict:
@@ -305,12 +318,12 @@ def bucket_table(samples: list[Sample], cfg: Config, world: int) -> tuple[str, l
     """The printed table (bucket, samples, global batches per epoch, status) and the buckets too
     small for micro_batch x world."""
     need = cfg.train.micro_batch_size * world
-    counts = Counter(sample_bucket(s, cfg) for s in samples)
+    counts = bucket_counts(samples, cfg)
     small = sorted(b for b, n in counts.items() if n < need)
-    rows = [f"  {'bucket FxHxW':>16} {'samples':>8} {'batches':>8}"]
+    rows = [f"  {'bucket FxHxW':>16} {'per epoch':>9} {'batches':>8}"]
     for b in sorted(counts):
         status = f"  < {need} (micro_batch_size x world): {cfg.data.small_bucket}" if b in small else ""
-        rows.append(f"  {bucket_name(b):>16} {counts[b]:>8} {math.ceil(counts[b] / need):>8}{status}")
+        rows.append(f"  {bucket_name(b):>16} {counts[b]:>9} {math.ceil(counts[b] / need):>8}{status}")
     return "\n".join(rows), small
 
 
@@ -345,15 +358,11 @@ def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, st
     )
 
 
-def total_over_ranks(n: int) -> int:
-    """Sum of a per-rank count over all ranks (a collective: every rank must call it)."""
+def distinct_over_ranks(ids: set[str]) -> int:
+    """How many distinct ids all ranks hold together (a collective: every rank must call it). A bad
+    sample met by two ranks, or by two workers of one rank, counts once."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return n
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    t = torch.tensor([float(n)], device=device)
-    torch.distributed.all_reduce(t)
-    return int(t.item())
-
-
-def sample_paths(samples: list[Sample]) -> list[Path]:
-    return [s.video for s in samples]
+        return len(ids)
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, sorted(ids))
+    return len(set().union(*gathered))

@@ -2,9 +2,10 @@
 
 A sample is an id that links a target video, its prompt and its element images. Sources:
 - `e2v`: a folder `ID.mp4 ID.txt ID<suffix>` (first suffix in an element's list that exists wins);
-- `csv`: columns `video`, `prompt`, optionally one column per element name (paths relative to the
-  CSV's folder, or to data_root);
+- `csv`: columns `video`, `prompt`, optionally one column per element name;
 - `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths.
+Relative paths in a CSV / JSONL are relative to the metadata file's folder, or to the dataset's
+`media_root` when set (the video-regression seed's `dataset_base_path`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2v.config import Dataset, Element
+from e2v.config import Config, Dataset, Element
 
 VIDEO_EXTS = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".npz")
 
@@ -45,6 +46,14 @@ class Sample:
     elements: dict[str, Path] = field(default_factory=dict)  # element name -> image path
     dataset: int = 0  # index into data.datasets
     bucket: tuple[int, int, int] | None = None  # (F, H, W) it trains at (data.py); None: the config's
+    # where the prompt came from, for messages: the ID.txt, or "<metadata file> line N"
+    prompt_source: str = ""
+
+
+def sample_bucket(s: Sample, cfg: Config) -> tuple[int, int, int]:
+    """The (F, H, W) a sample trains at: its bucket, else the config's size. Here rather than in
+    data.py because cache.py (imported by data.py) keys its fingerprint by it too."""
+    return s.bucket or (cfg.data.num_frames, *cfg.data.resolution)
 
 
 @dataclass
@@ -58,6 +67,14 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.sample}: {self.file}: {self.problem} -> {self.fix}"
+
+
+class MetadataError(ValueError):
+    """A CSV / JSONL metadata file that cannot be read as a whole (no sample of it is usable)."""
+
+    def __init__(self, file: str, problem: str, fix: str):
+        super().__init__(f"{file}: {problem} -> {fix}")
+        self.file, self.problem, self.fix = file, problem, fix
 
 
 def strip_caption_prefix(prompt: str) -> str:
@@ -85,8 +102,6 @@ def _resolve(root: Path, p: str) -> Path:
 
 def _discover_folder(ds: Dataset, elements: list[Element]) -> tuple[list[Sample], list[Problem]]:
     root = Path(ds.data_root)
-    # ids are video stems; element images share the stem plus a suffix, so skip files whose stem
-    # is an element stem (e.g. `001_mask.mp4` would never be a target).
     videos = sorted(p for p in root.iterdir() if p.suffix.lower() in VIDEO_EXTS and p.is_file())
     samples, problems = [], []
     by_id: dict[str, Path] = {}
@@ -112,7 +127,7 @@ def _discover_folder(ds: Dataset, elements: list[Element]) -> tuple[list[Sample]
                 ))
                 break
         else:
-            samples.append(Sample(video.stem, video, prompt, found))
+            samples.append(Sample(video.stem, video, prompt, found, prompt_source=str(prompt_file)))
     return samples, problems
 
 
@@ -132,46 +147,65 @@ def orphan_files(ds: Dataset, elements: list[Element]) -> list[Path]:
     return orphans
 
 
-def _rows_csv(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+JSONL_FIX = 'make each line one JSON object, e.g. {"path": "clips/a.npz", "prompt": "..."}'
 
 
-def _rows_jsonl(path: Path) -> list[dict]:
+def _rows_csv(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row): the line a row ends on, so messages point into the file."""
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            return [(reader.line_num, row) for row in reader]
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise MetadataError(str(path), f"not a readable CSV ({e})",
+                            "save it as UTF-8 CSV with a header row video,prompt[,<element>...]") from None
+
+
+def _rows_jsonl(path: Path) -> list[tuple[int, dict]]:
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise MetadataError(str(path), f"not UTF-8 text ({e})", JSONL_FIX) from None
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e}); each line must be one object") from None
+                raise MetadataError(f"{path} line {n}", f"not JSON ({e})", JSONL_FIX) from None
+            if not isinstance(row, dict):
+                raise MetadataError(f"{path} line {n}", f"a JSON {type(row).__name__}, not an object", JSONL_FIX)
+            rows.append((n, row))
     return rows
 
 
 def _discover_table(ds: Dataset, elements: list[Element]) -> tuple[list[Sample], list[Problem]]:
-    root = Path(ds.data_root)
-    meta = _resolve(root, ds.metadata_path)
-    if not meta.exists():
-        raise FileNotFoundError(f"data.datasets metadata_path {meta} does not exist")
+    meta = _resolve(Path(ds.data_root), ds.metadata_path)
+    if not meta.is_file():
+        raise MetadataError(str(meta), "metadata file does not exist",
+                            "fix data.datasets[].metadata_path (relative to data_root)")
+    base = Path(ds.media_root) if ds.media_root else meta.parent
     rows = _rows_csv(meta) if ds.dataset_type == "csv" else _rows_jsonl(meta)
     video_key = "video" if ds.dataset_type == "csv" else "path"
     samples, problems = [], []
-    for i, row in enumerate(rows):
-        if video_key not in row or "prompt" not in row:
-            raise ValueError(f"{meta}: row {i + 1} needs '{video_key}' and 'prompt' (has {sorted(row)})")
-        video = _resolve(root, row[video_key])
+    for i, (line, row) in enumerate(rows):
+        where = f"{meta} line {line}"
+        if not row.get(video_key) or "prompt" not in row:
+            raise MetadataError(where, f"row {i + 1} needs '{video_key}' and 'prompt' (has {sorted(map(str, row))})",
+                                f"give every row a '{video_key}' path and a 'prompt'")
+        video = _resolve(base, row[video_key])
         sid = f"{i:06d}_{Path(row[video_key]).stem}"
         found = {}
         for el in elements:
             value = row.get(el.name)
             if value:
-                found[el.name] = _resolve(root, value)
+                found[el.name] = _resolve(base, value)
             elif el.required:
-                problems.append(Problem(sid, str(meta), f"required element '{el.name}' has no column value",
+                problems.append(Problem(sid, where, f"required element '{el.name}' has no column value",
                                         f"add a '{el.name}' column/field with the image path", "element_missing"))
                 break
         else:
-            samples.append(Sample(sid, video, str(row["prompt"] or ""), found))
+            samples.append(Sample(sid, video, str(row["prompt"] or ""), found, prompt_source=where))
     return samples, problems
 
 

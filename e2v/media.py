@@ -117,10 +117,6 @@ def image_to_tensor(img: Image.Image) -> torch.Tensor:
 # --- video -------------------------------------------------------------------------------------
 
 
-def video_frame_count(path: str | Path) -> int:
-    return probe_video(path).frames
-
-
 @dataclass
 class VideoInfo:
     frames: int

@@ -132,10 +132,61 @@ MIXED = ("data.resolution_buckets=[[64,64],[64,112]]", "data.auto_frame_buckets=
          "train.max_steps=3", "train.checkpoint_every=100", "data.num_workers=1", "data.on_bad_sample=skip")
 
 
+# Put on PYTHONPATH, Python imports this as `sitecustomize` in every process (the deepspeed
+# launcher and each rank): constructing the VAE, UMT5 or CLIP vision model raises, whether through
+# from_pretrained or e2v's tiny builders (both call the class). Each process logs its pid, so the
+# test knows the guard was active in the ranks.
+ENCODER_GUARD = """
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+GUARDED = {"diffusers.models.autoencoders.autoencoder_kl_wan": ("AutoencoderKLWan",),
+           "transformers.models.umt5.modeling_umt5": ("UMT5EncoderModel",),
+           "transformers.models.clip.modeling_clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection")}
+
+
+def _forbid(cls):
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"encoder guard: {cls.__name__} constructed")
+    cls.__init__ = __init__
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    # patch when the module is first imported, so processes that never import it pay nothing
+    def find_spec(self, name, path, target=None):
+        if name not in GUARDED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            for cls in GUARDED[name]:
+                _forbid(getattr(module, cls))
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _PatchAfterImport())
+with open(os.environ["E2V_GUARD_LOG"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+"""
+
+
+def encoder_guard_env(tmp) -> dict:
+    guard = tmp / "encoder_guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(ENCODER_GUARD)
+    path = os.pathsep.join(p for p in (str(guard), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "E2V_GUARD_LOG": str(guard / "pids.txt")}
+
+
 @pytest.fixture(scope="module")
 def mixed_runs(tmp_path_factory):
     """The same mixed-size data and seed trained twice with 2 processes and batch 2: encoding every
-    step, and from a cache filled by tools/precompute.py."""
+    step, and from a cache filled by tools/precompute.py; the cached run under the encoder guard."""
     tmp = tmp_path_factory.mktemp("mixed")
     data = make_mixed_dataset(tmp / "data", n_square=3, bad_element=True)  # buckets of 4 = batch 2 x 2 ranks
     sets = (f"data.datasets.0.data_root={data}", f"output_dir={tmp / 'runs'}", f"cache.dir={tmp / 'cache'}", *MIXED)
@@ -143,7 +194,8 @@ def mixed_runs(tmp_path_factory):
                           *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
     assert pre.returncode == 0, pre.stderr[-3000:]
     enc = run_train("configs/e2v_tiny.yaml", *sets, "run_id=encoded", num_gpus=2)
-    cac = run_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2)
+    cac = run_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2,
+                    env=encoder_guard_env(tmp))
     return tmp, pre, enc, cac
 
 
@@ -165,10 +217,36 @@ def test_mixed_sizes_train_with_two_processes(mixed_runs):
 def test_cached_run_matches_encoded_run_without_encoders(mixed_runs):
     tmp, _, enc, cac = mixed_runs
     assert "frozen encoders loaded: vae, text_encoder, image_encoder" in enc.stdout
-    assert "frozen encoders loaded: none" in cac.stdout  # the cached run never built VAE, UMT5 or CLIP
+    assert "frozen encoders loaded: none" in cac.stdout
+    # The cached run succeeded under the guard (it raises on any VAE / UMT5 / CLIP construction),
+    # and the guard was loaded in the launcher and both ranks.
+    pids = set((tmp / "encoder_guard/pids.txt").read_text().split())
+    assert len(pids) >= 3, pids
     a, b = read_scalars(tmp / "runs/encoded"), read_scalars(tmp / "runs/cached")
     for step in (1, 2, 3):
         assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], rel=1e-5, abs=1e-6), step
+
+
+def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs):
+    """precompute ran with skip and recorded `bad`; with on_bad_sample: error, the start-up check
+    and precompute itself list it instead of training until the first step that draws it."""
+    tmp = mixed_runs[0]
+    sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", sets + ["cache.enabled=true"])
+    samples = index_samples(cfg, verbose=False)
+    CacheStore(cfg).verify_all(samples)  # skip: a recorded bad sample is fine
+    cfg.data.on_bad_sample = "error"
+    with pytest.raises(CacheError, match=r"1 cache entry is recorded as bad.*\n  sample bad: .*bad_person.png"):
+        CacheStore(cfg).verify_all(samples)
+    from tools.precompute import main
+
+    from e2v.data import BadSampleError
+
+    for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
+        (tmp / "data" / f).unlink()
+    with pytest.raises(BadSampleError, match="sample bad: "):
+        main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), *[a for s in sets for a in ("--set", s)],
+              "--set", "data.on_bad_sample=error"])
 
 
 def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs):
@@ -183,3 +261,28 @@ def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs):
 
     with pytest.raises(CacheError, match="sample 002: .*'prompt' changed"):
         make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)
+
+
+def test_encoder_guard_stops_every_encoder_construction(tmp_path):
+    """The guard's negative control: under it, e2v's tiny builders fail on the VAE, UMT5 and CLIP
+    (the transformer alone still builds), so a cached run that built one could not pass."""
+    script = """
+import sys
+sys.path.insert(0, {root!r})
+from e2v.models import build_tiny_parts
+from e2v.tiny_vae import build_tiny_vae
+from transformers import CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
+build_tiny_parts(seed=0, with_encoders=False)
+for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_model=8, num_layers=1)),
+              lambda: CLIPVisionModel(CLIPVisionConfig(hidden_size=8, num_attention_heads=2)),
+              lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=8, num_attention_heads=2))):
+    try:
+        build()
+    except RuntimeError as e:
+        print(e)
+""".format(root=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, **encoder_guard_env(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:4] == [f"encoder guard: {c} constructed" for c in (
+        "AutoencoderKLWan", "UMT5EncoderModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")]

@@ -99,9 +99,9 @@ def defect_set(root):
     return root, expected
 
 
-def run_check(tmp_path, data, *args):
+def run_check(tmp_path, data, *args, config=CONFIG):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG.replace("DATA", str(data)))
+    cfg.write_text(config.replace("DATA", str(data)))
     report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, str(ROOT / "tools/check_dataset.py"), "--config", str(cfg), "--json",
                            str(report), "--workers", "2", *args], cwd=tmp_path, capture_output=True, text=True)
@@ -154,8 +154,75 @@ def test_training_data_skips_and_counts_or_stops_naming_the_file(tmp_path, bad):
     cfg_path.write_text(CONFIG.replace("DATA", str(data)))
     cfg = load_config(cfg_path)
     samples = index_samples(cfg, verbose=False)
-    with pytest.raises(BadSampleError, match="001"):
+    named = "001.mp4" if bad == "corrupt" else f"{data / '001.txt'}: empty prompt"
+    with pytest.raises(BadSampleError, match=named):
         E2VDataset(cfg, samples)[1]
     cfg = load_config(cfg_path, ["data.on_bad_sample=skip"])
-    item = E2VDataset(cfg, samples)[1]
+    dataset = E2VDataset(cfg, samples)
+    item = dataset[1]
     assert item["id"] == "002" and [s for s, _ in item["skipped"]] == ["001"]
+    # the next epoch: the known-bad sample is neither loaded again nor reported (counted) again
+    loaded, load = [], dataset.load
+    dataset.load = lambda s: loaded.append(s.id) or load(s)
+    item = dataset[1]
+    assert item["id"] == "002" and item["skipped"] == [] and loaded == ["002"]
+
+
+CSV_CONFIG = CONFIG.replace("datasets: [{data_root: DATA}]",
+                            "datasets: [{data_root: DATA, dataset_type: csv, metadata_path: lists/meta.csv}]")
+
+
+def csv_set(root, rows):
+    """clean_set's clips, listed by a CSV in a subfolder (paths relative to the CSV)."""
+    clean_set(root)
+    (root / "lists").mkdir()
+    lines = [f"../{i}.mp4,{prompt},../{i}_person.png" for i, prompt in rows]
+    (root / "lists/meta.csv").write_text("video,prompt,person\n" + "\n".join(lines) + "\n")
+    return root / "lists/meta.csv"
+
+
+def test_csv_repeated_row_warns_and_empty_prompt_names_its_line(tmp_path):
+    meta = csv_set(tmp_path / "data", [("000", "clip 0"), ("001", "clip 1"), ("002", "clip 2"), ("000", "clip 0 again")])
+    proc, report = run_check(tmp_path, tmp_path / "data", config=CSV_CONFIG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a repeated row trains twice: nothing fails
+    assert [(p["sample"], p["kind"], p["severity"], p["file"]) for p in report["problems"]] == [
+        ("000003_000", "duplicate_id", "warning", f"{meta} line 5")]
+    meta.write_text(meta.read_text().replace("clip 1", ""))
+    proc, report = run_check(tmp_path, tmp_path / "data", config=CSV_CONFIG)
+    assert proc.returncode == 1
+    empty = next(p for p in report["problems"] if p["kind"] == "empty_caption")
+    assert empty["sample"] == "000001_001" and empty["file"] == f"{meta} line 3"
+
+
+@pytest.mark.parametrize("defect", ["missing", "malformed"])
+def test_unreadable_metadata_is_a_reported_problem(tmp_path, defect):
+    meta = csv_set(tmp_path / "data", [("000", "clip 0")])
+    config = CSV_CONFIG
+    if defect == "missing":
+        meta.unlink()
+        where = str(meta)
+    else:
+        config = config.replace("dataset_type: csv, metadata_path: lists/meta.csv",
+                                "dataset_type: jsonl, metadata_path: lists/train.jsonl")
+        (meta.parent / "train.jsonl").write_text('{"path": "../000.mp4", "prompt": "p"}\n{"path": oops}\n')
+        where = f"{meta.parent / 'train.jsonl'} line 2"
+    proc, report = run_check(tmp_path, tmp_path / "data", config=config)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (p,) = report["problems"]
+    assert (p["kind"], p["severity"], p["file"]) == ("metadata_unreadable", "error", where)
+    assert f"{p['file']}: {p['problem']} -> {p['fix']}" in proc.stdout
+
+
+def test_bucket_occupancy_counts_repeats_as_training_does(tmp_path):
+    """4 clips with repeat 2 fill a batch of 2 x 4 ranks: not a small bucket, and the checker's
+    table is the one training prints."""
+    from e2v.config import load_config
+    from e2v.data import bucket_table, index_samples
+
+    data = clean_set(tmp_path / "data")
+    config = CONFIG.replace("datasets: [{data_root: DATA}]", "datasets: [{data_root: DATA, repeat: 2}]")
+    proc, report = run_check(tmp_path, data, "--world_size", "4", config=config)
+    assert proc.returncode == 0 and report["problems"] == [], proc.stdout
+    cfg = load_config(tmp_path / "cfg.yaml")
+    table, small = bucket_table(index_samples(cfg, verbose=False), cfg, world=4)
+    assert small == [] and table in proc.stdout and "9x64x64         8" in table

@@ -467,3 +467,31 @@ def test_shipped_e2v_yaml_dry_runs_before_the_data_exists(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "WARNING: data_root data/e2v does not exist: not indexed" in out
     assert "config OK; 0 samples" in out and "in_channels 36, image attention yes" in out
+
+
+def test_clip_false_through_the_data_path(tiny_parts):
+    """The same as above, but the per-sample inputs come from data.element_inputs (what the
+    DataLoader builds from the images), not by hand: `clip: false` leaves the object's VAE frames
+    in place and takes exactly its token block out."""
+    from e2v.data import element_inputs
+
+    cfg = make_cfg()
+    cfg_noclip = make_cfg(data__elements=[
+        {"name": n, "suffixes": [f"_{n}.png"], "vae": {"repeat": REPEATS[n], "position": i},
+         **({"clip": False} if n == "object" else {})} for i, n in enumerate(NAMES[:3])])
+    rng = np.random.default_rng(5)
+    images = {n: Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)) for n in NAMES[:3]}
+    video = torch.rand(1, 3, F, S, S, generator=torch.Generator().manual_seed(5)) * 2 - 1
+
+    def batch_for(c):
+        x = element_inputs(c, images, S, S)
+        return {"id": ["s0"], "video": video, "prompt": ["a shape moves"], "skipped": [],
+                **{k: [v] for k, v in x.items()}}
+
+    full_b, noclip_b = batch_for(cfg), batch_for(cfg_noclip)
+    assert noclip_b["element_names"] == full_b["element_names"] == [["subject", "object", "background"]]
+    assert sorted(noclip_b["clip_refs"][0]) == ["background", "subject"]
+    full, c = encode(full_b, tiny_parts, cfg, train=False), encode(noclip_b, tiny_parts, cfg_noclip, train=False)
+    assert full.clip_BLD.shape == (1, 3 * 17, 32) and c.clip_BLD.shape == (1, 2 * 17, 32)
+    torch.testing.assert_close(c.clip_BLD, torch.cat([full.clip_BLD[:, :17], full.clip_BLD[:, 34:]], 1), atol=0, rtol=0)
+    torch.testing.assert_close(c.cond_BCTHW, full.cond_BCTHW, atol=0, rtol=0)

@@ -29,7 +29,7 @@ def test_defaults_load():
 
 
 def test_unknown_key_names_path_and_nearest():
-    with pytest.raises(ConfigError, match=r"unknown key 'train.learning_rat'.*did you mean 'lr'|unknown key 'train.learning_rat'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'train.learning_rat'; did you mean 'lr'\?"):
         load_config(raw=cfg(train__learning_rat=1e-4))
     with pytest.raises(ConfigError, match=r"unknown key 'train.max_step'; did you mean 'max_steps'"):
         load_config(raw=cfg(train__max_step=10))
@@ -99,3 +99,46 @@ def test_resolved_config_round_trips(tmp_path):
 def test_shipped_tiny_config_loads():
     c = load_config("configs/e2v_tiny.yaml", check_paths=False)
     assert c.model.preset == "tiny" and [e.vae.repeat for e in c.vae_elements] == [1, 4, 4]
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"train__lr": float("nan")}, r"train.lr=nan must be a positive number"),
+    ({"train__checkpoint_every": 0}, r"train.checkpoint_every=0 must be >= 1"),
+    ({"train__log_every": 0}, r"train.log_every=0 must be >= 1"),
+    ({"processors__vae": {"frame_conditioning": "index", "frame_index": 1}},
+     r"processors.vae.frame_index=1: .*use 0..0"),
+    ({"processors__vae": {"frame_conditioning": "index", "frame_index": -1}}, r"frame_index=-1"),
+    ({"processors__clip": {"resolution": [512]}}, r"processors.clip.resolution: expected \[height, width\]"),
+    ({"e2v_type": "clip", "conditioning": {"target_layout": "prepend"}},
+     r"target_layout: prepend .* e2v_type=clip has no VAE condition"),
+])
+def test_impossible_values_fail_at_load_naming_the_key(over, message):
+    """Values that used to pass and then fail mid-run (ZeroDivisionError at the first log step,
+    IndexError in the first batch) or silently do nothing (prepend without a VAE stream)."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(raw=cfg(**over))
+
+
+def test_set_into_a_list_needs_an_index():
+    raw = cfg()
+    with pytest.raises(ConfigError, match=r"--set data.datasets.x.data_root: 'data.datasets' is a list of 1; "
+                                          r"use an index 0..0 after it, e.g. data.datasets.0.data_root"):
+        load_config(raw=raw, overrides=["data.datasets.x.data_root=y"])
+    with pytest.raises(ConfigError, match=r"is a list of 1"):
+        load_config(raw=raw, overrides=["data.datasets.3.data_root=y"])
+    assert load_config(raw=raw, overrides=["data.datasets.0.repeat=2"]).data.datasets[0].repeat == 2
+
+
+def test_preflight_rejects_model_mismatches_on_the_meta_device():
+    """Checks that need the model's shape run before any weight loads (seconds, not a 14B load)."""
+    from e2v.models import preflight
+
+    with pytest.raises(ValueError, match=r"train.trainable: no parameter name matches \['no_such_module'\]"):
+        preflight(load_config(raw=cfg(train__trainable=["no_such_module"])))
+    with pytest.raises(ValueError, match=r"e2v_type: none trains plain text-to-video.*36 input channels"):
+        preflight(load_config(raw=cfg(e2v_type="none")))
+    with pytest.raises(ValueError, match=r"set model.base: t2v to expand it"):
+        preflight(load_config(raw=cfg(model={"pretrained": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"})))
+    transformer, full = preflight(load_config(raw=cfg(train__trainable=["patch_embedding"])))
+    assert full == ["patch_embedding.weight", "patch_embedding.bias"]
+    assert transformer.patch_embedding.weight.is_meta

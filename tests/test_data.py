@@ -112,3 +112,57 @@ def test_index_assigns_buckets_from_the_clips(tmp_path):
     it = iter(make_loader(cfg, samples, rank=0, world=1))
     shapes = [tuple(next(it)["video"].shape) for _ in range(4)]
     assert sorted(set(shapes)) == [(2, 3, 9, 64, 112), (2, 3, 17, 64, 64)]
+
+
+def test_frame_bucket_counts_default_and_time_division_factor():
+    from e2v.config import ConfigError
+    from e2v.data import frame_bucket_list
+
+    none = ("e2v_type=none", "data.elements=[]")
+    assert frame_bucket_list(_cfg(*none, "data.num_frames=49")) == [17, 33, 49]
+    cfg = _cfg(*none, "data.num_frames=17", "data.time_division_factor=4")
+    assert cfg.data.auto_frame_buckets and frame_bucket_list(cfg) == [5, 9, 13, 17]
+    assert choose_bucket(11, 64, 64, cfg)[0] == 9 and choose_bucket(40, 64, 64, cfg)[0] == 17
+    with pytest.raises(TooShortError, match="shortest frame bucket 5"):
+        choose_bucket(4, 64, 64, cfg)
+    with pytest.raises(ConfigError, match="time_division_factor and data.frame_buckets"):
+        _cfg(*none, "data.time_division_factor=4", "data.frame_buckets=[9]")
+
+
+def test_bucket_counts_follow_repeat_and_weight():
+    """Oracle: one epoch of the sampler itself (the indices it draws, counted by bucket)."""
+    from e2v.config import Dataset
+    from e2v.data import bucket_counts, with_repeats
+
+    cfg = _cfg()
+    cfg.data.datasets = [Dataset(data_root="/tmp", repeat=2), Dataset(data_root="/tmp", weight=0.5)]
+    unique = ([Sample(f"a{i}", ROOT / "a.mp4", "p", dataset=0, bucket=(17, 64, 64)) for i in range(3)]
+              + [Sample(f"b{i}", ROOT / "b.mp4", "p", dataset=1, bucket=(9, 64, 64)) for i in range(4)]
+              + [Sample("a3", ROOT / "c.mp4", "p", dataset=0, bucket=(9, 64, 64))])
+    indexed = with_repeats(unique, cfg)
+    assert [s.id for s in indexed] == ["a0", "a1", "a2", "a3"] * 2 + ["b0", "b1", "b2", "b3"]
+    sampler = BucketBatchSampler([s.bucket for s in indexed], [s.dataset for s in indexed],
+                                 [d.weight for d in cfg.data.datasets], batch_size=1)
+    drawn = Counter(indexed[i].bucket for i in sampler.epoch_indices(0))
+    assert bucket_counts(indexed, cfg) == drawn == {(17, 64, 64): 6, (9, 64, 64): 2 + 2}
+
+
+def _distinct(rank, world, port, out):
+    import torch.distributed as dist
+
+    from e2v.data import distinct_over_ranks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    out.put((rank, distinct_over_ranks([{"a", "b"}, {"b", "c"}][rank])))
+    dist.destroy_process_group()
+
+
+def test_distinct_over_ranks_counts_a_sample_seen_by_two_ranks_once():
+    import torch.multiprocessing as mp
+
+    from conftest import _free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(_distinct, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    assert sorted(out.get() for _ in range(2)) == [(0, 3), (1, 3)]

@@ -79,3 +79,51 @@ def test_duplicate_ids_and_orphans(tmp_path):
     assert [s.id for s in samples] == ["002"]
     assert [(p.sample, p.kind) for p in problems] == [("001", "duplicate_id")]
     assert [p.name for p in orphan_files(Dataset(data_root=str(tmp_path)), els)] == ["002_persn.png", "003_person.png"]
+
+
+def test_table_paths_are_relative_to_the_metadata_folder_or_media_root(tmp_path):
+    """A CSV in a subfolder: its video and element paths resolve against its own folder (a decoy of
+    the same relative path under data_root must not be picked); media_root overrides that folder
+    (the regression seed's dataset_base_path). Prompts name their source line."""
+    import json
+
+    for base in (tmp_path, tmp_path / "lists"):
+        (base / "clips").mkdir(parents=True)
+        touch(base / "clips/a.mp4")
+    (tmp_path / "lists/meta.csv").write_text("video,prompt,person\nclips/a.mp4,a cat,refs/p.png\n")
+    (tmp_path / "lists/train.jsonl").write_text("\n" + json.dumps({"path": "clips/a.mp4", "prompt": ""}) + "\n")
+    els = [Element("person", [], False)]
+    (s,), _ = discover(Dataset(data_root=str(tmp_path), dataset_type="csv", metadata_path="lists/meta.csv"), els)
+    assert s.video == tmp_path / "lists/clips/a.mp4" and s.elements == {"person": tmp_path / "lists/refs/p.png"}
+    assert s.prompt_source == f"{tmp_path / 'lists/meta.csv'} line 2"
+    (s,), _ = discover(Dataset(data_root=str(tmp_path), dataset_type="csv", metadata_path="lists/meta.csv",
+                               media_root=str(tmp_path)), els)
+    assert s.video == tmp_path / "clips/a.mp4" and s.elements == {"person": tmp_path / "refs/p.png"}
+    (s,), _ = discover(Dataset(data_root=str(tmp_path), dataset_type="jsonl", metadata_path="lists/train.jsonl"), els)
+    assert s.video == tmp_path / "lists/clips/a.mp4" and s.prompt_source == f"{tmp_path / 'lists/train.jsonl'} line 2"
+
+
+def test_folder_prompt_source_is_the_txt(tmp_path):
+    touch(tmp_path / "001.mp4")
+    (s,), _ = discover(Dataset(data_root=str(tmp_path)), [])
+    assert s.prompt == "" and s.prompt_source == str(tmp_path / "001.txt")
+
+
+def test_unreadable_metadata_names_file_line_and_fix(tmp_path):
+    import pytest
+
+    from e2v.elements import MetadataError
+
+    def table(name, text=None, kind="jsonl"):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        return Dataset(data_root=str(tmp_path), dataset_type=kind, metadata_path=name)
+
+    with pytest.raises(MetadataError) as e:
+        discover(table("missing.csv", kind="csv"), [])
+    assert (e.value.file, e.value.problem) == (str(tmp_path / "missing.csv"), "metadata file does not exist")
+    with pytest.raises(MetadataError) as e:
+        discover(table("bad.jsonl", '{"path": "a.mp4", "prompt": "x"}\n{"path": "b.mp4", \n'), [])
+    assert e.value.file == f"{tmp_path / 'bad.jsonl'} line 2" and e.value.problem.startswith("not JSON")
+    with pytest.raises(MetadataError, match="line 1: a JSON list, not an object"):
+        discover(table("list.jsonl", '["a.mp4", "x"]\n'), [])

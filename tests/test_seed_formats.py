@@ -137,6 +137,15 @@ def test_old_flags_map_to_set_overrides():
         map_seed_flags(["--learning_rat", "1e-4"])
     with pytest.raises(ConfigError, match=r"--mixed_precision fp16: no equivalent; use one of bf16, no, fp32"):
         map_seed_flags(["--mixed_precision", "fp16"])
+    _, sets, _ = map_seed_flags(["--lr_scheduler", "constant_with_warmup", "--weight_decay", "0.01",
+                                 "--caption_dropout_p", "0.3", "--dataloader_num_workers", "4",
+                                 "--flow_weighting_scheme", "logit_normal"])
+    assert sets == ["train.lr_scheduler=constant", "train.weight_decay=0.01", "conditioning.caption_dropout=0.3",
+                    "data.num_workers=4", "flow.sigma_sampling=logit_normal"]
+    cfg = load_config("configs/e2v.yaml", sets, check_paths=False)
+    assert (cfg.train.weight_decay, cfg.conditioning.caption_dropout, cfg.flow.sigma_sampling) == (0.01, 0.3,
+                                                                                                 "logit_normal")
+    assert map_seed_flags(["--flow_weighting_scheme", "sigma_sqrt"])[1] == ["flow.weighting=sigma_sqrt"]
 
 
 def test_old_command_line_runs_the_entry_point(tmp_path, demo_data, capsys, monkeypatch):

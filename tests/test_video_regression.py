@@ -63,6 +63,7 @@ def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
     cfg = load_config(seed)
     ds = cfg.data.datasets[0]
     assert (ds.dataset_type, ds.data_root, ds.metadata_path) == ("csv", "data", str(tmp_path / "data/metadata.csv"))
+    assert ds.media_root == "data" and cfg.data.auto_frame_buckets
     assert (cfg.data.num_frames, cfg.data.resolution, cfg.data.time_division_factor) == (81, [480, 832], 4)
     assert (cfg.train.micro_batch_size, cfg.train.lr, cfg.train.max_steps, cfg.train.checkpoint_every) == (2, 2e-5, 300, 100)
     assert cfg.flow.denoising_step_list == STEP_LIST and cfg.flow.objective == "x0" and cfg.e2v_type == "none"
@@ -71,6 +72,37 @@ def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
     seed.write_text(seed.read_text() + "train: {lr: 1.0e-4}\n")
     with pytest.raises(ConfigError, match="seed key 'lr' and train.lr are both set"):
         load_config(seed)
+
+
+def test_seed_csv_elsewhere_and_short_clips_train_at_their_largest_4k_plus_1(tmp_path, monkeypatch):
+    """The seed's paths are relative to dataset_base_path even when its CSV lives elsewhere, and
+    time_division_factor 4 trims each clip to k * 4 + 1 frames: with num_frames 17 an 11-frame clip
+    trains at 9 (its first 9 frames), a 20-frame clip at 17, and a 3-frame clip is too short."""
+    import numpy as np
+
+    from e2v.config import load_config
+    from e2v.data import BadSampleError, E2VDataset, index_samples
+    from helpers_t2v import make_clip
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "media/clips").mkdir(parents=True)
+    (tmp_path / "lists").mkdir()
+    frames = {n: make_clip(n, n, SIZE, SIZE) for n in (11, 20, 3)}
+    for n, f in frames.items():
+        np.savez(tmp_path / f"media/clips/{n}.npz", frames=f)
+    (tmp_path / "lists/train.csv").write_text("video,prompt\n" + "".join(f"clips/{n}.npz,clip {n}\n" for n in frames))
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(f"dataset_base_path: media\nmetadata_path: lists/train.csv\nnum_frames: 17\nheight: {SIZE}\n"
+                    f"width: {SIZE}\ntime_division_factor: 4\nmodel: {{preset: tiny, base: t2v}}\n")
+    with pytest.raises(BadSampleError, match="3.npz: too short: 3 frames, the shortest frame bucket 5"):
+        index_samples(load_config(seed), verbose=False)
+    cfg = load_config(seed, ["data.on_bad_sample=skip"])
+    samples = index_samples(cfg, verbose=False)
+    assert {s.video.name: s.bucket[0] for s in samples} == {"11.npz": 9, "20.npz": 17}
+    item = E2VDataset(cfg, samples)[0]
+    assert item["id"] == "000000_11" and item["video"].shape == (3, 9, SIZE, SIZE)
+    expected = torch.from_numpy(frames[11][:9]).permute(3, 0, 1, 2).float() / 127.5 - 1
+    torch.testing.assert_close(item["video"], expected, atol=0, rtol=0)
 
 
 def test_x0_loss_equals_the_euler_jump_to_sigma_zero():

@@ -340,7 +340,7 @@ class StepRunner:
             with phases("logging/tensorboard"):  # incl. the loop's sum of losses and skips over ranks
                 self.log.scalars(self.global_step, step_scalars(
                     self.cfg, 1, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
-                    data_time=0.0, step_losses=[loss_value], stats=stats, skipped=0, excluded=0, nonfinite=0))
+                    data_time=0.0, step_losses=[loss_value], stats=stats, skipped_ids=set(), excluded=0, nonfinite=0))
             with phases("logging/progress_bar"):
                 self.bar.update(1)
                 self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)

@@ -7,8 +7,10 @@
 Per sample: the video decodes (first, middle and last frame), its frame count fits a frame bucket
 (too short = error) and its fps is near the dataset's median; its size and aspect against the
 target (upscaling, heavy cropping: warnings); required elements present and loadable, element
-image size and mode; empty captions (error) and duplicate captions (warning). Per dataset:
-orphan files that belong to no sample, duplicate ids, and bucket occupancy against
+image size and mode; empty captions (error) and duplicate captions (warning). Per dataset: a
+missing or unreadable CSV / JSONL file (error), orphan files that belong to no sample, duplicate
+ids (two videos of one id: error; a repeated CSV / JSONL row: warning, it trains twice), and
+bucket occupancy per epoch (after repeat and weight, as training counts it) against
 micro_batch_size x world size. Prints a summary table and one line per problem (file: problem ->
 fix), writes a JSON report, and exits 1 when a sample would fail training (0 otherwise; 2 for a
 config error). `--contact-sheet DIR` writes one PNG per sample: references, then the first,
@@ -34,8 +36,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.data import bucket_name, bucket_table, choose_bucket  # noqa: E402
-from e2v.elements import Problem, Sample, discover, orphan_files  # noqa: E402
+from e2v.data import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
+from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
 from e2v.media import MediaError, TooShortError, load_image, probe_video  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
@@ -71,7 +73,7 @@ def check_sample(job: tuple) -> dict:
 
     out = {"id": s.id, "dataset": s.dataset, "video": str(s.video)}
     if not s.prompt.strip():
-        add(s.video.with_suffix(".txt"), "empty caption", "write the prompt (one line of text)", "empty_caption")
+        add(s.prompt_source, "empty caption", "write the prompt (one line of text)", "empty_caption")
     tiles, frames = [], None
     info = None
     try:
@@ -131,7 +133,7 @@ def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int
             by_prompt.setdefault((s.dataset, s.prompt.strip().lower()), []).append(s)
     for group in by_prompt.values():
         for s in group[1:]:
-            problems.append(Problem(s.id, str(s.video.with_suffix(".txt")), f"duplicate caption (same as {group[0].id})",
+            problems.append(Problem(s.id, s.prompt_source, f"duplicate caption (same as {group[0].id})",
                                     "describe what differs between the clips", "duplicate_caption", "warning"))
     fps = [r["fps"] for r in results if r.get("fps")]
     if fps:
@@ -144,11 +146,12 @@ def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int
     trainable = [s for s, r in zip(samples, results) if not any(p["severity"] == "error" for p in r["problems"])]
     for s, r in zip(samples, results):
         s.bucket = tuple(r["bucket"]) if "bucket" in r else None
-    table, small = bucket_table(trainable, cfg, world)
+    epoch = with_repeats(trainable, cfg)  # the list training indexes: the same counts as its table
+    table, small = bucket_table(epoch, cfg, world)
     severity = "error" if cfg.data.small_bucket == "error" else "warning"
-    counts = Counter(s.bucket for s in trainable)
+    counts = bucket_counts(epoch, cfg)
     for b in small:
-        problems.append(Problem(f"bucket {bucket_name(b)}", "-", f"{counts[b]} sample(s), fewer than micro_batch_size "
+        problems.append(Problem(f"bucket {bucket_name(b)}", "-", f"{counts[b]} sample(s) per epoch, fewer than micro_batch_size "
                                 f"{cfg.train.micro_batch_size} x world {world}", "add clips of that size, change the "
                                 "buckets, or set data.small_bucket: repeat / drop", "small_bucket", severity))
     return problems, table
@@ -183,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
-        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
+        try:
+            found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
+        except MetadataError as e:  # the whole dataset is unusable: one problem, the others are still checked
+            problems.append(Problem(f"dataset {i}", e.file, e.problem, e.fix, "metadata_unreadable"))
+            continue
         samples += found
         problems += probs
         if ds.dataset_type == "e2v":
@@ -194,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             seen: dict[Path, str] = {}
             for s in found:
                 if s.video in seen:
-                    problems.append(Problem(s.id, str(s.video), f"duplicate: the same video as {seen[s.video]}",
-                                            "remove the repeated row (use data.datasets[].repeat)", "duplicate_id"))
+                    # it trains twice per epoch, nothing fails: a warning
+                    problems.append(Problem(s.id, s.prompt_source, f"duplicate: the same video as {seen[s.video]}",
+                                            "remove the repeated row (use data.datasets[].repeat)", "duplicate_id",
+                                            "warning"))
                 seen.setdefault(s.video, s.id)
     if args.contact_sheet:
         Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)

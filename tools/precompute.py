@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.cache import CacheStore, compute_entry  # noqa: E402
+from e2v.cache import CacheStore, bad_entries_message, compute_entry  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.data import BadSampleError, E2VDataset, index_samples  # noqa: E402
 from e2v.media import MediaError  # noqa: E402
@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     mine = samples[rank::world]
     store = CacheStore(cfg)
     todo = [i for i, s in enumerate(mine) if store.problem(s)]
+    if cfg.data.on_bad_sample == "error":  # entries a skip run recorded as bad would stop training
+        pending = set(todo)
+        bad = store.bad_entries([s for i, s in enumerate(mine) if i not in pending])
+        if bad:
+            raise BadSampleError(bad_entries_message(bad))
     print(f"[precompute rank {rank}/{world}] {len(mine)} samples: {len(mine) - len(todo)} cached and valid, "
           f"{len(todo)} to compute -> {store.path(mine[0]).parent if mine else '-'}")
     if not todo and (rank != 0 or store.shared_path().exists()):
