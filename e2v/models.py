@@ -62,6 +62,9 @@ class Parts:
     tokenizer: Any = None
     image_encoder: Any = None
     image_processor: Any = None
+    # ZeRO-3 load only (load_transformer_zero3): fp32 file values of the _keep_in_fp32_modules
+    # parameters, for fp32_kept_params (their partitions hold a slice, in the training dtype).
+    fp32_file_values: dict[str, torch.Tensor] | None = None
 
 
 # --- tiny preset -------------------------------------------------------------------------------
@@ -134,9 +137,11 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
 # --- real weights ------------------------------------------------------------------------------
 
 
-def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu") -> Parts:
+def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu",
+                          ds_config: dict | None = None) -> Parts:
     """Wan2.1 diffusers folders: transformer/ vae/ text_encoder/ tokenizer/ (+ image_encoder/,
-    image_processor/ for I2V). VAE and CLIP stay fp32 as in A2's inference; UMT5 in weight_dtype."""
+    image_processor/ for I2V). VAE and CLIP stay fp32 as in A2's inference; UMT5 in weight_dtype.
+    Under a ZeRO-3 `ds_config` the transformer is partitioned at load (load_transformer_zero3)."""
     from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
     path = cfg.model.pretrained
@@ -145,11 +150,17 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
     # loading in bf16 gives the same weights at half the CPU RAM per rank (31 GiB instead of 61 GiB
     # for I2V-14B); diffusers keeps the _keep_in_fp32_modules in fp32 either way.
     tdtype = torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
-    transformer = WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=tdtype,
-                                                        low_cpu_mem_usage=True)
+    blocker = zero3_load_blocker(cfg, ds_config)
+    if blocker is None:
+        transformer, fp32_file_values = load_transformer_zero3(Path(path) / "transformer", ds_config, tdtype)
+        parts = Parts(transformer, fp32_file_values=fp32_file_values)
+    else:
+        if blocker != "not ZeRO-3":
+            _print0(f"[e2v] note: ZeRO-3, but every rank loads the whole transformer: {blocker}")
+        parts = Parts(WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=tdtype,
+                                                            low_cpu_mem_usage=True))
     if not with_encoders:
-        return Parts(transformer)
-    parts = Parts(transformer)
+        return parts
     # The target video always goes through the VAE, whatever e2v_type.
     parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32).to(device)
     parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
@@ -170,18 +181,127 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
     return parts
 
 
-def load_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu") -> Parts:
+def load_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu", ds_config: dict | None = None) -> Parts:
+    """`ds_config`: the resolved DeepSpeed config; under ZeRO-3 a pretrained transformer is
+    partitioned at load. Without it (tools, tests) every part loads whole."""
     if cfg.model.preset == "tiny":
         base = "t2v" if cfg.model.base == "t2v" else "i2v"
         parts = build_tiny_parts(cfg.model.tiny_seed, base=base,
                                  informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
     else:
-        parts = load_pretrained_parts(cfg, with_encoders, device)
+        parts = load_pretrained_parts(cfg, with_encoders, device, ds_config)
     if needs_expansion(parts.transformer, cfg):
         in_channels, image_dim = expansion_shape(cfg, clip_width(parts, cfg))
         parts.transformer = expand_for_elements(parts.transformer, in_channels=in_channels, image_dim=image_dim,
                                                 seed=cfg.model.tiny_seed)
     return parts
+
+
+# --- ZeRO-3: partitioned at load --------------------------------------------------------------
+
+
+def _print0(msg: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def _is_kept_fp32(name: str, keep: list[str]) -> bool:
+    """diffusers' rule for _keep_in_fp32_modules: a listed name equals one dotted component."""
+    return any(k in name.split(".") for k in keep)
+
+
+def zero3_load_blocker(cfg: Config, ds_config: dict | None) -> str | None:
+    """Why the transformer cannot be partitioned at load (load_transformer_zero3), or None if it can."""
+    if ds_config is None or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        return "not ZeRO-3"
+    if not cfg.model.zero3_init:
+        return "model.zero3_init is false"
+    if is_expanded(cfg):
+        return "a T2V base expanded for elements is rebuilt whole (expand_for_elements)"
+    folder = Path(cfg.model.pretrained) / "transformer"
+    if not folder.is_dir():
+        return (f"{cfg.model.pretrained} is not a local folder; download it first "
+                f"(huggingface-cli download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")
+    if not _safetensors_files(folder):
+        return f"no diffusion_pytorch_model*.safetensors in {folder}"
+    return None
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The weight files diffusers' from_pretrained reads (no variant): one file, or the shards its
+    index names."""
+    index = folder / "diffusion_pytorch_model.safetensors.index.json"
+    if index.exists():
+        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "diffusion_pytorch_model.safetensors"
+    return [single] if single.exists() else []
+
+
+def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
+                           ) -> tuple[WanTransformer3DModel, dict[str, torch.Tensor]]:
+    """Build the transformer inside deepspeed.zero.Init, so each rank holds only its partition of
+    every parameter from the start, then stream the safetensors files into it one tensor at a time:
+    each parameter is gathered, rank 0 copies the file value in, and ZeRO re-partitions it on exit
+    (GatheredParameters with modifier_rank=0). Peak CPU RAM per rank: its partitions plus one
+    gathered parameter, instead of the whole model (~31 GiB per rank for I2V-14B in bf16).
+    diffusers' from_pretrained has no zero.Init path (transformers' has). The cast is
+    from_pretrained's (file value -> dtype, round to nearest). Returns the fp32 file values of the
+    _keep_in_fp32_modules parameters for fp32_kept_params; every rank reads those itself (~0.1 GiB
+    for 14B). Costs one all-gather per parameter (~1,100 for 14B)."""
+    import deepspeed
+    import torch.distributed as dist
+    from diffusers.models.modeling_utils import no_init_weights
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+    from safetensors import safe_open
+
+    rank = dist.get_rank()
+    files = _safetensors_files(folder)
+    config = WanTransformer3DModel.load_config(str(folder))
+    # The weights come from the files: skip the random init (minutes for 14B), and leave the
+    # training RNG where from_pretrained leaves it (it builds on the meta device, drawing nothing).
+    with torch.random.fork_rng(devices=[]), no_init_weights(), \
+            deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+        model = WanTransformer3DModel.from_config(config)
+    # zero.Init's tensor-constructor override also reaches the rope tables computed in __init__
+    # (they come out fp32 but not equal to a plain build): rebuild them outside it. They are the
+    # model's only buffers; anything else would need the same treatment.
+    c = model.config
+    model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len)
+    others = [n for n, _ in model.named_buffers() if not n.startswith("rope.")]
+    if others:
+        raise RuntimeError(f"zero3 load: buffers built under zero.Init that are not rebuilt: {others[:5]}")
+
+    params = dict(model.named_parameters())
+    keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    fp32_file_values, seen = {}, set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            unknown = sorted(keys - set(params))
+            if unknown:
+                raise RuntimeError(f"{path}: tensors the model does not have: {unknown[:5]}")
+            for name in [n for n in params if n in keys]:  # the model's order: the same on every rank
+                p = params[name]
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                    if rank == 0:
+                        value = f.get_tensor(name)
+                        if tuple(value.shape) != tuple(p.shape):
+                            raise RuntimeError(f"{path}: {name} has shape {tuple(value.shape)}, "
+                                               f"the model {tuple(p.shape)}")
+                        with torch.no_grad():
+                            p.data.copy_(value)
+                        del value
+                if _is_kept_fp32(name, keep):  # a copy: the file's tensor holds its whole mmap resident
+                    fp32_file_values[name] = f.get_tensor(name).to(torch.float32, copy=True)
+                seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise RuntimeError(f"{folder}: no file value for {len(missing)} parameters, e.g. {missing[:5]}")
+    _print0(f"[e2v] transformer partitioned at load (zero.Init, {str(dtype).removeprefix('torch.')}), "
+            f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}")
+    return model, fp32_file_values
 
 
 def clip_width(parts: Parts, cfg: Config) -> int:
@@ -420,23 +540,37 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
 
 
 def count_params(module: torch.nn.Module, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+    # A ZeRO-3 partitioned parameter has numel() 0; ds_numel is its full size.
+    return sum(getattr(p, "ds_numel", None) or p.numel() for p in module.parameters()
+               if p.requires_grad or not trainable_only)
 
 
 # --- precision and activation memory under DeepSpeed (issue 4) ---------------------------------
 
 
-def fp32_kept_params(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+def fp32_kept_params(transformer: torch.nn.Module, file_values: dict[str, torch.Tensor] | None = None
+                     ) -> dict[str, torch.Tensor]:
     """fp32 copies of the frozen parameters diffusers keeps in fp32 (`_keep_in_fp32_modules`; for
     Wan: rope, time_embedder, scale_shift_table, norm1/2/3), taken before deepspeed.initialize:
     DeepSpeed's bf16 mode casts every parameter (it keeps only buffers, such as the rope tables).
     Names match as in diffusers' loader: a listed name equals one dotted component. Trainable
     parameters are not listed: they live in the optimizer's bf16 buffers with fp32 master copies,
     so a TRAINED kept module (train.trainable: [scale_shift_table], a full fine-tune) computes in
-    bf16 under DeepSpeed's bf16 mode; `trained_fp32_kept` names them for the start-up note."""
+    bf16 under DeepSpeed's bf16 mode; `trained_fp32_kept` names them for the start-up note.
+    A parameter partitioned at load (ZeRO-3, load_transformer_zero3) takes its value from
+    `file_values` (Parts.fp32_file_values): its partition is a slice in the training dtype."""
     keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
-    return {name: p.detach().float().clone() for name, p in transformer.named_parameters()
-            if not p.requires_grad and any(k in name.split(".") for k in keep)}
+    kept = {}
+    for name, p in transformer.named_parameters():
+        if p.requires_grad or not _is_kept_fp32(name, keep):
+            continue
+        if hasattr(p, "ds_tensor"):
+            if not file_values or name not in file_values:
+                raise RuntimeError(f"fp32_kept_params: {name} is partitioned and has no fp32 file value")
+            kept[name] = file_values[name]
+        else:
+            kept[name] = p.detach().float().clone()
+    return kept
 
 
 def trained_fp32_kept(transformer: torch.nn.Module) -> list[str]:

@@ -1,0 +1,73 @@
+"""ZeRO-3 load of a pretrained transformer (load_transformer_zero3): built inside zero.Init, each
+rank holding only its partitions, and streamed from rank 0 one tensor at a time from sharded
+safetensors. It must train to exactly the losses of the whole-model load (diffusers'
+from_pretrained on every rank, `model.zero3_init: false`): bf16, where the fp32-kept modules and
+the rope tables must come out as from_pretrained leaves them, and fp32 under ZeRO-3 + offload."""
+
+import shutil
+
+import pytest
+from test_pretrained_folder import pipeline_folder  # noqa: F401 (the fixture)
+
+from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train
+
+PARTITIONED = "[e2v] transformer partitioned at load (zero.Init, {}), streamed from 3 shard files"
+WHOLE = "[e2v] note: ZeRO-3, but every rank loads the whole transformer: model.zero3_init is false"
+
+
+@pytest.fixture(scope="module")
+def sharded_folder(pipeline_folder, tmp_path_factory):  # noqa: F811
+    """The tiny pipeline with its transformer in 3 shards plus an index, as the 14B checkpoints come."""
+    from diffusers import WanTransformer3DModel
+
+    out = tmp_path_factory.mktemp("sharded") / "Wan-tiny-I2V-Diffusers"
+    shutil.copytree(pipeline_folder, out)
+    (out / "transformer/diffusion_pytorch_model.safetensors").unlink()
+    WanTransformer3DModel.from_pretrained(pipeline_folder / "transformer").save_pretrained(
+        out / "transformer", max_shard_size="50KB")
+    assert len(list((out / "transformer").glob("diffusion_pytorch_model-*.safetensors"))) == 3
+    return out
+
+
+def assert_same_steps(a: dict, b: dict, steps: list[int]) -> None:
+    assert sorted(a) == steps, sorted(a)
+    for step in steps:
+        for key in ("train/loss", "train/grad_norm"):
+            assert a[step][key] == b[step][key], (step, key, a[step][key], b[step][key])
+
+
+def test_bf16_zero3_load_trains_like_the_whole_model_load(sharded_folder, demo_data, tmp_path):
+    common = [f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}", "train.max_steps=3",
+              "train.checkpoint_every=3", "train.micro_batch_size=2", "validation.every_n_steps=0",
+              "visualization.enabled=false", "train.mixed_precision=bf16", "model.weight_dtype=fp32",
+              "model.preset=null", f"model.pretrained={sharded_folder}", "deepspeed.config=ds_configs/zero3.json"]
+    new = run_train("configs/e2v_tiny.yaml", *common, "run_id=new", num_gpus=2)
+    old = run_train("configs/e2v_tiny.yaml", *common, "run_id=old", "model.zero3_init=false", num_gpus=2)
+    assert PARTITIONED.format("bfloat16") in new.stdout and WHOLE not in new.stdout
+    assert WHOLE in old.stdout and "partitioned at load" not in old.stdout
+    assert "transformer 0.04M params" in new.stdout  # counted from ds_numel, not the empty partitions' numel
+    assert_same_steps(read_scalars(tmp_path / "new"), read_scalars(tmp_path / "old"), [1, 2, 3])
+
+
+def test_fp32_zero3_offload_load_trains_like_the_preset(sharded_folder, demo_data, zero3_offload_run, tmp_path):
+    """The shared ZeRO-3 + offload run of the tiny preset (fp32, e2v_tiny's default) is the oracle:
+    test_pretrained_folder shows the whole-model load of this folder trains exactly like the preset
+    (with the encoders in fp32, as the preset builds them)."""
+    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+                     "run_id=new", "train.checkpoint_every=8", *ZERO3_OFFLOAD_RUN, "model.preset=null",
+                     f"model.pretrained={sharded_folder}", "model.weight_dtype=fp32", num_gpus=2)
+    assert PARTITIONED.format("float32") in proc.stdout
+    new, preset = read_scalars(tmp_path / "new"), read_scalars(zero3_offload_run)
+    assert_same_steps(new, preset, sorted(preset))
+
+
+def test_expanded_t2v_base_falls_back_to_the_whole_model_load(tmp_path):
+    from e2v.config import load_config
+    from e2v.models import zero3_load_blocker
+
+    (tmp_path / "transformer").mkdir()
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", ["model.preset=null", f"model.pretrained={tmp_path}",
+                                                "model.base=t2v"], check_paths=False)
+    zero3 = {"zero_optimization": {"stage": 3}}
+    assert "expanded for elements" in zero3_load_blocker(cfg, zero3)
+    assert zero3_load_blocker(cfg, {"zero_optimization": {"stage": 2}}) == "not ZeRO-3"
