@@ -140,3 +140,15 @@ def test_plans_the_14b_e2v_lora_onto_a_24_gb_gpu(capsys, monkeypatch):
     assert "16.50B params" in out
     assert ("first that fits: deepspeed.config=ds_configs/zero3_offload.json train.gradient_checkpointing=true "
             "train.activation_offload=true") in out
+
+
+def test_communication_buckets_come_from_the_ds_config():
+    """reduce bucket + all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, in elements of the training
+    dtype: the shipped configs' 5e8 + 5e8 elements are 2e9 bytes in bf16, 4e9 in fp32."""
+    import json
+
+    for name in em.SHIPPED:
+        z = json.loads((ROOT / "ds_configs" / name).read_text())["zero_optimization"]
+        gather = z["stage3_prefetch_bucket_size"] if z["stage"] == 3 else z["allgather_bucket_size"]
+        assert em.buffer_bytes(name, 2) == 2 * (z["reduce_bucket_size"] + gather) == 2e9
+        assert em.buffer_bytes(name, 4) == 4e9

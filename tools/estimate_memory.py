@@ -25,7 +25,10 @@ Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context t
 The coefficients are fitted to the bytes autograd saves for backward in diffusers'
 WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
 small models against the formula, within 20%). On GPUs, flash attention saves the same O(S)
-tensors. Plus a fixed 2 GB per GPU for the CUDA context, kernels' workspaces and fragmentation.
+tensors. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
+bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per element each
+(5e8 elements in the shipped configs: 2 GB in bf16), and a fixed 2 GB per GPU for the CUDA
+context, kernels' workspaces and fragmentation.
 """
 
 from __future__ import annotations
@@ -92,6 +95,13 @@ def model_states(c: ModelCounts, ds_name: str, gpus_per_node: int, nodes: int, w
     return table[ds_name]
 
 
+def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
+    """DeepSpeed's per-GPU communication buckets for a shipped ds_config (from its zero_optimization)."""
+    z = json.loads((Path(__file__).resolve().parent.parent / "ds_configs" / ds_name).read_text())["zero_optimization"]
+    gather = z.get("stage3_prefetch_bucket_size" if z["stage"] == 3 else "allgather_bucket_size", 5e8)
+    return elem_bytes * (z.get("reduce_bucket_size", 5e8) + gather)
+
+
 def tokens(cfg: Config) -> tuple[int, int]:
     """(video tokens S, context tokens C) of one sample."""
     h, w = cfg.data.resolution
@@ -128,10 +138,11 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
         for ckpt, off in ((False, False), (True, False), (True, True)):
             act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off)
-            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + OVERHEAD_GB * GB
+            buffers = buffer_bytes(ds_name, e)
+            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + OVERHEAD_GB * GB
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
                              params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
-                             activations_gb=act_gpu / GB, gpu_total_gb=gpu / GB,
+                             activations_gb=act_gpu / GB, buffers_gb=buffers / GB, gpu_total_gb=gpu / GB,
                              cpu_per_node_gb=(st["cpu"] + act_cpu * gpus) / GB, fits=gpu <= gpu_mem_gb * GB))
     configured = next(r for r in rows if r["ds_config"] == Path(cfg.deepspeed.config).name
                       and r["gradient_checkpointing"] == cfg.train.gradient_checkpointing
@@ -165,11 +176,11 @@ def main() -> None:
           f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
           f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
     print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
-          f"{'total':>7s} {'CPU':>7s}  fits")
+          f"{'bufs':>5s} {'total':>7s} {'CPU':>7s}  fits")
     for x in r["rows"]:
         print(f"  {x['ds_config']:20s} {str(x['gradient_checkpointing'])[0]:5s} {str(x['activation_offload'])[0]:5s} "
               f"{x['params_gb']:7.2f} {x['grads_gb']:6.2f} {x['optimizer_gb']:6.2f} {x['activations_gb']:7.2f} "
-              f"{x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  {'yes' if x['fits'] else 'no'}")
+              f"{x['buffers_gb']:5.2f} {x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  {'yes' if x['fits'] else 'no'}")
     c, b = r["configured"], r["best"]
     print(f"configured ({c['ds_config']}, checkpointing {cfg.train.gradient_checkpointing}): "
           f"{c['gpu_total_gb']:.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")
@@ -178,8 +189,9 @@ def main() -> None:
                                  f"{str(b['activation_offload']).lower()}" if b else
                                  "none: lower data.num_frames / data.resolution, or use more GPUs"))
     dtype = "bf16" if cfg.train.mixed_precision == "bf16" else "fp32"
-    print(f"loading: each rank materialises the {dtype} transformer before DeepSpeed partitions it: "
-          f"~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up")
+    print(f"loading: without ZeRO-3's partitioned load (model.zero3_init, a local folder) each rank materialises "
+          f"the {dtype} transformer: ~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up; with it, "
+          f"~{r['load_cpu_per_node_gb'] / args.gpus / args.nodes:.0f} GB")
 
 
 if __name__ == "__main__":
