@@ -78,7 +78,8 @@ def comfy_check(transformer) -> None:
     try:
         ckpt.check_comfy_mappable(ckpt.lora_module_names(transformer))
     except ValueError as e:
-        print(f"[e2v] note: {e}. The export will skip {ckpt.COMFY_FILE}.")
+        if os.environ.get("RANK", "0") == "0":  # before init_distributed: the launcher's rank variable
+            print(f"[e2v] note: {e}. The export will skip {ckpt.COMFY_FILE}.")
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:

@@ -268,3 +268,16 @@ def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_
     write_lora_exports(tmp_path, get_peft_model_state_dict(model), {}, meta)
     assert (tmp_path / "pytorch_lora_weights.safetensors").exists() and not (tmp_path / COMFY_FILE).exists()
     assert f"no {COMFY_FILE}: lora.target_modules" in capsys.readouterr().out
+
+
+def test_unmappable_lora_target_is_named_at_start(demo_data, capsys, monkeypatch):
+    """Said before training (here: the dry run), not discovered at the export after it."""
+    import train_e2v
+
+    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", "configs/e2v_tiny.yaml", "--dry_run",
+                                      "--set", f"data.datasets.0.data_root={demo_data}",
+                                      "--set", "lora.target_modules=[to_q,to_k,patch_embedding]"])
+    train_e2v.main()
+    out = capsys.readouterr().out
+    assert "[e2v] note: lora.target_modules:" in out and "'patch_embedding'" in out
+    assert "The export will skip pytorch_lora_weights_comfyui.safetensors" in out
