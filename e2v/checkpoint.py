@@ -417,27 +417,21 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     return Path(out_dir)
 
 
-def _export_dtype(name: str, keep_fp32: list[str]) -> torch.dtype:
-    """bf16, except the modules diffusers keeps in fp32 (`_keep_in_fp32_modules`: for Wan the time
-    embedder, modulation tables and norms), matched as diffusers' loader does: a listed name equals
-    one dotted component. Rounding them to bf16 would change the model diffusers loads."""
-    return torch.float32 if any(k in name.split(".") for k in keep_fp32) else torch.bfloat16
+def _export_dtype(name: str) -> torch.dtype:
+    """bf16, except the modules diffusers keeps in fp32: rounding them to bf16 would change the
+    model diffusers loads."""
+    from e2v.models import kept_in_fp32
 
-
-def _keep_in_fp32() -> list[str]:
-    from diffusers import WanTransformer3DModel
-
-    return list(WanTransformer3DModel._keep_in_fp32_modules or [])
+    return torch.float32 if kept_in_fp32(name) else torch.bfloat16
 
 
 def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0) -> Path:
     """The whole transformer in bf16 (fp32 where diffusers keeps fp32), diffusers layout.
     Parameters are gathered one at a time, so no rank holds more than one full parameter beyond
     rank 0's copy of the model."""
-    keep = _keep_in_fp32()
     state = {}
     for name, p in transformer.named_parameters():
-        value = _full_fp32(p).to(_export_dtype(name, keep))
+        value = _full_fp32(p).to(_export_dtype(name))
         if rank == 0:
             state[name] = value
     if rank == 0:
@@ -641,8 +635,7 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
     state, meta = state_from_checkpoint(path)
     if meta["training_type"] == "full":
         out = Path(out_dir) / FULL_DIR
-        keep = _keep_in_fp32()
-        save_full({k: v.to(_export_dtype(k, keep)) for k, v in state.items()}, meta["transformer_config"], out)
+        save_full({k: v.to(_export_dtype(k)) for k, v in state.items()}, meta["transformer_config"], out)
         return out
     lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
     extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}

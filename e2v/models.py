@@ -207,9 +207,11 @@ def _print0(msg: str) -> None:
         print(msg, flush=True)
 
 
-def _is_kept_fp32(name: str, keep: list[str]) -> bool:
-    """diffusers' rule for _keep_in_fp32_modules: a listed name equals one dotted component."""
-    return any(k in name.split(".") for k in keep)
+def kept_in_fp32(name: str) -> bool:
+    """Whether diffusers keeps this Wan parameter or buffer in fp32 (`_keep_in_fp32_modules`: time
+    embedder, modulation tables, norms, rope), matched as its loader does: a listed name equals
+    one dotted component."""
+    return any(k in name.split(".") for k in WanTransformer3DModel._keep_in_fp32_modules or [])
 
 
 def zero3_load_blocker(cfg: Config, ds_config: dict | None) -> str | None:
@@ -274,7 +276,6 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
         raise RuntimeError(f"zero3 load: buffers built under zero.Init that are not rebuilt: {others[:5]}")
 
     params = dict(model.named_parameters())
-    keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     fp32_file_values, seen = {}, set()
     for path in files:
         with safe_open(str(path), framework="pt") as f:
@@ -293,7 +294,7 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
                         with torch.no_grad():
                             p.data.copy_(value)
                         del value
-                if _is_kept_fp32(name, keep):  # a copy: the file's tensor holds its whole mmap resident
+                if kept_in_fp32(name):  # a copy: the file's tensor holds its whole mmap resident
                     fp32_file_values[name] = f.get_tensor(name).to(torch.float32, copy=True)
                 seen.add(name)
     missing = sorted(set(params) - seen)
@@ -559,10 +560,9 @@ def fp32_kept_params(transformer: torch.nn.Module, file_values: dict[str, torch.
     bf16 under DeepSpeed's bf16 mode; `trained_fp32_kept` names them for the start-up note.
     A parameter partitioned at load (ZeRO-3, load_transformer_zero3) takes its value from
     `file_values` (Parts.fp32_file_values): its partition is a slice in the training dtype."""
-    keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
     kept = {}
     for name, p in transformer.named_parameters():
-        if p.requires_grad or not _is_kept_fp32(name, keep):
+        if p.requires_grad or not kept_in_fp32(name):
             continue
         if hasattr(p, "ds_tensor"):
             if not file_values or name not in file_values:
@@ -575,9 +575,8 @@ def fp32_kept_params(transformer: torch.nn.Module, file_values: dict[str, torch.
 
 def trained_fp32_kept(transformer: torch.nn.Module) -> list[str]:
     """Trainable parameters of the modules diffusers keeps in fp32 (they run in bf16 under bf16)."""
-    keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
     return [name for name, p in transformer.named_parameters()
-            if p.requires_grad and any(k in name.split(".") for k in keep)]
+            if p.requires_grad and kept_in_fp32(name)]
 
 
 def restore_fp32_params(transformer: torch.nn.Module, saved: dict[str, torch.Tensor]) -> int:

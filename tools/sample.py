@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.media import load_image  # noqa: E402
-from e2v.models import fp32_kept_params, load_parts, restore_fp32_params  # noqa: E402
+from e2v.models import fp32_kept_params, kept_in_fp32, load_parts, restore_fp32_params  # noqa: E402
 from e2v.sampling import decode, generate, load_trained, reference_frames  # noqa: E402
 from e2v.viz import write_mp4  # noqa: E402
 
@@ -112,9 +112,7 @@ def to_inference_dtype(model, device: str, dtype: torch.dtype):
     they are kept here by the same name rule."""
     model.eval().requires_grad_(False)
     kept = fp32_kept_params(model)
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    buffers = {n: b.float().clone() for n, b in model.named_buffers()
-               if b.is_floating_point() and any(k in n.split(".") for k in keep)}
+    buffers = {n: b.float().clone() for n, b in model.named_buffers() if b.is_floating_point() and kept_in_fp32(n)}
     model.to(device, dtype)
     restore_fp32_params(model, kept)
     for name, value in buffers.items():
