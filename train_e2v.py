@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -22,13 +20,13 @@ import torch
 
 from e2v import checkpoint as ckpt
 from e2v.cache import batch_conditions
-from e2v.config import ConfigError, load_config, map_seed_flags, resolve_deepspeed_config, save_config
+from e2v.config import (ConfigError, adam_choice, load_config, map_seed_flags, resolve_deepspeed_config,
+                        save_config)
 from e2v.data import distinct_over_ranks, index_samples, make_loader
-from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
-                      velocity_target, x0_from_velocity)
-from e2v.models import (activation_context, count_params, describe_plan, fp32_kept_params, is_expanded,
-                        knows_shape_offline, load_parts, preflight, restore_fp32_params, setup_training,
-                        trained_fp32_kept)
+from e2v.device import to_device
+from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
+from e2v.models import count_params, describe_plan, knows_shape_offline, load_parts, preflight, trained_fp32_kept
+from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
 
@@ -104,91 +102,6 @@ def broadcast(obj, rank: int):
     return obj
 
 
-def lr_lambda(cfg):
-    t = cfg.train
-
-    def f(step: int) -> float:
-        if step < t.warmup_steps:
-            return (step + 1) / t.warmup_steps
-        if t.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
-        if t.lr_scheduler == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
-def model_inputs(c, fl, generator: torch.Generator):
-    """Flow matching's draw for one micro-batch: sigma_B (per sample), the noise, x_t and the
-    transformer input (x_t, then the condition channels when there are any)."""
-    latents = c.latents_BCTHW
-    sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
-                          logit_mean=fl.logit_mean, logit_std=fl.logit_std, timestep_list=fl.denoising_step_list)
-    noise = torch.randn(latents.shape, generator=generator)
-    noisy_model_input = add_noise(latents, noise, sigma)
-    model_input = noisy_model_input if c.cond_BCTHW is None else torch.cat([noisy_model_input, c.cond_BCTHW], 1)
-    return sigma, noise, noisy_model_input, model_input
-
-
-def forward_loss(model, c, sigma, noise, noisy_model_input, model_input, cfg, device, dtype):
-    """The transformer on the micro-batch and the weighted loss: velocity (flow objective) or,
-    for video regression, the clean-latent estimate x_t - sigma * v against the latents.
-    Returns (loss, per-sample loss, prediction, target); prediction and target on the CPU in fp32."""
-    fl = cfg.flow
-    with activation_context(cfg.train.activation_offload):  # timestep stays fp32 for the fp32 time embedder
-        model_pred = model(
-            model_input.to(device, dtype), timestep=(1000 * sigma).to(device),
-            encoder_hidden_states=c.text_BLD.to(device, dtype),
-            encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-            return_dict=False,
-        )[0].float().cpu()
-    if fl.objective == "x0":
-        model_pred, target = x0_from_velocity(noisy_model_input, model_pred, sigma), c.latents_BCTHW
-    else:
-        target = velocity_target(c.latents_BCTHW, noise)
-    per_sample = per_sample_mse(model_pred, target)
-    return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
-
-
-def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
-    """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
-    describe 1/world of the global batch); `*_ids` keys become the number of distinct ids over all
-    ranks instead (a bad sample met by two ranks or workers counts once). A collective."""
-    if world > 1:
-        gathered = [None] * world
-        torch.distributed.all_gather_object(gathered, stats)
-        stats = {}
-        for part in gathered:
-            for k, v in part.items():
-                stats.setdefault(k, []).extend(v)
-    return {k: len(set(v)) if k.endswith("_ids") else sum(v) / len(v) for k, v in stats.items()}
-
-
-def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
-    """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
-    is weak) and, for video regression, the latent statistics."""
-    for s, l in zip(sigma.tolist(), per_sample.tolist()):
-        stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
-    if fl.objective == "x0":
-        for k, v in latent_stats(target, model_pred).items():
-            stats.setdefault(f"train/{k}", []).append(v)
-
-
-def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
-                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int) -> dict:
-    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
-    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
-    return {
-        "train/lr": lr, "train/grad_norm": grad_norm,
-        "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
-        "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
-        "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
-        "train/nonfinite_skipped": nonfinite, **ranks,
-    }
-
-
 class Log:
     """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
 
@@ -233,7 +146,6 @@ def main():
     except ValueError as e:
         raise SystemExit(f"config error: {e}")
 
-    import deepspeed
     from tqdm import tqdm
 
     cuda = torch.cuda.is_available()
@@ -251,21 +163,13 @@ def main():
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
     torch.manual_seed(cfg.seed + rank)
-    rng = random.Random(cfg.seed * 1000 + rank)  # element choices, dropouts
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)  # sigmas, noise, posterior samples
+    rng, gen = step_rngs(cfg, rank)  # element choices and dropouts; sigmas, noise, posterior samples
 
     # --- models ---
     ds_config = resolve_deepspeed_config(cfg, world, cuda)  # ZeRO-3: the transformer is partitioned at load
-    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=str(device),  # cache: transformer only
+    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device,  # cache: transformer only
                        ds_config=ds_config)
-    with torch.random.fork_rng(devices=[]):  # the same LoRA init on every rank, whatever loading drew
-        torch.manual_seed(cfg.seed)
-        full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
-    if cfg.train.gradient_checkpointing:
-        parts.transformer.enable_gradient_checkpointing()
-    for m in (parts.vae, parts.text_encoder, parts.image_encoder):
-        if m is not None:
-            m.to(device).requires_grad_(False)
+    full_names = prepare_for_training(parts, cfg)
     if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:  # hub ids preflight could not see
         raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
@@ -274,6 +178,7 @@ def main():
     samples, val_samples = split_held_out(samples, cfg)  # validation.num_samples ids leave training
     if rank == 0:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
+        print(f"[e2v] optimizer: {adam_choice(cfg, ds_config, cuda)[1]}")
         print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
               f"{count_params(parts.transformer) / 1e6:.2f}M params, "
               f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
@@ -284,14 +189,8 @@ def main():
             print(f"[e2v] note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
                   f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
 
-    params = [p for p in parts.transformer.parameters() if p.requires_grad]
-    kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)  # bf16 casts them: restored below
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=parts.transformer, model_parameters=params, config=ds_config,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
-    )
-    restore_fp32_params(parts.transformer, kept_fp32)
-    dtype = torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
+    engine, scheduler = initialize_engine(parts, cfg, ds_config)
+    dtype = training_dtype(cfg)
 
     # --- resume ---
     global_step, samples_seen = 0, 0
@@ -335,20 +234,20 @@ def main():
             step_ids, micro = [], 0
             while micro < accum:
                 t0 = time.perf_counter()
-                batch = next(data_iter)
+                batch = to_device(next(data_iter), device)  # the one move of the step (e2v/device.py)
                 t_data += time.perf_counter() - t0
                 skipped_ids.update(sid for sid, _ in batch["skipped"])
                 samples_seen += len(batch["id"])
                 step_ids += batch["id"]
                 with torch.no_grad():
                     c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
-                sigma, noise, noisy_model_input, model_input = model_inputs(c, fl, gen)
+                sigma, noise, noisy_model_input = draw_flow(c, fl, gen)
                 loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input,
-                                                                    model_input, cfg, device, dtype)
-                loss_value = loss.item()
+                                                                    cfg, dtype)
+                loss_value = loss.item()  # the step's one host sync (the non-finite guard needs it)
                 if guard.bad(loss_value, "loss", global_step + 1, batch["id"]):
                     continue  # every rank skips this micro-batch before backward: nothing was updated
-                engine.backward(loss.to(device))
+                engine.backward(loss)
                 engine.step()
                 micro += 1
                 step_losses.append(loss_value)

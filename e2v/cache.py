@@ -46,6 +46,7 @@ from e2v.conditioning import (TEXT_LEN, VAE_T, Conditions, after_frames, after_r
                               draw_choices, encode_batch, encode_clip_images, encode_text, encode_video_stats, finish_condition,
                               image_token_shape, pad_after_latents, pad_clip_tokens, select_elements)
 from e2v.config import Config, to_dict
+from e2v.device import randn
 from e2v.elements import Sample, sample_bucket
 from e2v.media import MediaError
 
@@ -273,7 +274,7 @@ def _posterior(mean: torch.Tensor, std: torch.Tensor, mode: str, generator) -> t
     (one randn of the whole shape), so the generator advances as in an encoding run."""
     if mode == "argmax":
         return mean
-    return mean + std * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+    return mean + std * randn(mean.shape, generator, mean.device, mean.dtype)
 
 
 def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random,
@@ -283,15 +284,16 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
     entries = batch["cached"]
     b = len(entries)
     kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
-    lat_mean = torch.stack([e["latents_mean"] for e in entries])
+    lat_mean = torch.stack([e["latents_mean"] for e in entries])  # on the device (to_device)
     _, z, t, h, w = lat_mean.shape
+    device = lat_mean.device
     f = VAE_T * (t - 1) + 1
 
     cond = None
     if cfg.uses_vae_condition:
         repeat = {e.name: e.vae.repeat for e in cfg.data.elements if e.vae is not None}
         if pv.combine == "before":
-            zeros = torch.zeros(z, t, h, w)  # no reference kept: zero condition (finish_condition zeroes it anyway)
+            zeros = torch.zeros(z, t, h, w, device=device)  # no reference kept: zero condition (finish_condition zeroes it anyway)
             mean = torch.stack([e.get("cond_mean", zeros) for e in entries])
             std = torch.stack([e.get("cond_std", zeros) for e in entries])
             cond_lat = _posterior(mean, std, pv.sample_mode, generator)
@@ -301,7 +303,7 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
             for i, e in enumerate(entries):
                 chunks = [_posterior(e[f"vae.{k}.mean"][None], e[f"vae.{k}.std"][None], pv.sample_mode, generator)
                           for k in kept[i] if f"vae.{k}.mean" in e]
-                row, n = pad_after_latents(chunks, t, z, h, w)
+                row, n = pad_after_latents(chunks, t, z, h, w, device)
                 rows.append(row)
                 n_lat.append(n)
             cond_lat, ref_frames = torch.cat(rows), after_ref_frames(n_lat)
@@ -318,11 +320,12 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
         tokens = []
         for i, e in enumerate(entries):
             names = clip_names(kept[i], {k[5:] for k in e if k.startswith("clip.")}, ref_drop[i], cfg)
-            tokens.append(torch.stack([e[f"clip.{k}"] for k in names]) if names else torch.zeros(0, n_tok, width))
-        clip = pad_clip_tokens(tokens, n_tok, width)
+            tokens.append(torch.stack([e[f"clip.{k}"] for k in names]) if names
+                          else torch.zeros(0, n_tok, width, device=device))
+        clip = pad_clip_tokens(tokens, n_tok, width, device)
 
     empty = batch["shared"][0]["empty_text"]
-    text = torch.zeros(b, TEXT_LEN, empty.shape[-1])
+    text = torch.zeros(b, TEXT_LEN, empty.shape[-1], device=device)
     for i, e in enumerate(entries):
         row = empty if cap_drop[i] else e["text"]
         text[i, : row.shape[0]] = row

@@ -359,33 +359,38 @@ def _adapter_name(transformer) -> str:
     return next(iter(transformer.peft_config))
 
 
-def trained_state(transformer: torch.nn.Module, full_names: list[str]) -> tuple[dict, dict]:
+def trained_state(transformer: torch.nn.Module, full_names: list[str], keep: bool = True) -> tuple[dict, dict]:
     """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU,
-    from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO."""
+    from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO:
+    every rank gathers, only a rank with `keep` (rank 0) holds the copies (6.4 B trained
+    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them)."""
     named = dict(transformer.named_parameters())
     lora_names = [n for n, p in named.items() if "lora_" in n and p.requires_grad]
     lora, extra = {}, {}
     if getattr(transformer, "peft_config", None):
         adapter = f".{_adapter_name(transformer)}"
         for n in lora_names:
-            lora[n.replace(adapter, "")] = _full_fp32(named[n])
+            lora[n.replace(adapter, "")] = _full_fp32(named[n], keep)
         from peft.utils import get_peft_model_state_dict
 
         with _gathered([named[n] for n in lora_names]):  # ZeRO-3: peft warns about empty shards otherwise
             expected = set(get_peft_model_state_dict(transformer))
-        if expected != set(lora):
+        if keep and expected != set(lora):
             raise RuntimeError(f"LoRA export keys differ from peft's: {sorted(expected ^ set(lora))[:5]}")
     for n in full_names:
-        extra[n.replace(".base_layer", "")] = _full_fp32(named[n])
+        extra[n.replace(".base_layer", "")] = _full_fp32(named[n], keep)
+    if not keep:
+        return {}, {}
     return lora, extra
 
 
-def _full_fp32(param: torch.nn.Parameter) -> torch.Tensor:
+def _full_fp32(param: torch.nn.Parameter, keep: bool = True) -> torch.Tensor | None:
+    """The whole parameter in fp32 on the CPU (a collective under ZeRO); None where not `keep`."""
     master = _master(param)
     if master is not None:
-        return master.detach().float().cpu().clone()
+        return master.detach().float().cpu().clone() if keep else None
     with _gathered([param]):
-        return param.detach().float().cpu().clone()
+        return param.detach().float().cpu().clone() if keep else None
 
 
 def export_meta(transformer: torch.nn.Module) -> dict:
@@ -411,7 +416,7 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     meta = export_meta(transformer)
     if meta["training_type"] == "full":
         return export_full(transformer, Path(out_dir) / FULL_DIR, rank=rank)
-    lora, extra = trained_state(transformer, full_names)
+    lora, extra = trained_state(transformer, full_names, keep=rank == 0)
     if rank == 0:
         write_lora_exports(Path(out_dir), lora, extra, meta)
     return Path(out_dir)
@@ -431,9 +436,9 @@ def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0) -> P
     rank 0's copy of the model."""
     state = {}
     for name, p in transformer.named_parameters():
-        value = _full_fp32(p).to(_export_dtype(name))
+        value = _full_fp32(p, keep=rank == 0)
         if rank == 0:
-            state[name] = value
+            state[name] = value.to(_export_dtype(name))
     if rank == 0:
         for name, b in transformer.named_buffers():
             state[name] = b.detach().cpu()

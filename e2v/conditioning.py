@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from e2v.device import as_pixels, module_device
+
 TEXT_LEN = 512  # Wan's cross-attention splits image | text at the last 512 context tokens
 VAE_T, VAE_S = 4, 8  # Wan VAE: time /4 (causal: 1 + (F-1)/4), space /8
 
@@ -44,21 +46,38 @@ def denormalize_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
     return latents_BCTHW / inv_std + mean
 
 
-def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pixels [-1,1] -> normalised latents [B,16,T,h,w] (posterior mean, or a sample)."""
+def _vae_input(video_BCFHW: torch.Tensor, vae) -> torch.Tensor:
+    """Pixels (uint8, or float in [-1, 1]) on the VAE's device and in its dtype, shape and range
+    checked (the range where values exist: not on the meta device tests use for a second device)."""
+    video_BCFHW = as_pixels(video_BCFHW.to(vae.device))
     assert video_BCFHW.ndim == 5 and video_BCFHW.shape[1] == 3, f"expected [B,3,F,H,W], got {tuple(video_BCFHW.shape)}"
     assert (video_BCFHW.shape[2] - 1) % VAE_T == 0, f"F={video_BCFHW.shape[2]} must be 4k+1"
-    lo, hi = video_BCFHW.min().item(), video_BCFHW.max().item()
-    assert lo >= -1.0001 and hi <= 1.0001, f"pixels must be in [-1, 1], got [{lo:.3f}, {hi:.3f}]"
-    dist = vae.encode(video_BCFHW.to(vae.dtype)).latent_dist
+    if not video_BCFHW.is_meta:
+        lo, hi = video_BCFHW.aminmax()
+        assert lo >= -1.0001 and hi <= 1.0001, f"pixels must be in [-1, 1], got [{lo:.3f}, {hi:.3f}]"
+    return video_BCFHW.to(vae.dtype)
+
+
+def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pixels -> normalised latents [B,16,T,h,w] on the VAE's device (posterior mean, or a sample
+    drawn from the CPU `generator` and moved, as diffusers' randn_tensor does)."""
+    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     z = dist.sample(generator) if sample_mode == "sample" else dist.mode()
     return normalize_latents(z.float(), vae)
 
 
+@torch.no_grad()
+def decode_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
+    """Normalised latents (16 channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
+    [-1, 1]; callers clamp as their output needs)."""
+    z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
+    return vae.decode(z, return_dict=False)[0].float()
+
+
 def encode_video_stats(video_BCFHW: torch.Tensor, vae) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised posterior mean and std, for caches that must still allow sampling."""
-    dist = vae.encode(video_BCFHW.to(vae.dtype)).latent_dist
+    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     _, inv_std = _latent_stats(vae, dist.mean)
     return normalize_latents(dist.mean.float(), vae), (dist.std * inv_std).float()
 
@@ -81,12 +100,12 @@ def condition_video(ref_pixels: list[torch.Tensor], repeats: list[int], num_fram
     return torch.cat(frames + [pad], dim=2)
 
 
-def condition_mask(ref_frames_B: list[int], num_frames: int, h: int, w: int) -> torch.Tensor:
+def condition_mask(ref_frames_B: list[int], num_frames: int, h: int, w: int, device=None) -> torch.Tensor:
     """The Wan I2V mask rule, per sample: pixel frames [0, F_ref) are 1, frame 0 is repeated 4
     times, the F+3 frames fold to [B,4,T,h,w]. One reference gives the plain I2V mask (A2 crashes
     there: it repeats frame 0 eight times)."""
     b = len(ref_frames_B)
-    mask_B1Fhw = torch.zeros(b, 1, num_frames, h, w)
+    mask_B1Fhw = torch.zeros(b, 1, num_frames, h, w, device=device)
     for i, n in enumerate(ref_frames_B):
         mask_B1Fhw[i, :, :n] = 1
     first = mask_B1Fhw[:, :, :1].repeat_interleave(VAE_T, dim=2)
@@ -105,7 +124,7 @@ def build_vae_condition(ref_pixels: list[torch.Tensor], repeats: list[int], num_
     video_BCFHW = condition_video(ref_pixels, repeats, num_frames)
     latents = encode_video(video_BCFHW, vae, sample_mode=sample_mode, generator=generator)
     b, _, _, h, w = latents.shape
-    mask = condition_mask([sum(repeats)] * b, num_frames, h, w).to(latents)
+    mask = condition_mask([sum(repeats)] * b, num_frames, h, w, latents.device)
     return torch.cat([mask, latents], dim=1)
 
 
@@ -115,7 +134,7 @@ def build_vae_condition(ref_pixels: list[torch.Tensor], repeats: list[int], num_
 def encode_clip_images(images: list[np.ndarray], image_encoder, image_processor) -> torch.Tensor:
     """uint8 [S,S,3] images (already brought to the CLIP resolution) -> [n, L, D] penultimate-layer
     tokens (CLS kept, no post-layernorm), as A2 feeds Wan's image embedder."""
-    device = next(image_encoder.parameters()).device
+    device = module_device(image_encoder)
     pixel_values = image_processor(images=images, return_tensors="pt").pixel_values
     out = image_encoder(pixel_values=pixel_values.to(device, image_encoder.dtype), output_hidden_states=True)
     return out.hidden_states[-2].float()
@@ -136,7 +155,7 @@ def encode_text(prompts: list[str], tokenizer, text_encoder, max_length: int = T
     prompts = [clean_prompt(p) for p in prompts]
     tok = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True,
                     add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
-    device = next(text_encoder.parameters()).device
+    device = module_device(text_encoder)
     ids, mask = tok.input_ids.to(device), tok.attention_mask.to(device)
     hidden = text_encoder(ids, mask).last_hidden_state.float()
     text_BLD = hidden * mask.unsqueeze(-1).to(hidden.dtype)
@@ -190,7 +209,7 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     samples. Both are owned by the caller so a resumed run repeats them."""
     pv = cfg.processors.vae
     cd = cfg.conditioning
-    video_BCFHW = batch["video"]
+    video_BCFHW = as_pixels(batch["video"])  # on the device (to_device), uint8 from the loader
     b, _, f, hh, ww = video_BCFHW.shape
     kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
 
@@ -233,7 +252,7 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
-        clip = _encode_clip_batch(batch, kept, ref_drop, parts, cfg)
+        clip = _encode_clip_batch(batch, kept, ref_drop, parts, cfg, latents.device)
 
     prompts = ["" if d else p for p, d in zip(batch["prompt"], cap_drop)]
     text = encode_text(prompts, parts.tokenizer, parts.text_encoder)
@@ -261,9 +280,9 @@ def finish_condition(cond_lat_BCTHW: torch.Tensor, ref_frames_B: list[int], kept
     condition AND a zero mask (A2's unconditional layout). A sample with no reference frame (all
     kept elements CLIP-only) gets the same exact zeros, not the encoded grey video."""
     b, _, _, h, w = cond_lat_BCTHW.shape
-    mask = condition_mask(ref_frames_B, num_frames, h, w).to(cond_lat_BCTHW)
-    keep = torch.tensor([0.0 if (d or not kept[i] or not ref_frames_B[i]) else 1.0
-                         for i, d in enumerate(ref_drop)]).view(b, 1, 1, 1, 1)
+    mask = condition_mask(ref_frames_B, num_frames, h, w, cond_lat_BCTHW.device)
+    keep = torch.tensor([0.0 if (d or not kept[i] or not ref_frames_B[i]) else 1.0 for i, d in enumerate(ref_drop)],
+                        device=cond_lat_BCTHW.device).view(b, 1, 1, 1, 1)
     cond_lat_BCTHW, mask = cond_lat_BCTHW * keep, mask * keep
     return torch.cat([mask, cond_lat_BCTHW], dim=1) if concatenate_mask else cond_lat_BCTHW
 
@@ -279,10 +298,11 @@ def after_frames(repeat: int) -> int:
     return 1 + (repeat - 1) // VAE_T * VAE_T if repeat > 1 else 1
 
 
-def pad_after_latents(chunks: list[torch.Tensor], t: int, z: int, h: int, w: int) -> tuple[torch.Tensor, int]:
+def pad_after_latents(chunks: list[torch.Tensor], t: int, z: int, h: int, w: int, device=None
+                      ) -> tuple[torch.Tensor, int]:
     """One sample's per-reference latents [1,z,t_k,h,w] (position order) -> concatenated in time and
     zero-padded to [1,z,T,h,w], plus how many latent frames hold references."""
-    lat = torch.cat(chunks, dim=2) if chunks else torch.zeros(1, z, 0, h, w)
+    lat = torch.cat(chunks, dim=2) if chunks else torch.zeros(1, z, 0, h, w, device=device)
     if lat.shape[2] > t:
         raise ValueError(f"combine: after gives {lat.shape[2]} latent frames, more than T={t}")
     return torch.cat([lat, lat.new_zeros(1, z, t - lat.shape[2], h, w)], dim=2), lat.shape[2]
@@ -293,12 +313,13 @@ def clip_names(kept: list[str], available, ref_dropped: bool, cfg) -> list[str]:
     return [k for k in kept if k in available] if (cfg.uses_clip and not ref_dropped) else []
 
 
-def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: int) -> torch.Tensor:
-    """Per sample [n_i, L, D] (n_i may be 0) -> [B, L*N_max, D], zero blocks after each sample's own."""
+def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: int, device=None) -> torch.Tensor:
+    """Per sample [n_i, L, D] (n_i may be 0) -> [B, L*N_max, D] on `device`, zero blocks after each
+    sample's own."""
     n_max = max(1, max(len(t) for t in tokens_per_sample))
     rows = []
     for tokens in tokens_per_sample:
-        row = torch.zeros(n_max * n_tok, width)
+        row = torch.zeros(n_max * n_tok, width, device=device)
         if len(tokens):
             row[: len(tokens) * n_tok] = tokens.reshape(-1, width)
         rows.append(row)
@@ -322,13 +343,13 @@ def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Te
             chunks.append(encode_video(ref.expand(-1, -1, frames, -1, -1), vae, sample_mode=sample_mode,
                                        generator=generator))
         hh, ww = batch["video"].shape[-2:]
-        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, hh // VAE_S, ww // VAE_S)
+        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, hh // VAE_S, ww // VAE_S, vae.device)
         ref_latent_frames.append(n_lat)
         rows.append(row)
     return torch.cat(rows), ref_latent_frames
 
 
-def _encode_clip_batch(batch, kept, ref_drop, parts, cfg) -> torch.Tensor:
+def _encode_clip_batch(batch, kept, ref_drop, parts, cfg, device) -> torch.Tensor:
     """[B, L*N_max, D]: samples with fewer CLIP references are padded with zero tokens (the same
     tokens reference dropout uses), so one batch can mix element counts; a sample with none (or
     e2v_type vae on an image-attention model) gets one zero block.
@@ -341,8 +362,9 @@ def _encode_clip_batch(batch, kept, ref_drop, parts, cfg) -> torch.Tensor:
     names_per_sample = [clip_names(kept[i], batch["clip_refs"][i], ref_drop[i], cfg) for i in range(len(kept))]
     flat = [batch["clip_refs"][i][k] for i, names in enumerate(names_per_sample) for k in names]
     n_tok, width = image_token_shape(parts)
-    tokens = encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat else torch.zeros(0, n_tok, width)
-    return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width)
+    tokens = (encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat
+              else torch.zeros(0, n_tok, width, device=device))
+    return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width, device)
 
 
 def image_token_shape(parts) -> tuple[int, int]:

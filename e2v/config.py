@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from e2v.device import choose_adam
+
 
 class ConfigError(ValueError):
     """A config problem, phrased for the user: which key, what is wrong, how to fix it."""
@@ -81,7 +83,9 @@ class Data:
     # repeat (its samples repeat within a step) or drop (its samples leave training, listed).
     small_bucket: Literal["error", "repeat", "drop"] = "error"
     remove_common_llm_caption_prefixes: bool = False
-    num_workers: int = 0
+    # DataLoader worker processes per rank; null = auto: with CUDA min(4, CPU cores per local rank)
+    # (decoding 81 x 480 x 832 takes ~1 s: on the main thread it stalls the GPU), without CUDA 0.
+    num_workers: Optional[int] = None
     prefetch_factor: int = 2
     on_bad_sample: Literal["error", "skip"] = "error"
     shuffle: bool = True
@@ -749,16 +753,25 @@ def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+def optimizer_offloaded(ds_config: dict) -> bool:
+    return ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device") == "cpu"
+
+
+def adam_choice(cfg: Config, ds_config: dict, cuda: bool) -> tuple[bool, str]:
+    """(torch's AdamW rather than DeepSpeed's, why) for this DeepSpeed config on this machine."""
+    return choose_adam(cfg.deepspeed.torch_adam, cuda, optimizer_offloaded(ds_config))
+
+
 def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
     """Fill the "auto" fields of the chosen ds_configs/*.json from the YAML.
 
     The LR schedule is not DeepSpeed's (its WarmupLR forbids 0 warmup steps and starts at lr 0);
     train_e2v.py passes a torch LambdaLR, which DeepSpeed checkpoints with the engine.
-    DeepSpeed's Adam is a C++ op that JIT-compiles for ~45 s on CPU; without CUDA (and unless
-    deepspeed.torch_adam is false) we use torch's AdamW, which also resumes bit-exactly."""
+    Which Adam: e2v.device.choose_adam (DeepSpeed's where it can be built, else torch's AdamW)."""
     ds = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())
     t = cfg.train
-    torch_adam = (not cuda) if cfg.deepspeed.torch_adam is None else cfg.deepspeed.torch_adam
+    torch_adam, _ = adam_choice(cfg, ds, cuda)
+    offload = optimizer_offloaded(ds)
     auto = {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
@@ -783,6 +796,8 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
         return node
 
     ds = fill(ds)
+    if torch_adam and cuda and not offload and "optimizer" in ds:
+        ds["optimizer"].setdefault("params", {})["fused"] = True  # torch's one-kernel AdamW on the GPU
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
     return ds
 

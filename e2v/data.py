@@ -21,7 +21,9 @@ reported the same way before the first step.
 
 from __future__ import annotations
 
+
 import math
+import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -350,12 +352,23 @@ def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, st
         [sample_bucket(s, cfg) for s in samples], [s.dataset for s in samples],
         [d.weight for d in cfg.data.datasets], batch_size=cfg.train.micro_batch_size, rank=rank, world=world,
         seed=cfg.seed, shuffle=cfg.data.shuffle, start_sample=start_sample)
-    workers = cfg.data.num_workers
+    workers = loader_workers(cfg)
     return DataLoader(
         dataset, batch_sampler=sampler, collate_fn=collate,
         num_workers=workers, pin_memory=torch.cuda.is_available(),
         prefetch_factor=cfg.data.prefetch_factor if workers else None, persistent_workers=workers > 0,
     )
+
+
+def loader_workers(cfg: Config) -> int:
+    """data.num_workers, or (null) 4 worker processes per rank with CUDA, as many as the cores per
+    local rank allow, and none on a CPU-only machine (the training itself needs the cores)."""
+    if cfg.data.num_workers is not None:
+        return cfg.data.num_workers
+    if not torch.cuda.is_available():
+        return 0
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
+    return max(0, min(4, (os.cpu_count() or 1) // local_ranks - 1))
 
 
 def distinct_over_ranks(ids: set[str]) -> int:

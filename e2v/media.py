@@ -1,9 +1,9 @@
 """Pixels in: video decoding (decord), frame sampling, image loading, and the resize / crop / pad
 modes of both conditioning pathways, with A2's arithmetic to the pixel.
 
-Legend: F frames, H/W height/width, C=3 channels.  Tensors leaving this module are float32 in
-[-1, 1]: videos as video_CFHW (the per-sample slice of the diffusers [B,C,F,H,W] layout), images
-as image_CHW.
+Legend: F frames, H/W height/width, C=3 channels. Videos leave this module as uint8 video_CFHW
+(the per-sample slice of the diffusers [B,C,F,H,W] layout; pixels in [-1, 1] are made on the
+device, e2v/device.py), images as float32 image_CHW in [-1, 1].
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ def frame_indices(available: int, num_frames: int, stride: int = 1, start: int =
 
 def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mode: str = "center_crop",
                     reshape_mode: str = "bicubic") -> torch.Tensor:
-    """uint8 frames [F,H,W,3] -> video_CFHW in [-1, 1] at height x width.
+    """uint8 frames [F,H,W,3] -> uint8 video_CFHW at height x width (e2v/device.py's `as_pixels`
+    makes it [-1, 1] on the device: a quarter of the float bytes through the loader).
 
     The crop box is center_crop's arithmetic. Bicubic and bilinear resize the whole clip at once
     with torch's antialiased filter on uint8 (PIL's filter family: pixels within 2 levels of a
@@ -196,11 +197,10 @@ def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mod
             u8_FCHW = torch.from_numpy(np.ascontiguousarray(frames_FHWC)).permute(0, 3, 1, 2)
             u8_FCHW = torch.nn.functional.interpolate(u8_FCHW, size=(height, width), mode=reshape_mode,
                                                       antialias=True)
-            return u8_FCHW.permute(1, 0, 2, 3).float().div_(127.5).sub_(1.0)
+            return u8_FCHW.permute(1, 0, 2, 3).contiguous()
         frames_FHWC = np.stack(
             [np.asarray(resize(Image.fromarray(f), height, width, RESAMPLE[reshape_mode])) for f in frames_FHWC])
-    video_FHWC = torch.from_numpy(np.ascontiguousarray(frames_FHWC)).float() / 127.5 - 1.0
-    return video_FHWC.permute(3, 0, 1, 2).contiguous()
+    return torch.from_numpy(np.ascontiguousarray(frames_FHWC)).permute(3, 0, 1, 2).contiguous()
 
 
 def _crop_box(hw: tuple[int, int], height: int, width: int) -> tuple[slice, slice]:
@@ -215,7 +215,7 @@ def _crop_box(hw: tuple[int, int], height: int, width: int) -> tuple[slice, slic
 
 def load_video(path: str | Path, num_frames: int, height: int, width: int, *, stride: int = 1,
                resize_mode: str = "center_crop", reshape_mode: str = "bicubic") -> torch.Tensor:
-    """Decode `num_frames` frames (from the first, `stride` apart) -> video_CFHW in [-1, 1].
+    """Decode `num_frames` frames (from the first, `stride` apart) -> uint8 video_CFHW.
     `.npz` files hold uint8 frames [F,H,W,3] under `frames` (the T2V seed format)."""
     path = Path(path)
     if path.suffix == ".npz":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from e2v.config import Config
+from e2v.device import accelerator_device
 
 # LoRA targets that wrap exactly the attention and FFN layers of every Wan block (FACTS.md).
 ALL_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj", "ffn.net.0.proj", "ffn.net.2"]
@@ -137,21 +138,39 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
 # --- real weights ------------------------------------------------------------------------------
 
 
-def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu",
+def resolve_pretrained(name: str) -> str:
+    """A hub id that is already in the local Hugging Face cache -> its snapshot folder, so every
+    path that wants a local folder (the ZeRO-3 partitioned load, the dry run's config) takes it;
+    anything else unchanged (from_pretrained then downloads, outside the tests)."""
+    if Path(name).exists() or name.count("/") != 1:
+        return name
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # not cached (LocalEntryNotFoundError), or no huggingface_hub: keep the id
+        return name
+
+
+def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transformer: bool = True,
                           ds_config: dict | None = None) -> Parts:
     """Wan2.1 diffusers folders: transformer/ vae/ text_encoder/ tokenizer/ (+ image_encoder/,
     image_processor/ for I2V). VAE and CLIP stay fp32 as in A2's inference; UMT5 in weight_dtype.
-    Under a ZeRO-3 `ds_config` the transformer is partitioned at load (load_transformer_zero3)."""
+    Under a ZeRO-3 `ds_config` the transformer is partitioned at load (load_transformer_zero3).
+    Without `with_transformer` it is built on the meta device from its config (tools that only
+    read its shape, such as precompute)."""
     from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
-    path = cfg.model.pretrained
+    path = resolve_pretrained(cfg.model.pretrained)
     wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
     # Under bf16 DeepSpeed casts the module to bf16 before it makes the fp32 master copies, so
     # loading in bf16 gives the same weights at half the CPU RAM per rank (31 GiB instead of 61 GiB
     # for I2V-14B); diffusers keeps the _keep_in_fp32_modules in fp32 either way.
     tdtype = torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
     blocker = zero3_load_blocker(cfg, ds_config)
-    if blocker is None:
+    if not with_transformer:
+        parts = Parts(transformer=None)  # load_parts puts the meta-device model here
+    elif blocker is None:
         transformer, fp32_file_values = load_transformer_zero3(Path(path) / "transformer", ds_config, tdtype)
         parts = Parts(transformer, fp32_file_values=fp32_file_values)
     else:
@@ -162,9 +181,9 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
     if not with_encoders:
         return parts
     # The target video always goes through the VAE, whatever e2v_type.
-    parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32).to(device)
+    parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
     parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-    parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype).to(device)
+    parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
     if cfg.uses_clip:
         clip_path = cfg.model.image_encoder or path
         # A diffusers I2V pipeline (a local folder with image_encoder/, or a Wan *-Diffusers hub id)
@@ -172,24 +191,37 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
         local = Path(clip_path)
         in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
         parts.image_encoder = CLIPVisionModel.from_pretrained(
-            clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32).to(device)
+            clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32)
         parts.image_processor = CLIPImageProcessor.from_pretrained(
             clip_path, subfolder="image_processor" if in_pipeline else None)
-    for m in (parts.vae, parts.text_encoder, parts.image_encoder):
-        if m is not None:
-            m.requires_grad_(False).eval()
     return parts
 
 
-def load_parts(cfg: Config, with_encoders: bool = True, device: str = "cpu", ds_config: dict | None = None) -> Parts:
-    """`ds_config`: the resolved DeepSpeed config; under ZeRO-3 a pretrained transformer is
-    partitioned at load. Without it (tools, tests) every part loads whole."""
+def place_encoders(parts: Parts, device) -> Parts:
+    """The frozen encoders (VAE, UMT5, CLIP) in eval mode, without gradients, on `device`: the one
+    place they are prepared. They stay resident for the run (see tools/estimate_memory.py's
+    encoder term); the cache (cache.enabled) is how a run goes without them."""
+    for m in (parts.vae, parts.text_encoder, parts.image_encoder):
+        if m is not None:
+            m.requires_grad_(False).eval().to(device)
+    return parts
+
+
+def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config: dict | None = None,
+               with_transformer: bool = True) -> Parts:
+    """Every part of the config's model, encoders frozen on `device` (place_encoders).
+    `ds_config`: the resolved DeepSpeed config; under ZeRO-3 a pretrained transformer is
+    partitioned at load. Without it (tools, tests) every part loads whole. `with_transformer`
+    False: the transformer is the meta-device model of the config (its shape, no weights)."""
     if cfg.model.preset == "tiny":
         base = "t2v" if cfg.model.base == "t2v" else "i2v"
         parts = build_tiny_parts(cfg.model.tiny_seed, base=base,
                                  informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
     else:
-        parts = load_pretrained_parts(cfg, with_encoders, device, ds_config)
+        parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config)
+    place_encoders(parts, device)
+    if not with_transformer:
+        return replace(parts, transformer=build_meta_transformer(cfg))
     if needs_expansion(parts.transformer, cfg):
         in_channels, image_dim = expansion_shape(cfg, clip_width(parts, cfg))
         parts.transformer = expand_for_elements(parts.transformer, in_channels=in_channels, image_dim=image_dim,
@@ -222,7 +254,7 @@ def zero3_load_blocker(cfg: Config, ds_config: dict | None) -> str | None:
         return "model.zero3_init is false"
     if is_expanded(cfg):
         return "a T2V base expanded for elements is rebuilt whole (expand_for_elements)"
-    folder = Path(cfg.model.pretrained) / "transformer"
+    folder = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer"
     if not folder.is_dir():
         return (f"{cfg.model.pretrained} is not a local folder; download it first "
                 f"(huggingface-cli download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")
@@ -267,10 +299,12 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
             deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
         model = WanTransformer3DModel.from_config(config)
     # zero.Init's tensor-constructor override also reaches the rope tables computed in __init__
-    # (they come out fp32 but not equal to a plain build): rebuild them outside it. They are the
-    # model's only buffers; anything else would need the same treatment.
+    # (they come out fp32 but not equal to a plain build): rebuild them outside it, on the device
+    # the engine runs on: deepspeed.initialize does not move a module built under zero.Init, so a
+    # CPU table would meet CUDA queries in the first forward. They are the model's only buffers;
+    # anything else would need the same treatment.
     c = model.config
-    model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len)
+    model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len).to(accelerator_device())
     others = [n for n, _ in model.named_buffers() if not n.startswith("rope.")]
     if others:
         raise RuntimeError(f"zero3 load: buffers built under zero.Init that are not rebuilt: {others[:5]}")
@@ -414,7 +448,7 @@ def transformer_config(cfg: Config) -> dict:
     folder's transformer/config.json, or a known Wan2.1 hub id (KNOWN_WAN_CONFIGS; no download)."""
     if cfg.model.preset == "tiny":
         return tiny_transformer_config("t2v" if cfg.model.base == "t2v" else "i2v")
-    local = Path(cfg.model.pretrained) / "transformer" / "config.json"
+    local = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json"
     if local.exists():
         return dict(WanTransformer3DModel.load_config(str(local.parent)))
     if cfg.model.pretrained in KNOWN_WAN_CONFIGS:
@@ -437,7 +471,8 @@ def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
 
 def knows_shape_offline(cfg: Config) -> bool:
     """Whether transformer_config can tell the base's shape without reading weights or downloading."""
-    return (cfg.model.preset == "tiny" or (Path(cfg.model.pretrained) / "transformer" / "config.json").exists()
+    return (cfg.model.preset == "tiny"
+            or (Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json").exists()
             or cfg.model.pretrained in KNOWN_WAN_CONFIGS)
 
 

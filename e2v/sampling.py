@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.conditioning import Conditions, denormalize_latents, encode_batch, encode_text
+from e2v.conditioning import VAE_S, VAE_T, Conditions, decode_latents, encode_batch, encode_text
 from e2v.data import collate, element_inputs
+from e2v.device import randn, to_device
+from e2v.step import predict
 
 
 def make_scheduler(shift: float, num_train_timesteps: int = 1000):
@@ -38,7 +40,7 @@ def make_scheduler(shift: float, num_train_timesteps: int = 1000):
 def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
     """One data.py item from in-memory element images (PIL RGB; RGBA must already be on white:
     media.load_image does it), through the same `element_inputs` as `E2VDataset.load`.
-    The target video is a zero placeholder: encode_batch encodes it too (one wasted VAE encode
+    The target video is a mid-grey placeholder: encode_batch encodes it too (one wasted VAE encode
     per generation; the price of sharing the exact training code path)."""
     d = cfg.data
     h, w = d.resolution
@@ -46,7 +48,8 @@ def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
     unknown = sorted(set(images) - known)
     if unknown:
         raise ValueError(f"unknown element(s) {unknown}: the config's data.elements names are {sorted(known)}")
-    return {"id": f"sample_{index}", "video": torch.zeros(3, d.num_frames, h, w), "prompt": prompt, "skipped": [],
+    return {"id": f"sample_{index}", "video": torch.full((3, d.num_frames, h, w), 128, dtype=torch.uint8),
+            "prompt": prompt, "skipped": [],
             **element_inputs(cfg, images, h, w)}
 
 
@@ -64,26 +67,13 @@ def encode_conditions(parts, cfg, batch: dict, generator: torch.Generator | None
     return encode_batch(batch, parts, inference_config(cfg), rng=random.Random(0), generator=generator, train=False)
 
 
-# --- the transformer call ------------------------------------------------------------------------
-
-
-def predict(model, latents_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
-            device, dtype) -> torch.Tensor:
-    """One transformer call, input laid out as in training: cat([x_t, cond]) along channels."""
-    model_input = latents_BCTHW if c.cond_BCTHW is None else torch.cat([latents_BCTHW, c.cond_BCTHW], 1)
-    return model(
-        model_input.to(device, dtype), timestep=timestep_B.to(device),
-        encoder_hidden_states=text_BLD.to(device, dtype),
-        encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(device, dtype),
-        return_dict=False,
-    )[0].float().cpu()
-
-
 @torch.no_grad()
 def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_BCTHW: torch.Tensor, *,
-            num_steps: int, guidance_scale: float, shift: float, device="cpu", dtype=torch.float32,
+            num_steps: int, guidance_scale: float, shift: float, dtype=torch.float32,
             on_step=None) -> torch.Tensor:
-    """UniPC flow-prediction loop from `noise_BCTHW`; returns the clean latents (normalised).
+    """UniPC flow-prediction loop from `noise_BCTHW` (on the model's device, as the conditions);
+    returns the clean latents (normalised) there. The schedule's timesteps stay on the CPU (the
+    scheduler looks its step up by value; its 0-dim sigmas combine with any device).
     CFG (guidance_scale > 1, as diffusers decides) repeats the call with the negative text only.
     `on_step(i, timestep, velocity)` sees every step's guided velocity (tests use it)."""
     scheduler = make_scheduler(shift)
@@ -95,9 +85,9 @@ def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_
         neg = negative_text_BLD if negative_text_BLD.shape[0] == b else negative_text_BLD.expand(b, -1, -1)
     for i, t in enumerate(scheduler.timesteps):
         timestep = t.expand(b)  # int64, as the Wan pipelines pass it
-        v = predict(model, latents, timestep, c, c.text_BLD, device, dtype)
+        v = predict(model, latents, timestep, c, c.text_BLD, dtype)
         if neg is not None:
-            v_uncond = predict(model, latents, timestep, c, neg, device, dtype)
+            v_uncond = predict(model, latents, timestep, c, neg, dtype)
             v = v_uncond + guidance_scale * (v - v_uncond)
         if on_step is not None:
             on_step(i, t, v)
@@ -107,16 +97,15 @@ def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_
 
 @torch.no_grad()
 def decode(latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
-    """Normalised latents -> uint8 video [B,F,H,W,3] (the VideoProcessor arithmetic: /2 + 0.5, clamp)."""
-    z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
-    video_BCFHW = vae.decode(z, return_dict=False)[0].float().cpu()
-    video_BCFHW = (video_BCFHW / 2 + 0.5).clamp(0, 1)
+    """Normalised latents -> uint8 video [B,F,H,W,3] on the CPU, for files (the VideoProcessor
+    arithmetic: /2 + 0.5, clamp)."""
+    video_BCFHW = (decode_latents(latents_BCTHW, vae) / 2 + 0.5).clamp(0, 1).cpu()
     return (video_BCFHW.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).numpy()
 
 
 def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
     h, w = cfg.data.resolution
-    return (batch, vae.config.z_dim, (cfg.data.num_frames - 1) // 4 + 1, h // 8, w // 8)
+    return (batch, vae.config.z_dim, (cfg.data.num_frames - 1) // VAE_T + 1, h // VAE_S, w // VAE_S)
 
 
 def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
@@ -128,13 +117,13 @@ def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None 
     so a `sample_mode: sample` posterior matches its pipeline bit for bit."""
     elements = elements or [{} for _ in prompts]
     generator = torch.Generator().manual_seed(seed)
-    noise = torch.randn(latent_shape(cfg, parts.vae, len(prompts)), generator=generator, dtype=torch.float32)
-    batch = collate([element_item(cfg, p, e, i) for i, (p, e) in enumerate(zip(prompts, elements))])
+    noise = randn(latent_shape(cfg, parts.vae, len(prompts)), generator, device)
+    batch = to_device(collate([element_item(cfg, p, e, i) for i, (p, e) in enumerate(zip(prompts, elements))]), device)
     with torch.no_grad():
         c = encode_conditions(parts, cfg, batch, generator)
         negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
     return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
-                   device=device, dtype=dtype)
+                   dtype=dtype)
 
 
 def reference_frames(cfg, names: list[str]) -> int:

@@ -39,9 +39,11 @@ import torch
 
 from e2v.conditioning import Conditions
 from e2v.data import E2VDataset, collate
-from e2v.flow import add_noise, per_sample_mse, velocity_target, x0_from_velocity
+from e2v.device import randn, to_device
+from e2v.flow import add_noise, per_sample_mse
 from e2v.media import load_image
-from e2v.sampling import decode, encode_conditions, generate, predict
+from e2v.sampling import decode, encode_conditions, generate
+from e2v.step import predict, prediction_and_target
 from e2v.viz import frame_strip, write_mp4
 
 
@@ -124,40 +126,25 @@ class Validator:
             ds = E2VDataset(self.cfg, self.samples)
             gen = torch.Generator().manual_seed(self.cfg.validation.seed)
             with torch.no_grad():
-                self.conds = [encode_conditions(self.parts, self.cfg, collate([ds[i]]), gen) for i in range(len(ds))]
+                self.conds = [encode_conditions(self.parts, self.cfg, to_device(collate([ds[i]]), self.device), gen)
+                              for i in range(len(ds))]
         return self.conds
 
     @torch.no_grad()
     def losses(self, model) -> dict:
         """Mean MSE per sigma for true / dropped / shuffled references, same noise for all three."""
-        v, fl = self.cfg.validation, self.cfg.flow
+        v = self.cfg.validation
         conds = self.encode()
-        n, mb = len(conds), max(1, self.cfg.train.micro_batch_size)
+        n = len(conds)
         with_refs = self.cfg.e2v_type != "none" and n > 1
         variants = {"true": list(range(n))}
         if with_refs:
             variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
         totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
         for si, sigma in enumerate(v.sigmas):
-            gen = torch.Generator().manual_seed(v.seed * 1000 + si)
-            noise = [torch.randn(c.latents_BCTHW.shape, generator=gen) for c in conds]
-            per_variant = {k: [] for k in variants}
-            for start in range(0, n, mb):
-                idx = range(start, min(n, start + mb))
-                target_c = _stack([conds[i] for i in idx])
-                noise_B = torch.cat([noise[i] for i in idx])
-                sigma_B = torch.full((len(idx),), float(sigma))
-                noisy = add_noise(target_c.latents_BCTHW, noise_B, sigma_B)
-                target = target_c.latents_BCTHW if fl.objective == "x0" else velocity_target(target_c.latents_BCTHW, noise_B)
-                for name, src in variants.items():
-                    refs = None if src[0] is None else _stack([conds[src[i]] for i in idx])
-                    c = _with_references(target_c, refs)
-                    pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.device, self.dtype)
-                    if fl.objective == "x0":
-                        pred = x0_from_velocity(noisy, pred, sigma_B)
-                    per_variant[name].extend(per_sample_mse(pred, target).tolist())
-            for name in variants:
-                totals[name].append(sum(per_variant[name]) / n)
+            per_variant = self.per_sample_losses(model, conds, variants, float(sigma), seed=v.seed * 1000 + si)
+            for name, per_sample in per_variant.items():
+                totals[name].append(sum(per_sample.tolist()) / n)  # the scalars come back here, once per sigma
         true = totals["true"]
         out = {"val/loss": sum(true) / len(true)}
         out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(v.sigmas, true)})
@@ -171,6 +158,29 @@ class Validator:
                     out[f"val/reference_gap_{tag}_at_sigma_{s:g}"] = l - t
                     out[f"val/reference_gap_{tag}_rel_at_sigma_{s:g}"] = (l - t) / t
         return out
+
+    def per_sample_losses(self, model, conds: list[Conditions], variants: dict[str, list], sigma: float, *,
+                          seed: int) -> dict[str, torch.Tensor]:
+        """Per variant, the loss of every held-out sample at one sigma (a tensor [n] on the device),
+        in micro-batches; the noise comes from a generator seeded by `seed` alone."""
+        fl, n, mb = self.cfg.flow, len(conds), max(1, self.cfg.train.micro_batch_size)
+        gen = torch.Generator().manual_seed(seed)
+        noise = [randn(c.latents_BCTHW.shape, gen, c.latents_BCTHW.device) for c in conds]
+        per_variant = {k: [] for k in variants}
+        for start in range(0, n, mb):
+            idx = range(start, min(n, start + mb))
+            target_c = _stack([conds[i] for i in idx])
+            latents = target_c.latents_BCTHW
+            noise_B = torch.cat([noise[i] for i in idx])
+            sigma_B = torch.full((len(idx),), sigma, device=latents.device)
+            noisy = add_noise(latents, noise_B, sigma_B)
+            for name, src in variants.items():
+                refs = None if src[0] is None else _stack([conds[src[i]] for i in idx])
+                c = _with_references(target_c, refs)
+                pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.dtype)
+                pred, target = prediction_and_target(fl, pred, noisy, sigma_B, latents, noise_B)
+                per_variant[name].append(per_sample_mse(pred, target))
+        return {k: torch.cat(v) for k, v in per_variant.items()}
 
     # -- generated videos -------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.conditioning import denormalize_latents
+from e2v.conditioning import decode_latents
 from e2v.flow import x0_from_velocity
 
 
@@ -42,15 +42,14 @@ GAP = 2  # white pixels between tiles
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     """[-1,1] float [..., 3, H, W] -> uint8 [..., H, W, 3]."""
-    x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.movedim(-3, -1).numpy()
+    x = ((pixels.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.movedim(-3, -1).cpu().numpy()
 
 
 @torch.no_grad()
 def decode_pixels(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
-    """Normalised latents (16 channels) -> pixels [B,3,F,H,W] in [-1,1]."""
-    z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
-    return vae.decode(z, return_dict=False)[0].float().cpu().clamp(-1, 1)
+    """Normalised latents (16 channels) -> pixels [B,3,F,H,W] in [-1,1] on the VAE's device."""
+    return decode_latents(latents_BCTHW, vae).clamp(-1, 1)
 
 
 def hstack(tiles: list[np.ndarray]) -> np.ndarray:

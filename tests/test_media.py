@@ -14,7 +14,8 @@ def test_npz_probe_reads_only_the_header_and_load_normalises(tmp_path):
     assert (info.frames, info.height, info.width) == (9, 32, 48)
     video = load_video(tmp_path / "c.npz", 5, 32, 48, stride=2)
     assert video.shape == (3, 5, 32, 48)
-    torch.testing.assert_close(video, torch.from_numpy(frames[::2]).permute(3, 0, 1, 2).float() / 127.5 - 1)
+    assert video.dtype == torch.uint8  # pixels in [-1, 1] are made on the device (e2v/device.py)
+    torch.testing.assert_close(video, torch.from_numpy(frames[::2]).permute(3, 0, 1, 2))
     with pytest.raises(TooShortError, match="c.npz: too short"):
         load_video(tmp_path / "c.npz", 13, 32, 48)
     np.savez(tmp_path / "bad.npz", frames=frames.astype(np.float32))
@@ -48,7 +49,7 @@ def test_clip_resize_matches_pil_per_frame(resize_mode, reshape_mode):
 
     rng = np.random.default_rng(1)
     frames = (rng.integers(0, 256, (3, 36, 60, 3)) // 32 * 32).astype(np.uint8).repeat(2, 1).repeat(2, 2)
-    got = frames_to_video(frames, 32, 48, resize_mode, reshape_mode)
+    got = frames_to_video(frames, 32, 48, resize_mode, reshape_mode).float() / 127.5 - 1
     pil = center_crop if resize_mode == "center_crop" else resize
     want = np.stack([np.asarray(pil(Image.fromarray(f), 32, 48, RESAMPLE[reshape_mode])) for f in frames])
     want = torch.from_numpy(want).permute(3, 0, 1, 2).float() / 127.5 - 1

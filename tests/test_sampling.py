@@ -72,12 +72,12 @@ def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
     from diffusers import WanImageToVideoPipeline
 
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts
+    from e2v.models import build_tiny_parts, load_parts
     from e2v.sampling import generate, load_trained, make_scheduler
 
     tool = _sample_tool()
     cfg = load_config(viz_run / "config.yaml", check_paths=False)
-    parts = tool.load_frozen_parts(cfg, "cpu")
+    parts = load_parts(cfg, device="cpu")
     model = tool.to_inference_dtype(load_trained(parts.transformer, viz_run / "lora"), "cpu", torch.float32)
     calls = []
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
+from e2v.device import as_pixels
 from helpers_t2v import PROMPTS, make_npz_manifest, make_video_folder
 
 CONFIG = str(ROOT / "configs/t2v_lora.yaml")
@@ -108,7 +109,8 @@ def test_plain_video_folder_is_a_t2v_source(tmp_path):
     assert [(s.id, s.prompt) for s in samples] == [("0000", PROMPTS[0]), ("0001", PROMPTS[1])]
     item = E2VDataset(cfg, samples)[1]
     assert item["video"].shape == (3, NUM_FRAMES, SIZE, SIZE) and item["element_names"] == []
-    assert -1.0 <= item["video"].min() < -0.9 and 0.9 < item["video"].max() <= 1.0
+    pixels = as_pixels(item["video"])
+    assert item["video"].dtype == torch.uint8 and -1.0 <= pixels.min() < -0.9 and 0.9 < pixels.max() <= 1.0
 
 
 def test_run_trains_lora_only_with_accumulation(trained_run):

@@ -101,7 +101,7 @@ def test_seed_csv_elsewhere_and_short_clips_train_at_their_largest_4k_plus_1(tmp
     assert {s.video.name: s.bucket[0] for s in samples} == {"11.npz": 9, "20.npz": 17}
     item = E2VDataset(cfg, samples)[0]
     assert item["id"] == "000000_11" and item["video"].shape == (3, 9, SIZE, SIZE)
-    expected = torch.from_numpy(frames[11][:9]).permute(3, 0, 1, 2).float() / 127.5 - 1
+    expected = torch.from_numpy(frames[11][:9]).permute(3, 0, 1, 2)  # uint8: [-1, 1] on the device
     torch.testing.assert_close(item["video"], expected, atol=0, rtol=0)
 
 

@@ -228,7 +228,7 @@ def make_engine(transformer, cfg, cuda: bool, ds_config: dict | None = None):
     import torch
 
     from e2v.config import resolve_deepspeed_config
-    from train_e2v import lr_lambda
+    from e2v.engine import lr_lambda
 
     params = [p for p in transformer.parameters() if p.requires_grad]
     engine, _, _, scheduler = deepspeed.initialize(
@@ -245,7 +245,7 @@ class BareLoop:
     def __init__(self, transformer, cfg, device):
         import torch
 
-        from train_e2v import lr_lambda
+        from e2v.engine import lr_lambda
 
         self.model = transformer.to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -313,19 +313,19 @@ class StepRunner:
         """Everything after the conditions exist: flow sampling, model input, forward, loss,
         backward, optimizer, and (when logging) the loop's per-step bookkeeping."""
         from e2v.checkpoint import any_rank
-        from train_e2v import add_step_stats, forward_loss, model_inputs, step_scalars
+        from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 
         t_step = time.perf_counter()
         with phases("noise_and_input"):
-            sigma, noise, noisy_model_input, model_input = model_inputs(c, self.cfg.flow, self.gen)
+            sigma, noise, noisy_model_input = draw_flow(c, self.cfg.flow, self.gen)
         with phases("forward_and_loss"):
-            loss, per_sample, model_pred, target = forward_loss(model, c, sigma, noise, noisy_model_input, model_input,
-                                                                self.cfg, self.device, self.dtype)
+            loss, per_sample, model_pred, target = forward_loss(model, c, sigma, noise, noisy_model_input,
+                                                                self.cfg, self.dtype)
         if self.guard is not None:
             with phases("loss_check"):  # the loop's non-finite check: all ranks agree before backward
                 self.guard.bad(loss.item(), "loss", self.global_step + 1, [])
         with phases("backward"):
-            model.backward(loss.to(self.device))
+            model.backward(loss)
         with phases("optimizer"):
             model.step()
         if self.log is None:

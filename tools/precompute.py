@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.cache import CacheStore, bad_entries_message, compute_entry  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.data import BadSampleError, E2VDataset, index_samples  # noqa: E402
+from e2v.data import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
 from e2v.media import MediaError  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
 
@@ -77,14 +77,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(todo)} to compute -> {store.path(mine[0]).parent if mine else '-'}")
     if not todo and (rank != 0 or store.shared_path().exists()):
         return 0
-    parts = load_parts(cfg, with_encoders=True, device=str(device))
-    for m in (parts.vae, parts.text_encoder, parts.image_encoder):
-        if m is not None:
-            m.to(device).requires_grad_(False)
+    parts = load_parts(cfg, device=device, with_transformer=False)  # the transformer's config is all it reads
     if rank == 0:
         store.write_shared(parts)
     dataset = E2VDataset(cfg, mine)
-    workers = cfg.data.num_workers
+    workers = loader_workers(cfg)
     loader = torch.utils.data.DataLoader(_Pixels(dataset, todo), batch_size=None, collate_fn=_as_is, num_workers=workers,
                                          prefetch_factor=cfg.data.prefetch_factor if workers else None)
     t0, bad = time.perf_counter(), 0

@@ -93,15 +93,6 @@ def read_elements(args, cfg) -> dict:
     return images
 
 
-def load_frozen_parts(cfg, device: str):
-    """Every part of the config's model on `device`, in eval mode, no gradients."""
-    parts = load_parts(cfg, device=device)
-    for m in (parts.transformer, parts.vae, parts.text_encoder, parts.image_encoder):
-        if m is not None:
-            m.to(device).eval().requires_grad_(False)
-    return parts
-
-
 def to_inference_dtype(model, device: str, dtype: torch.dtype):
     """The transformer on `device` in `dtype`, except the modules diffusers keeps in fp32 (Wan's
     `_keep_in_fp32_modules`: time embedder, scale_shift_table, norms): a plain `.to(bf16)` would
@@ -139,7 +130,7 @@ def main(argv=None):
     if single and (len(prompts) > 1 or args.num_videos > 1 or args.also_base):
         raise SystemExit("--out FILE.mp4 takes one prompt and one video; give a folder for more")
 
-    parts = load_frozen_parts(cfg, args.device)
+    parts = load_parts(cfg, device=args.device)  # the encoders on the device; the transformer moves in run()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     options = dict(num_steps=args.steps or v.num_inference_steps,
                    guidance_scale=v.guidance_scale if args.guidance is None else args.guidance,
@@ -170,6 +161,9 @@ def main(argv=None):
     if args.also_base or not args.lora:  # the base first: loading the LoRA changes the model in place
         out += run(parts.transformer, "base")
     if args.lora:
+        # Back to the CPU first: a full fine-tune's load_trained returns a second transformer, and
+        # two 14B transformers do not fit on one GPU together.
+        parts.transformer.to("cpu")
         out += run(load_trained(parts.transformer, args.lora), "lora")
     print(f"[sample] wrote {len(out)} video(s): {out[0] if single else args.out}")
 

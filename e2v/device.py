@@ -1,0 +1,107 @@
+"""Where tensors live, from the loader to the loss (docs/architecture.md, "Devices").
+
+The convention, one rule per stage:
+- The DataLoader yields CPU tensors; the clip is uint8 [B,3,F,H,W] (a quarter of the float32 bytes
+  through the worker queue: 93 MB instead of 370 MB for 81 x 480 x 832).
+- `to_device` moves the whole batch to the accelerator once, at the start of the step; the
+  pixels become float [-1, 1] there (`as_pixels`).
+- Every model (the VAE, UMT5, CLIP, the transformer) sits on that device, and every tensor
+  derived from the batch (latents, conditions, masks, text and image tokens, noise, sigmas,
+  predictions, losses) is made on it or moved there where it is made.
+- Random draws come from CPU `torch.Generator`s (the same numbers on any device, and resumable:
+  their state is a CPU tensor): draw on the CPU, then move (`randn`).
+- Only scalars come back (`.item()` / `.tolist()` for the progress bar, the logs and the
+  non-finite guard); files are written from CPU copies.
+
+Tests hold the code to it on a CPU-only machine by putting the models on the meta device: any op
+that mixes a CPU tensor with a meta one raises, as a CPU/CUDA mix would on a GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+PIXEL_SCALE = 127.5  # uint8 -> [-1, 1]: x / 127.5 - 1, the diffusers VaeImageProcessor arithmetic
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter (frozen encoders live on one device)."""
+    return next(module.parameters()).device
+
+
+def as_pixels(video: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float32 in [-1, 1], on the tensor's device; float pixels pass unchanged."""
+    if video.dtype == torch.uint8:
+        return video.float() / PIXEL_SCALE - 1.0
+    return video
+
+
+def to_device(obj, device: torch.device | str):
+    """Every tensor of a batch (nested dicts, lists and tuples) on `device`; anything else as it is.
+    Pinned CPU memory (the loader's `pin_memory` on CUDA) makes the copy asynchronous."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def randn(shape, generator: torch.Generator | None, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Gaussian noise drawn from a CPU generator, then moved: the numbers do not depend on the
+    device, and a resumed run (which restores the generator) draws them again."""
+    return torch.randn(shape, generator=generator, dtype=dtype).to(device)
+
+
+def accelerator_device() -> torch.device:
+    """The device DeepSpeed's engine puts this rank's module on (cuda:<local rank>, or cpu)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return torch.device(get_accelerator().current_device_name())
+
+
+# --- which Adam -----------------------------------------------------------------------------------
+
+
+def deepspeed_adam_problem(offload: bool) -> str | None:
+    """Why DeepSpeed's own Adam cannot be had on this machine, or None when it can: the CPU Adam
+    (optimizer offload) is a C++ op and the FusedAdam a CUDA op; each is either prebuilt into the
+    deepspeed install (DS_BUILD_CPU_ADAM=1 / DS_BUILD_FUSED_ADAM=1 pip install deepspeed) or
+    JIT-built at the first step, which needs ninja and a C++ compiler (and nvcc for FusedAdam)."""
+    try:
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
+    except Exception as e:  # an install without op builders
+        return f"deepspeed's op builders are not importable ({e})"
+    builder = CPUAdamBuilder() if offload else FusedAdamBuilder()
+    if installed_ops.get(builder.NAME, False):
+        return None
+    missing = [tool for tool in ("ninja", "c++") if shutil.which(tool) is None]
+    if not offload:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME is None:
+            missing.append("nvcc (CUDA_HOME)")
+    if missing:
+        return f"{builder.NAME} is not prebuilt and JIT-building it needs {', '.join(missing)}"
+    if not builder.is_compatible(verbose=False):
+        return f"{builder.NAME} is not compatible with this machine (run `ds_report`)"
+    return None
+
+
+def choose_adam(torch_adam: bool | None, cuda: bool, offload: bool) -> tuple[bool, str]:
+    """(use torch's AdamW, why). `torch_adam` (deepspeed.torch_adam) decides when set. Without CUDA: torch's
+    AdamW (DeepSpeed's CPU Adam JIT-compiles for ~45 s and resumes 1e-4 off, torch's exactly).
+    With CUDA: DeepSpeed's Adam when it can be built, else torch's (`fused=True` on the GPU:
+    one kernel for all parameters, nothing to build)."""
+    if torch_adam is not None:
+        return torch_adam, f"deepspeed.torch_adam: {str(torch_adam).lower()}"
+    if not cuda:
+        return True, "no CUDA: torch's AdamW (exact resume, no op to build)"
+    problem = deepspeed_adam_problem(offload)
+    if problem is None:
+        return False, f"DeepSpeed's {'CPU Adam (optimizer offload)' if offload else 'FusedAdam'}"
+    return True, f"torch's AdamW{'' if offload else ' (fused)'}: {problem}"

@@ -1,0 +1,111 @@
+"""One training step's arithmetic, shared by everything that runs one: train_e2v.py, the benchmark
+(tools/bench.py), validation and the sampler (the transformer call).
+
+    sigma_B, noise  <- flow.sample_sigmas / randn, from the step's CPU generator, then moved
+    x_t             =  (1 - sigma) x0 + sigma noise
+    model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
+    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)
+    loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
+                    or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
+
+Every tensor stays on the device of the conditions (e2v/device.py); only the logged scalars come
+back to the CPU. Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from e2v.conditioning import Conditions
+from e2v.device import randn
+from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
+                      velocity_target, x0_from_velocity)
+
+
+def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:
+    """The transformer's input: x_t, then the condition channels when the model has any."""
+    return noisy_BCTHW if cond_BCTHW is None else torch.cat([noisy_BCTHW, cond_BCTHW], 1)
+
+
+def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """One transformer call -> the fp32 velocity on the model input's device. The timestep stays
+    fp32 (or int64, as the sampler passes it) for the fp32 time embedder."""
+    return model(
+        model_input(noisy_BCTHW, c.cond_BCTHW).to(dtype), timestep=timestep_B.to(noisy_BCTHW.device),
+        encoder_hidden_states=text_BLD.to(dtype),
+        encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),
+        return_dict=False,
+    )[0].float()
+
+
+def draw_flow(c: Conditions, fl, generator: torch.Generator):
+    """Flow matching's draw for one micro-batch: sigma_B (per sample) and the noise, from the CPU
+    generator and moved to the latents' device, and x_t."""
+    latents = c.latents_BCTHW
+    sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
+                          logit_mean=fl.logit_mean, logit_std=fl.logit_std,
+                          timestep_list=fl.denoising_step_list).to(latents.device)
+    noise = randn(latents.shape, generator, latents.device)
+    return sigma, noise, add_noise(latents, noise, sigma)
+
+
+def prediction_and_target(fl, model_pred, noisy_BCTHW, sigma_B, latents_BCTHW, noise_BCTHW):
+    """What the loss compares: the velocity and `noise - x0`, or (video regression, objective x0)
+    the clean-latent estimate `x_t - sigma * v` and the latents."""
+    if fl.objective == "x0":
+        return x0_from_velocity(noisy_BCTHW, model_pred, sigma_B), latents_BCTHW
+    return model_pred, velocity_target(latents_BCTHW, noise_BCTHW)
+
+
+def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dtype):
+    """The transformer on the micro-batch and the weighted loss. Returns (loss, per-sample loss,
+    prediction, target), all on the conditions' device, fp32."""
+    from e2v.models import activation_context
+
+    fl = cfg.flow
+    with activation_context(cfg.train.activation_offload):
+        model_pred = predict(model, noisy_model_input, 1000 * sigma, c, c.text_BLD, dtype)
+    model_pred, target = prediction_and_target(fl, model_pred, noisy_model_input, sigma, c.latents_BCTHW, noise)
+    per_sample = per_sample_mse(model_pred, target)
+    return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
+
+
+# --- what a step logs --------------------------------------------------------------------------
+
+
+def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
+    """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
+    is weak) and, for video regression, the latent statistics."""
+    for s, l in zip(sigma.tolist(), per_sample.tolist()):
+        stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+    if fl.objective == "x0":
+        for k, v in latent_stats(target, model_pred).items():
+            stats.setdefault(f"train/{k}", []).append(v)
+
+
+def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
+    """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
+    describe 1/world of the global batch); `*_ids` keys become the number of distinct ids over all
+    ranks instead (a bad sample met by two ranks or workers counts once). A collective."""
+    if world > 1:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, stats)
+        stats = {}
+        for part in gathered:
+            for k, v in part.items():
+                stats.setdefault(k, []).extend(v)
+    return {k: len(set(v)) if k.endswith("_ids") else sum(v) / len(v) for k, v in stats.items()}
+
+
+def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
+                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int) -> dict:
+    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
+    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
+    return {
+        "train/lr": lr, "train/grad_norm": grad_norm,
+        "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
+        "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
+        "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
+        "train/nonfinite_skipped": nonfinite, **ranks,
+    }
