@@ -39,7 +39,7 @@ def parse_args():
     p.add_argument("--dry_run", action="store_true", help="validate, index data, build on meta, print plan, exit")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args, old_flags = p.parse_known_args()
-    try:  # the finetrainers-style flags of SEED_FORMATS.md section 3 -> --dataset_configs / --set
+    try:  # old finetrainers-style flags (docs/formats.md) -> --dataset_configs / --set
         config, sets, notes = map_seed_flags(old_flags)
     except ConfigError as e:
         p.error(str(e))

@@ -1,4 +1,4 @@
-"""Condition tensors, built exactly as SkyReels-A2 inference builds them (A2_CONDITIONING.md).
+"""Condition tensors, built exactly as SkyReels-A2 inference builds them (docs/conditioning.md).
 
 VAE pathway: references in position order, reference k repeated `repeat[k]` times, zero (mid-grey)
 frames to F, ONE VAE encode of the whole condition video (`combine: before`; the causal VAE makes

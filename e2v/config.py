@@ -209,7 +209,7 @@ class ValidationSet:
 class Validation:
     every_n_steps: int = 0  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
     # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
-    # most at high noise (DESIGN.md "The demo must be able to show reference use").
+    # most at high noise; at low sigma the noisy input already shows the scene (e2v/validation.py).
     sigmas: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])
     num_samples: int = 4  # sample ids held out of training (when every_n_steps > 0), validated on
     seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
@@ -230,7 +230,8 @@ class VisProcessor:
     video: bool = False  # vae_decode: also an mp4 per sample
 
 
-# Visualization data names (SEED_FORMATS.md section 1); e2v/viz.py documents each tensor.
+# Visualization data names (docs/formats.md, "Visualization data names"); e2v/viz.py documents
+# each tensor.
 VIS_DATA = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents", "reference_images")
 VIS_FORMATS = {"latent_save": ("pt", "safetensors"), "vae_decode": ("png",)}
 
@@ -446,7 +447,8 @@ def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
         node[keys[-1]] = value
 
 
-# The video-regression seed's top-level keys (SEED_FORMATS.md section 6) and where they live here.
+# The video-regression seed's top-level keys (docs/formats.md, "The video-regression seed keys")
+# and where they live here.
 # dataset_base_path / metadata_path / height / width are mapped by hand below.
 SEED_REGRESSION_KEYS = {
     "num_frames": "data.num_frames",
@@ -803,7 +805,7 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# seed formats (SEED_FORMATS.md): the JSON dataset configs and the finetrainers-style flags
+# seed formats (docs/formats.md): the JSON dataset configs and the finetrainers-style flags
 # users already have, mapped onto the YAML schema with a printed note of every mapping
 # ---------------------------------------------------------------------------------------------
 
@@ -861,10 +863,10 @@ def _seed_element(el: Any, where: str, notes: list[str]) -> dict:
 
 
 def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
-    """A seed E2V dataset JSON (SEED_FORMATS.md sections 1-2, nested or flat element style) ->
-    (raw YAML mapping, notes). Keys we have no place for fail here, naming the JSON path."""
+    """A seed E2V dataset JSON (docs/formats.md, "The seed JSON dataset config"; nested or flat
+    element style) -> (raw YAML mapping, notes). Keys we have no place for fail here, naming the JSON path."""
     if not isinstance(raw, dict) or not isinstance(raw.get("datasets"), list) or not raw["datasets"]:
-        raise ConfigError(f"{source}: a seed JSON config needs a non-empty \"datasets\" list (SEED_FORMATS.md)")
+        raise ConfigError(f"{source}: a seed JSON config needs a non-empty \"datasets\" list (docs/formats.md)")
     extra_top = sorted(set(raw) - {"datasets"})
     if extra_top:
         raise ConfigError(f"{source}: unknown top-level key(s) {extra_top}; a seed JSON holds only \"datasets\"")
@@ -919,8 +921,8 @@ def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
     return out, notes
 
 
-# Old finetrainers flags (SEED_FORMATS.md section 3) -> the --set they mean. A value of None in the
-# template means "a switch without a value".
+# Old finetrainers flags (docs/formats.md, "The old command-line flags") -> the --set they mean.
+# A value of None in the template means "a switch without a value".
 SEED_FLAGS = {
     "--model_name": "model.pretrained={}",
     "--pretrained_model_name_or_path": "model.pretrained={}",

@@ -2,8 +2,9 @@
 
     x_t = (1 - sigma) * x0 + sigma * eps,   v = eps - x0,   timestep = 1000 * sigma
 
-`sigma = shift*u / (1 + (shift-1)*u)` is exactly FlowMatchEulerDiscreteScheduler's shift (FACTS.md);
-an Euler loop with v recovers x0. Legend: B batch, C latent channels, T latent frames, h/w latent size.
+`sigma = shift*u / (1 + (shift-1)*u)` is exactly FlowMatchEulerDiscreteScheduler's shift
+(tests/test_flow.py); an Euler loop with v recovers x0. Legend: B batch, C latent channels,
+T latent frames, h/w latent size.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def per_sample_mse(pred_BCTHW: torch.Tensor, target_BCTHW: torch.Tensor) -> torc
     return (pred_BCTHW.float() - target_BCTHW.float()).pow(2).flatten(1).mean(1)
 
 
-# --- what the loop logs (names follow the video-regression seed: SEED_FORMATS.md section 6) -----
+# --- what the loop logs (names follow the video-regression seed: docs/formats.md) ------------
 
 TIME_BUCKET_EDGES = (250, 500, 750, 1000)  # timestep ranges of `loss_at_time_<lo>-<hi>`
 

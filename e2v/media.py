@@ -37,7 +37,7 @@ class TooShortError(MediaError):
 
 def load_image(path: str | Path) -> Image.Image:
     """RGB image; RGBA / LA / palette-with-transparency is composited on white first, because A2's
-    subjects are segmented and placed on white (A2_CONDITIONING.md)."""
+    subjects are segmented and placed on white (docs/conditioning.md, "Element order")."""
     try:
         img = Image.open(path)
         img.load()

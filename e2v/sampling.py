@@ -2,7 +2,7 @@
 
 UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 steps, CFG 5),
 text-only classifier-free guidance: the unconditional pass uses the negative prompt with the SAME
-image tokens and VAE condition (A2_CONDITIONING.md "Denoising"). The conditions come from
+image tokens and VAE condition (docs/conditioning.md, "Inference"). The conditions come from
 `conditioning.encode_batch` on a batch shaped exactly like data.py's, so inference sees the
 layouts training saw (element order, repeats, mask, zero-padded CLIP blocks), for any number of
 elements, and for a T2V base (`e2v_type: none`: no condition, no image tokens).

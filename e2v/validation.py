@@ -8,14 +8,14 @@ generator seeded by `validation.seed` alone, conditions encoded once (frozen enc
 all elements kept). Nothing touches the training RNGs, so the curve is comparable between runs and
 two validations of the same weights give identical numbers.
 
-Reference use (DESIGN.md "The demo must be able to show reference use"): at the same sigmas and
+Reference use (README, "Look at what it learns"): at the same sigmas and
 noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens: the
 reference-dropout layout) and with the references shuffled across samples (sample i gets the
 references of sample i+1; needs >= 2 held-out samples). Logged as the plain difference and
 relative to the true-reference loss:
     val/reference_gap_shuffle     = loss_shuffled - loss_true           (likewise _drop)
     val/reference_gap_shuffle_rel = (loss_shuffled - loss_true) / loss_true
-positive = the model uses its references (the issue's bar: shuffle gap above 10% of the
+positive = the model uses its references (the bar the demo is held to: shuffle gap above 10% of the
 true-reference loss, i.e. _rel > 0.1). The shuffle gap is the honest one: a zeroed condition
 is out of distribution unless reference dropout was on in training. References matter most at
 high noise (at low sigma the noisy input already shows the scene), so the per-sigma gaps are

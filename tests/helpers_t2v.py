@@ -1,4 +1,4 @@
-"""Small generated datasets in the two seed formats without elements (SEED_FORMATS.md sections 5-6):
+"""Small generated datasets in the two seed formats without elements (docs/formats.md):
 an `.npz` JSONL manifest (text-to-video LoRA) and a `metadata.csv` of mp4 clips (video regression).
 
 Clips are a coloured square moving over a gradient, so the tiny VAE's latents differ between clips;

@@ -44,7 +44,7 @@ def test_expand_output_equals_t2v_exactly_in_fp32(in_channels, image_dim):
 
 
 def test_expand_new_modules_get_gradients_at_step_0():
-    """FACTS.md: at step 0 the new patch-embedding channels and add_v_proj get gradients (the
+    """At step 0 the new patch-embedding channels and add_v_proj get gradients (the
     other new modules sit behind the zero add_v_proj and get them from step 1)."""
     t2v = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
     e2v = expand_for_elements(t2v, 36, 32)
@@ -58,8 +58,8 @@ def test_expand_new_modules_get_gradients_at_step_0():
     ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v", 1.42), ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "t2v", 14.29),
     ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "i2v", 16.40)])
 def test_expand_meta_plan_has_the_real_wan_sizes(pretrained, base, billions):
-    """The known Wan configs built on the meta device (no download) have FACTS.md's parameter
-    counts; a T2V base expanded for dual elements gains 36 channels and image attention."""
+    """The known Wan configs built on the meta device (no download) have the released
+    models' parameter counts; a T2V base expanded for dual elements gains 36 channels and image attention."""
     raw = {"model": {"pretrained": pretrained, "base": base}, "e2v_type": "none",
            "data": {"datasets": [{"data_root": "."}], "elements": [{"name": "s", "suffixes": ["_s.png"]}]}}
     plain = build_meta_transformer(load_config(raw=raw, check_paths=False))

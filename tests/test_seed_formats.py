@@ -1,4 +1,4 @@
-"""The configs users already have (SEED_FORMATS.md sections 1-3): nested and flat E2V dataset JSON
+"""The configs users already have (docs/formats.md): nested and flat E2V dataset JSON
 and the finetrainers-style flags, mapped onto the YAML schema with a printed note; unknown keys
 still fail; a width of 854 fails at load time naming 848 and 864."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from e2v.config import ConfigError, load_config, map_seed_flags
 
-# SEED_FORMATS.md section 1, verbatim except the resolution (854 is tested on its own below).
+# The seed's nested-style example (docs/formats.md, "Element keys"), verbatim except the
+# resolution (854 is tested on its own below).
 NESTED = {"datasets": [{
     "data_root": "REPLACED", "dataset_type": "e2v",
     "target_resolution": [480, 832], "auto_frame_buckets": True, "reshape_mode": "bicubic",
@@ -36,8 +37,8 @@ NESTED = {"datasets": [{
 
 
 def flat_style() -> dict:
-    """SEED_FORMATS.md section 2: per element vae_repeat / position / clip_process, per dataset
-    clip_resolution / vae_combine."""
+    """Flat style (docs/formats.md, "Element keys"): per element vae_repeat / position /
+    clip_process, per dataset clip_resolution / vae_combine."""
     raw = copy.deepcopy(NESTED)
     ds = raw["datasets"][0]
     del ds["processors"]
@@ -149,8 +150,8 @@ def test_old_flags_map_to_set_overrides():
 
 
 def test_old_command_line_runs_the_entry_point(tmp_path, demo_data, capsys, monkeypatch):
-    """`train_e2v.py <section 3 flags> --dry_run` with the section 1 JSON: notes printed, the T2V
-    1.3B base planned expanded on the meta device (nothing downloaded)."""
+    """`train_e2v.py <the seed's old flags> --dry_run` with the nested-style JSON: notes printed,
+    the T2V 1.3B base planned expanded on the meta device (nothing downloaded)."""
     import train_e2v
 
     argv = list(SECTION_3)

@@ -1,4 +1,4 @@
-"""The text-to-video LoRA recipe (configs/t2v_lora.yaml, SEED_FORMATS.md section 5): an .npz JSONL
+"""The text-to-video LoRA recipe (configs/t2v_lora.yaml, docs/formats.md): an .npz JSONL
 manifest, `e2v_type: none` on the 16-channel T2V transformer, LoRA on the attention projections;
 the exported LoRA in a plain diffusers `WanPipeline`."""
 

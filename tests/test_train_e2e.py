@@ -63,7 +63,7 @@ def test_run_folder_and_logs(trained_run):
 
 
 def test_golden_losses(trained_run):
-    """STYLE.md 7: the fixed-seed tiny run's first losses. A change meant to keep the numerics
+    """Golden losses: the fixed-seed tiny run's first losses. A change meant to keep the numerics
     (a refactor, a faster data path) must reproduce them; a change that moves them on purpose
     says so in its commit and rewrites the file with E2V_UPDATE_GOLDEN=1. The tolerance only
     absorbs float32 kernel differences between CPUs (~1e-7); any change to the data, the

@@ -34,7 +34,7 @@ def test_logged_at_steps_and_videos_written(viz_run):
                     "val/reference_gap_shuffle_rel", "val/reference_gap_drop_rel",
                     "val/reference_gap_shuffle_rel_at_sigma_0.9", "val/reference_gap_drop_rel_at_sigma_0.3"):
             assert torch.isfinite(torch.tensor(d[tag])), tag
-        for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):  # the gap is a plain difference
+        for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):  # the gap is a plain difference
             gap = d[f"val/loss_{name}_refs"] - d["val/loss"]
             assert d[f"val/reference_gap_{tag}"] == pytest.approx(gap, rel=1e-6, abs=1e-12)
             assert d[f"val/reference_gap_{tag}_rel"] == pytest.approx(gap / d["val/loss"], rel=1e-6, abs=1e-12)

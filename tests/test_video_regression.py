@@ -1,4 +1,4 @@
-"""The video-regression recipe (configs/video_regression.yaml, SEED_FORMATS.md section 6): a CSV of
+"""The video-regression recipe (configs/video_regression.yaml, docs/formats.md): a CSV of
 clips, `flow.objective: x0` (loss on the clean-latent estimate x_t - sigma * v), timesteps drawn
 only from `denoising_step_list`, and the seed's logged names."""
 

@@ -63,7 +63,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 BENCH_DIR = ROOT / "bench"
 TINY_CONFIG = ROOT / "configs" / "e2v_tiny.yaml"
-GOAL_RATIO = 1.10  # the overhead goal: DeepSpeed step within 1.10x of the bare loop
+GOAL_RATIO = 1.10  # the overhead goal: DeepSpeed step within 1.10x of the bare loop
 
 # The presets. "small" is the tiny preset's encoders with a bigger transformer (2 heads x 128 =
 # Wan's head width, 4 layers) at 33 x 128 x 128: 576 video tokens, enough compute that framework
