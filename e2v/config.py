@@ -59,6 +59,11 @@ class Dataset:
     repeat: int = 1  # times each sample appears per epoch
 
 
+# A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
+# larger image costs seconds and GBs to decode per load and is more likely a mistake or a bomb.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
 @dataclass
 class Data:
     datasets: list[Dataset] = field(default_factory=list)
@@ -85,6 +90,10 @@ class Data:
     prefetch_factor: int = 2
     on_bad_sample: Literal["error", "skip"] = "error"
     shuffle: bool = True
+    max_image_pixels: int = MAX_IMAGE_PIXELS  # larger element images are bad samples, named
+    # csv / jsonl paths (and e2v-folder symlinks) that resolve outside data_root (or media_root
+    # when set) are bad samples unless true: a shared metadata file cannot read arbitrary files
+    allow_outside_root: bool = False
 
 
 @dataclass
@@ -577,6 +586,9 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if d.frame_buckets:
             raise ConfigError("data.time_division_factor and data.frame_buckets both set the frame counts: keep one")
         d.auto_frame_buckets = True  # the factor's counts are frame buckets (data.frame_bucket_list)
+    if d.max_image_pixels < 1:
+        raise ConfigError(f"data.max_image_pixels={d.max_image_pixels} must be >= 1 (default "
+                          f"{MAX_IMAGE_PIXELS}, a 50 MP photo)")
     if not d.datasets:
         raise ConfigError("data.datasets: at least one dataset is needed, e.g. [{data_root: path/to/data}]")
     for i, ds in enumerate(d.datasets):

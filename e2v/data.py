@@ -215,7 +215,8 @@ class E2VDataset(torch.utils.data.Dataset):
         f, h, w = sample_bucket(s, self.cfg)
         video = load_video(s.video, f, h, w, stride=d.frame_stride,
                            resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
-        images = {el.name: load_image(s.elements[el.name]) for el in self.elements if el.name in s.elements}
+        images = {el.name: load_image(s.elements[el.name], d.max_image_pixels)
+                  for el in self.elements if el.name in s.elements}
         return {"id": s.id, "video": video, "prompt": s.prompt, **element_inputs(self.cfg, images, h, w)}
 
     def __getitem__(self, index: int) -> dict:

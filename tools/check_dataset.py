@@ -41,7 +41,8 @@ from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files 
 from e2v.media import MediaError, TooShortError, load_image, probe_video  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
-ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P")  # load_image turns these into RGB faithfully
+# modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
+ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L")
 FPS_RATIO = 1.5  # fps further than this factor from the dataset median: motion speed differs
 MAX_CROP = 0.25  # center_crop cutting more than this share of the frame: a warning
 THUMB = 96  # contact sheet row height (px)

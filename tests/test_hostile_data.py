@@ -1,0 +1,105 @@
+"""Hostile and odd data: every Pillow mode a reference may come in, EXIF orientation, oversized
+images, prompts that are not UTF-8, paths that leave the data root, variable frame rate clips and
+over-long prompts; the validator and training name each, and the validator never crashes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+from e2v.config import ConfigError, load_config
+from e2v.media import ImageTooLargeError, MediaError, load_image
+
+# --- references: modes, orientation, size ------------------------------------------------------
+
+# mode -> (the image as a 2x1 array or a builder, the expected RGB pixels)
+MODE_TABLE = {
+    "I;16": (np.array([[0, 65535]], np.uint16), [(0, 0, 0), (255, 255, 255)]),
+    "I;16-mid": (np.array([[257 * 100, 257 * 200]], np.uint16), [(100,) * 3, (200,) * 3]),
+    "I-8bit": (np.array([[10, 250]], np.int32), [(10,) * 3, (250,) * 3]),
+    "I-16bit": (np.array([[0, 257 * 128]], np.int32), [(0,) * 3, (128,) * 3]),
+    "F-unit": (np.array([[0.0, 0.5]], np.float32), [(0,) * 3, (128,) * 3]),
+    "F-8bit": (np.array([[3.0, 200.0]], np.float32), [(3,) * 3, (200,) * 3]),
+    "1": (np.array([[False, True]]), [(0,) * 3, (255,) * 3]),
+    "L": (np.array([[7, 77]], np.uint8), [(7,) * 3, (77,) * 3]),
+    "LA": (np.array([[[0, 0], [100, 255]]], np.uint8), [(255,) * 3, (100,) * 3]),
+    "RGB": (np.array([[[1, 2, 3], [4, 5, 6]]], np.uint8), [(1, 2, 3), (4, 5, 6)]),
+    "RGBA": (np.array([[[255, 0, 0, 0], [0, 0, 255, 255]]], np.uint8), [(255, 255, 255), (0, 0, 255)]),
+    "CMYK": (np.array([[[0, 0, 0, 0], [255, 0, 0, 0]]], np.uint8), [(255, 255, 255), (0, 255, 255)]),
+    "YCbCr": (np.array([[[128, 128, 128], [255, 128, 128]]], np.uint8), [(128,) * 3, (255,) * 3]),
+}
+
+
+def _image(mode):
+    arr, _ = MODE_TABLE[mode]
+    pil_mode = mode.split("-")[0]
+    if pil_mode in ("I;16", "CMYK", "YCbCr"):
+        return Image.frombytes(pil_mode, (2, 1), arr.tobytes())
+    if pil_mode == "1":
+        return Image.fromarray(arr.astype(np.uint8) * 255).convert("1")
+    return Image.fromarray(arr)
+
+
+@pytest.mark.parametrize("mode", MODE_TABLE)
+def test_every_mode_loads_to_the_right_8bit_rgb(tmp_path, mode):
+    img = _image(mode)
+    assert img.mode == mode.split("-")[0]
+    # TIFF keeps every one of these modes on disk (PNG would store F / CMYK / YCbCr otherwise)
+    path = tmp_path / ("ref.png" if img.mode in ("I;16", "1", "L", "LA", "RGB", "RGBA") else "ref.tiff")
+    img.save(path)
+    assert Image.open(path).mode == img.mode
+    out = load_image(path)
+    assert out.mode == "RGB"
+    assert [tuple(p) for p in np.asarray(out)[0]] == MODE_TABLE[mode][1]
+
+
+def test_palette_modes_composite_transparency_on_white(tmp_path):
+    pal = Image.new("P", (2, 1))
+    pal.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
+    pal.putdata([0, 1])
+    pal.info["transparency"] = 0
+    pal.save(tmp_path / "p.png", transparency=0)
+    assert [tuple(p) for p in np.asarray(load_image(tmp_path / "p.png"))[0]] == [(255, 255, 255), (10, 20, 30)]
+    pa = Image.frombytes("PA", (2, 1), bytes([1, 0, 1, 255]))
+    pa.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
+    from e2v.media import to_rgb8
+
+    assert [tuple(p) for p in np.asarray(to_rgb8(pa))[0]] == [(255, 255, 255), (10, 20, 30)]
+
+
+def test_unscalable_float_image_stops_naming_the_file(tmp_path):
+    Image.fromarray(np.array([[-5.0, 1000.0]], np.float32)).save(tmp_path / "hdr.tiff")
+    with pytest.raises(MediaError, match=r"hdr.tiff: F image with values -5\.\.1000.*8-bit RGB PNG"):
+        load_image(tmp_path / "hdr.tiff")
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    """Stored 32 wide x 16 high, red left / blue right, EXIF orientation 6 (shown rotated 90 degrees
+    clockwise): it loads 16 wide x 32 high with red on top, as diffusers' load_image shows it."""
+    arr = np.zeros((16, 32, 3), np.uint8)
+    arr[:, :16] = (255, 0, 0)
+    arr[:, 16:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(arr).save(tmp_path / "phone.jpg", exif=exif, quality=95)
+    out = np.asarray(load_image(tmp_path / "phone.jpg")).astype(int)
+    assert out.shape == (32, 16, 3)
+    assert out[4, 8, 0] > 200 and out[4, 8, 2] < 50  # top: red
+    assert out[28, 8, 2] > 200 and out[28, 8, 0] < 50  # bottom: blue
+
+
+def test_image_over_max_pixels_is_refused_before_decoding(tmp_path):
+    Image.new("RGB", (100, 60)).save(tmp_path / "big.png")
+    with pytest.raises(ImageTooLargeError, match=r"big.png: 100x60 = 0.0 MP is over data.max_image_pixels.*downscale"):
+        load_image(tmp_path / "big.png", max_pixels=5999)
+    assert load_image(tmp_path / "big.png", max_pixels=6000).size == (100, 60)
+
+
+def test_max_image_pixels_bound_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="data.max_image_pixels=0 must be >= 1"):
+        load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={tmp_path}", "data.max_image_pixels=0"])
