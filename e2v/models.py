@@ -90,6 +90,20 @@ def _seeded(seed: int):
     return ctx
 
 
+def clip_image_processor(path: str | None = None, subfolder: str | None = None, **kwargs):
+    """The PIL CLIP image processor: from a folder (`path`), else built from `kwargs`.
+
+    A2's CLIP pixels come from the PIL processor. transformers 5 made `CLIPImageProcessor` the
+    torchvision-backed one whenever torchvision is importable, and its resize moves pixels by a
+    few levels, so which one ran would depend on what else is installed. The PIL class is
+    `CLIPImageProcessorPil` from transformers 5, `CLIPImageProcessor` itself before."""
+    try:
+        from transformers import CLIPImageProcessorPil as cls
+    except ImportError:
+        from transformers import CLIPImageProcessor as cls
+    return cls.from_pretrained(path, subfolder=subfolder) if path is not None else cls(**kwargs)
+
+
 def build_tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -107,7 +121,7 @@ def build_tiny_tokenizer():
 
 def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = True,
                      with_encoders: bool = True) -> Parts:
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     from e2v.tiny_vae import build_tiny_vae
 
@@ -126,7 +140,7 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
             hidden_size=32, projection_dim=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, image_size=32, patch_size=8,
         ))
-        image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        image_processor = clip_image_processor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     finally:
         ctx.__exit__(None, None, None)
     for m in (text_encoder, image_encoder, vae):
@@ -142,7 +156,7 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
     """Wan2.1 diffusers folders: transformer/ vae/ text_encoder/ tokenizer/ (+ image_encoder/,
     image_processor/ for I2V). VAE and CLIP stay fp32 as in A2's inference; UMT5 in weight_dtype.
     Under a ZeRO-3 `ds_config` the transformer is partitioned at load (load_transformer_zero3)."""
-    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
+    from transformers import AutoTokenizer, CLIPVisionModel, UMT5EncoderModel
 
     path = cfg.model.pretrained
     wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
@@ -173,8 +187,7 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, device: str =
         in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
         parts.image_encoder = CLIPVisionModel.from_pretrained(
             clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32).to(device)
-        parts.image_processor = CLIPImageProcessor.from_pretrained(
-            clip_path, subfolder="image_processor" if in_pipeline else None)
+        parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else None)
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):
         if m is not None:
             m.requires_grad_(False).eval()
