@@ -141,7 +141,8 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     to `excluded` (so the run can count them beside the samples skipped while loading)."""
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
-        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
+        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
+                                cfg.data.allow_outside_root)
         probs += assign_buckets(found, cfg)
         bad = {p.sample for p in probs}
         samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))

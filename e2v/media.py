@@ -209,6 +209,20 @@ def probe_video(path: str | Path) -> VideoInfo:
     return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
 
 
+def frame_intervals(path: str | Path) -> np.ndarray:
+    """Seconds between consecutive frames, from the container's presentation timestamps; empty for
+    `.npz` (no clock) and one-frame clips. A constant-rate clip has one value throughout."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return np.zeros(0)
+    vr = _reader(path)
+    try:
+        starts = vr.get_frame_timestamp(list(range(len(vr))))[:, 0]
+    except Exception as e:
+        raise MediaError(f"cannot read the frame timestamps of {path}: {e}") from e
+    return np.diff(starts)
+
+
 def _check_channels(frame_shape, path) -> None:
     # decord 0.6.0 mis-strides some widths (16, 24, 48, 72 px seen): the frame comes back with 4 or
     # 6 "channels" and get_batch fails with "DECORDArrayCopyFromTo: The size must exactly match".

@@ -119,6 +119,20 @@ def build_tiny_tokenizer():
                                    unk_token="<unk>", model_max_length=512)
 
 
+def load_tokenizer(cfg: Config, offline: bool = True):
+    """The configured prompt tokenizer without its encoder (tools/check_dataset.py counts tokens
+    with it): the tiny one, or model.pretrained's tokenizer/ folder; None when that cannot be
+    loaded (offline: nothing is downloaded)."""
+    if cfg.model.preset == "tiny":
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(cfg.model.pretrained, subfolder="tokenizer", local_files_only=offline)
+    except Exception:  # not downloaded, no tokenizer/ folder, a missing sentencepiece: the caller estimates
+        return None
+
+
 def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = True,
                      with_encoders: bool = True) -> Parts:
     from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
