@@ -142,3 +142,90 @@ def test_clip_processor_is_the_pil_one_even_when_torchvision_is_importable(tmp_p
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["True", "True"], proc.stdout
+
+
+# --- prompts that are not UTF-8, paths outside the root, oversized references: both policies ---
+
+from test_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, run_check  # noqa: E402
+
+
+def _cfg(tmp_path, config, *sets):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(config.replace("DATA", str(tmp_path / "data")))
+    return load_config(path, list(sets))
+
+
+def _index_both_policies(tmp_path, config, named, sample_id, kind, *sets):
+    """error: index_samples stops, naming `named`; skip: the sample is left out and counted."""
+    from e2v.data import BadSampleError, index_samples
+
+    with pytest.raises(BadSampleError, match=named):
+        index_samples(_cfg(tmp_path, config, *sets), verbose=False)
+    excluded = []
+    samples = index_samples(_cfg(tmp_path, config, "data.on_bad_sample=skip", *sets), verbose=False,
+                            excluded=excluded)
+    assert [(p.sample, p.kind) for p in excluded] == [(sample_id, kind)]
+    assert sample_id not in {s.id for s in samples} and len(samples) == 3
+    return excluded[0]
+
+
+def test_folder_prompt_not_utf8_is_a_named_bad_sample(tmp_path):
+    data = clean_set(tmp_path / "data")
+    (data / "001.txt").write_bytes(b"a caf\xe9 scene")  # latin-1
+    p = _index_both_policies(tmp_path, CONFIG, r"001.txt: prompt is not UTF-8 text.*iconv", "001", "not_utf8")
+    assert p.file == str(data / "001.txt")
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_manifest_row_not_utf8_names_file_and_line(tmp_path, kind):
+    meta = csv_set(tmp_path / "data", [("000", "clip 0"), ("001", "clip 1"), ("002", "clip 2"), ("003", "clip 3")])
+    config = CSV_CONFIG
+    if kind == "jsonl":
+        meta = meta.parent / "train.jsonl"
+        meta.write_bytes(b"".join(json.dumps({"path": f"../{i:03d}.mp4", "prompt": f"clip {i}",
+                                              "person": f"../{i:03d}_person.png"}).encode() + b"\n" for i in range(4)))
+        config = CSV_CONFIG.replace("dataset_type: csv, metadata_path: lists/meta.csv",
+                                    "dataset_type: jsonl, metadata_path: lists/train.jsonl")
+    meta.write_bytes(meta.read_bytes().replace(b"clip 1", b"clip \xe91"))
+    line = 3 if kind == "csv" else 2
+    p = _index_both_policies(tmp_path, config, rf"{meta.name} line {line}: 'prompt' not UTF-8 text",
+                             "000001_001", "not_utf8")
+    assert p.file == f"{meta} line {line}"
+
+
+def test_paths_outside_the_root_are_refused_unless_allowed(tmp_path):
+    meta = csv_set(tmp_path / "data", [("000", "clip 0"), ("001", "clip 1"), ("002", "clip 2"), ("003", "clip 3")])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.png").write_bytes((tmp_path / "data/001_person.png").read_bytes())
+    text = meta.read_text()
+    for variant in (f"{outside}/secret.png", "../../outside/secret.png", "../link.png"):
+        if variant == "../link.png":
+            (tmp_path / "data/link.png").symlink_to(outside / "secret.png")
+        meta.write_text(text.replace("../001_person.png", variant))
+        p = _index_both_policies(tmp_path, CSV_CONFIG, rf"meta.csv line 3: 'person' path .*outside the dataset root "
+                                 r".*data.allow_outside_root: true", "000001_001", "outside_root")
+        assert str(outside / "secret.png") in p.problem
+        from e2v.data import index_samples
+
+        allowed = index_samples(_cfg(tmp_path, CSV_CONFIG, "data.allow_outside_root=true"), verbose=False)
+        assert len(allowed) == 4
+    # an e2v folder: a symlinked reference that leads out
+    data = tmp_path / "data"
+    (data / "001_person.png").unlink()
+    (data / "001_person.png").symlink_to(outside / "secret.png")
+    _index_both_policies(tmp_path, CONFIG, "001_person.png: element 'person' symlink", "001", "outside_root")
+
+
+def test_oversized_reference_is_a_bad_sample_in_training(tmp_path):
+    from e2v.data import BadSampleError, E2VDataset, index_samples
+
+    data = clean_set(tmp_path / "data", n=3)
+    Image.new("RGB", (400, 300)).save(data / "001_person.png")
+    cfg = _cfg(tmp_path, CONFIG, "data.max_image_pixels=100000")
+    samples = index_samples(cfg, verbose=False)
+    with pytest.raises(BadSampleError, match=r"001_person.png: 400x300 = 0.1 MP is over data.max_image_pixels"):
+        E2VDataset(cfg, samples)[1]
+    cfg = _cfg(tmp_path, CONFIG, "data.max_image_pixels=100000", "data.on_bad_sample=skip")
+    item = E2VDataset(cfg, samples)[1]
+    assert item["id"] == "002" and [s for s, _ in item["skipped"]] == ["001"]
