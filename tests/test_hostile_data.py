@@ -229,3 +229,68 @@ def test_oversized_reference_is_a_bad_sample_in_training(tmp_path):
     cfg = _cfg(tmp_path, CONFIG, "data.max_image_pixels=100000", "data.on_bad_sample=skip")
     item = E2VDataset(cfg, samples)[1]
     assert item["id"] == "002" and [s for s, _ in item["skipped"]] == ["001"]
+
+
+# --- the validator on a folder with every hostile input -----------------------------------------
+
+
+def vfr_clip(path, frames=24):
+    """64x64 clip whose frames are 0.125 s apart for the first half, 0.1875 s after (a phone's VFR)."""
+    import imageio_ffmpeg
+
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    "testsrc=size=64x64:rate=16", "-frames:v", str(frames), "-vf",
+                    "setpts='if(lt(N,12),2*N,24+3*(N-12))/16/TB'", "-fps_mode", "passthrough", "-c:v", "libx264",
+                    "-pix_fmt", "yuv444p", str(path)], check=True)
+
+
+def hostile_set(root):
+    """clean_set plus one hostile input per sample -> {(sample, kind)} the validator must report."""
+    from test_check_dataset import sample
+
+    clean_set(root)
+    Image.fromarray(np.full((48, 40), 40000, np.uint16)).save(root / "000_person.png")  # 16-bit: loads fine
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (40, 48), (9, 9, 9)).save(root / "001_person.png", exif=exif)  # rotated: loads fine
+    expected = set()
+    sample(root, "030")
+    (root / "030.txt").write_bytes(b"caf\xe9 au lait")
+    expected.add(("030", "not_utf8"))
+    sample(root, "031")
+    Image.new("RGB", (400, 300)).save(root / "031_person.png")
+    expected.add(("031", "element_too_large"))
+    sample(root, "032")
+    (root.parent / "elsewhere.png").write_bytes((root / "032_person.png").read_bytes())
+    (root / "032_person.png").unlink()
+    (root / "032_person.png").symlink_to(root.parent / "elsewhere.png")
+    expected.add(("032", "outside_root"))
+    sample(root, "033")
+    vfr_clip(root / "033.mp4")
+    expected.add(("033", "variable_fps"))
+    sample(root, "034", prompt=" ".join(f"word{i % 7}" for i in range(600)))
+    expected.add(("034", "prompt_too_long"))
+    sample(root, "035")
+    Image.fromarray(np.full((48, 40), -5.0, np.float32)).save(root / "035_person.tiff")
+    (root / "035_person.tiff").rename(root / "035_person.png")  # a float image with no 8-bit scale
+    expected.add(("035", "element_unreadable"))
+    sample(root, "036")
+    for f in ("036.mp4", "036.txt", "036_person.png"):  # a name that is not UTF-8
+        os.rename(root / f, os.fsencode(root) + b"/036\xff" + f[3:].encode())
+    expected.add(("036\udcff", "video_unreadable"))
+    return root, expected
+
+
+def test_validator_names_every_hostile_input_once_and_writes_its_report(tmp_path):
+    data, expected = hostile_set(tmp_path / "data")
+    proc, report = run_check(tmp_path, data, "--set", "data.max_image_pixels=100000")
+    assert "Traceback" not in proc.stderr and report is not None, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout
+    found = [(p["sample"], p["kind"]) for p in report["problems"]]
+    assert sorted(found) == sorted(expected), f"missing {expected - set(found)}, unexpected {set(found) - expected}"
+    by_kind = {p["kind"]: p for p in report["problems"]}
+    assert by_kind["not_utf8"]["file"] == str(data / "030.txt")
+    assert "counted with the configured tokenizer" in by_kind["prompt_too_long"]["problem"]
+    assert "0.125 to 0.188 s apart" in by_kind["variable_fps"]["problem"]
+    for p in report["problems"]:
+        assert f"{p['problem']} -> {p['fix']}" in proc.stdout
