@@ -14,6 +14,7 @@ from PIL import Image
 from conftest import ROOT
 from e2v.config import ConfigError, load_config
 from e2v.media import ImageTooLargeError, MediaError, load_image
+from test_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, run_check, sample
 
 # --- references: modes, orientation, size ------------------------------------------------------
 
@@ -146,9 +147,6 @@ def test_clip_processor_is_the_pil_one_even_when_torchvision_is_importable(tmp_p
 
 # --- prompts that are not UTF-8, paths outside the root, oversized references: both policies ---
 
-from test_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, run_check  # noqa: E402
-
-
 def _cfg(tmp_path, config, *sets):
     path = tmp_path / "cfg.yaml"
     path.write_text(config.replace("DATA", str(tmp_path / "data")))
@@ -203,7 +201,7 @@ def test_paths_outside_the_root_are_refused_unless_allowed(tmp_path):
         if variant == "../link.png":
             (tmp_path / "data/link.png").symlink_to(outside / "secret.png")
         meta.write_text(text.replace("../001_person.png", variant))
-        p = _index_both_policies(tmp_path, CSV_CONFIG, rf"meta.csv line 3: 'person' path .*outside the dataset root "
+        p = _index_both_policies(tmp_path, CSV_CONFIG, r"meta.csv line 3: 'person' path .*outside the dataset root "
                                  r".*data.allow_outside_root: true", "000001_001", "outside_root")
         assert str(outside / "secret.png") in p.problem
         from e2v.data import index_samples
@@ -246,8 +244,6 @@ def vfr_clip(path, frames=24):
 
 def hostile_set(root):
     """clean_set plus one hostile input per sample -> {(sample, kind)} the validator must report."""
-    from test_check_dataset import sample
-
     clean_set(root)
     Image.fromarray(np.full((48, 40), 40000, np.uint16)).save(root / "000_person.png")  # 16-bit: loads fine
     exif = Image.Exif()
