@@ -61,6 +61,11 @@ class Dataset:
     repeat: int = 1  # times each sample appears per epoch
 
 
+# A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
+# larger image costs seconds and GBs to decode per load and is more likely a mistake or a bomb.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
 @dataclass
 class Data:
     datasets: list[Dataset] = field(default_factory=list)
@@ -89,6 +94,10 @@ class Data:
     prefetch_factor: int = 2
     on_bad_sample: Literal["error", "skip"] = "error"
     shuffle: bool = True
+    max_image_pixels: int = MAX_IMAGE_PIXELS  # larger element images are bad samples, named
+    # csv / jsonl paths (and e2v-folder symlinks) that resolve outside data_root (or media_root
+    # when set) are bad samples unless true: a shared metadata file cannot read arbitrary files
+    allow_outside_root: bool = False
 
 
 @dataclass
@@ -225,7 +234,7 @@ class Validation:
 class VisProcessor:
     type: Literal["latent_save", "vae_decode"]
     data: list[str] = field(default_factory=lambda: ["input_latents", "predicted_latents"])
-    format: str = "pt"  # latent_save: pt | safetensors; vae_decode: png
+    format: Optional[str] = None  # latent_save: pt | safetensors; vae_decode: png. None: the type's first
     frames: list[int] = field(default_factory=lambda: [0, -1])  # vae_decode: frames written as PNG
     video: bool = False  # vae_decode: also an mp4 per sample
 
@@ -540,6 +549,12 @@ def nearest_valid_sizes(x: int, multiple: int = 16) -> tuple[int, int]:
     return lo, lo + multiple
 
 
+def nearest_valid_size(x: int, multiple: int = 16) -> int:
+    """The multiple of 16 nearest x (a tie rounds down: less upscaling)."""
+    lo, hi = nearest_valid_sizes(x, multiple)
+    return lo if x - lo <= hi - x else hi
+
+
 def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) -> None:
     """Cross-field checks: everything that would otherwise fail deep inside the VAE or the loop."""
     d = cfg.data
@@ -560,7 +575,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if x % 16:
             lo, hi = nearest_valid_sizes(x)
             if d.resolution_policy == "round":
-                x = lo if x - lo <= hi - x else hi
+                x = nearest_valid_size(x)
             else:
                 raise ConfigError(
                     f"data.resolution: {name} {x} is not a multiple of 16 (VAE /8, then patch 2); "
@@ -583,6 +598,9 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if d.frame_buckets:
             raise ConfigError("data.time_division_factor and data.frame_buckets both set the frame counts: keep one")
         d.auto_frame_buckets = True  # the factor's counts are frame buckets (data.frame_bucket_list)
+    if d.max_image_pixels < 1:
+        raise ConfigError(f"data.max_image_pixels={d.max_image_pixels} must be >= 1 (default "
+                          f"{MAX_IMAGE_PIXELS}, a 50 MP photo)")
     if not d.datasets:
         raise ConfigError("data.datasets: at least one dataset is needed, e.g. [{data_root: path/to/data}]")
     for i, ds in enumerate(d.datasets):
@@ -714,6 +732,7 @@ def _validate_validation(cfg: Config) -> None:
     if vis.frequency < 1:
         raise ConfigError(f"visualization.frequency={vis.frequency} must be >= 1")
     for i, p in enumerate(vis.processors):
+        p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
         bad = [d for d in p.data if d not in VIS_DATA]
         if bad:
             raise ConfigError(f"visualization.processors[{i}].data: unknown {bad}; valid: {', '.join(VIS_DATA)}")
@@ -915,9 +934,19 @@ def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
         notes.append(f"{source}: {next(k for k, d in SEED_DATASET_KEYS.items() if d == dotted)} -> {dotted}")
     pv = out.get("processors", {}).get("vae", {})
     if pv.get("resolution") is not None and pv["resolution"] == out["data"].get("resolution"):
-        del pv["resolution"]  # implied by data.resolution; keeping it would block resolution_policy: round
+        del pv["resolution"]  # implied by data.resolution; keeping it would block the rounding below
         notes.append(f"{source}: processors.vae.resolution equals target_resolution -> dropped (the condition "
                      "video always has the target's size)")
+    # Seed configs were written for 854-wide video (480p at 16:9); Wan needs multiples of 16. A
+    # foreign config rounds, saying so; our own YAML keeps data.resolution_policy: error.
+    res = out["data"].get("resolution")
+    if isinstance(res, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in res):
+        rounded = [nearest_valid_size(x) for x in res]
+        if rounded != res:
+            out["data"]["resolution"] = rounded
+            changed = ", ".join(f"{x} -> {r}" for x, r in zip(res, rounded) if x != r)
+            notes.append(f"{source}: target_resolution {res} -> data.resolution {rounded} ({changed}: Wan needs "
+                         "multiples of 16, VAE /8 then patch 2)")
     return out, notes
 
 

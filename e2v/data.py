@@ -143,7 +143,8 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     to `excluded` (so the run can count them beside the samples skipped while loading)."""
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
-        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
+        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
+                                cfg.data.allow_outside_root)
         probs += assign_buckets(found, cfg)
         bad = {p.sample for p in probs}
         samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
@@ -217,7 +218,8 @@ class E2VDataset(torch.utils.data.Dataset):
         f, h, w = sample_bucket(s, self.cfg)
         video = load_video(s.video, f, h, w, stride=d.frame_stride,
                            resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
-        images = {el.name: load_image(s.elements[el.name]) for el in self.elements if el.name in s.elements}
+        images = {el.name: load_image(s.elements[el.name], d.max_image_pixels)
+                  for el in self.elements if el.name in s.elements}
         return {"id": s.id, "video": video, "prompt": s.prompt, **element_inputs(self.cfg, images, h, w)}
 
     def __getitem__(self, index: int) -> dict:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
+
+from e2v.config import MAX_IMAGE_PIXELS
 
 RESAMPLE = {
     "bicubic": Image.BICUBIC,
@@ -35,21 +37,88 @@ class TooShortError(MediaError):
 # --- images ------------------------------------------------------------------------------------
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """RGB image; RGBA / LA / palette-with-transparency is composited on white first, because A2's
-    subjects are segmented and placed on white (docs/conditioning.md, "Element order")."""
+class ImageTooLargeError(MediaError):
+    """An image over data.max_image_pixels, refused before its pixels are decoded."""
+
+
+# data.max_image_pixels replaces Pillow's own bomb limit: Pillow's raises DecompressionBombError
+# without the file name (and only above 2 x 89 MP, warning below). Every image the trainer reads
+# goes through load_image, which checks the size from the header before decoding anything.
+Image.MAX_IMAGE_PIXELS = None
+
+
+def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """8-bit RGB image, upright, from any Pillow mode a reference may come in.
+
+    The EXIF orientation is applied (ImageOps.exif_transpose, as diffusers' load_image does in
+    A2's inference), so a phone photo trains the way it is shown. Transparency (RGBA, LA, PA,
+    palette with a transparent colour) is composited on white, because A2's subjects are
+    segmented and placed on white (docs/conditioning.md); the other modes map by to_rgb8."""
     try:
         img = Image.open(path)
-        img.load()
     except Exception as e:  # PIL raises many types; the user needs the path either way
         raise MediaError(f"cannot read image {path}: {e}") from e
-    if img.mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
-    if img.mode in ("RGBA", "LA"):
+    w, h = img.size
+    if w * h > max_pixels:
+        img.close()
+        raise ImageTooLargeError(f"{path}: {w}x{h} = {w * h / 1e6:.1f} MP is over data.max_image_pixels "
+                                 f"({max_pixels / 1e6:g} MP); downscale the image (references are resized to "
+                                 "the video size anyway) or raise data.max_image_pixels")
+    try:
+        img.load()
+        img = ImageOps.exif_transpose(img)
+    except Exception as e:
+        raise MediaError(f"cannot read image {path}: {e}") from e
+    return to_rgb8(img, path)
+
+
+TRANSPARENT_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+
+
+def to_rgb8(img: Image.Image, path: str | Path = "image") -> Image.Image:
+    """Any Pillow mode -> 8-bit RGB. `img.convert("RGB")` alone clips high-bit-depth images:
+    a 16-bit grey PNG (I;16, levels 0..65535) comes out nearly all white. So:
+    - I;16*: 16-bit levels, / 257 (65535 -> 255);
+    - I (32-bit integer): levels within 0..255 are taken as 8-bit, within 0..65535 as 16-bit
+      (/ 257; an image darker than 256/65536 everywhere is then read as 8-bit), else an error;
+    - F (float): values within [0, 1] are scaled by 255, within [0, 255] taken as 8-bit, else
+      an error (no scale can be guessed);
+    - transparent modes: composited on white; everything else: Pillow's conversion."""
+    mode = img.mode
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return Image.fromarray(_gray_levels_u8(np.asarray(img), mode, path)).convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        img, mode = img.convert("RGBA"), "RGBA"
+    if mode in TRANSPARENT_MODES:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
-    return img.convert("RGB")
+    try:
+        return img.convert("RGB")
+    except ValueError as e:  # e.g. HSV, LAB: no conversion in Pillow
+        raise MediaError(f"{path}: image mode {mode} cannot be converted to RGB ({e}); save it as an RGB PNG") from e
+
+
+def _gray_levels_u8(arr, mode: str, path) -> np.ndarray:
+    """One grey channel of a high-bit-depth mode -> uint8 levels (the rules in to_rgb8)."""
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise MediaError(f"{path}: {mode} image holds NaN or infinite values; save it as an 8-bit RGB PNG")
+    lo, hi = (arr.min(), arr.max()) if arr.size else (0.0, 0.0)
+    if mode.startswith("I;16"):
+        scale = 257.0
+    elif mode == "I" and lo >= 0 and hi <= 255:
+        scale = 1.0
+    elif mode == "I" and lo >= 0 and hi <= 65535:
+        scale = 257.0
+    elif mode == "F" and lo >= 0 and hi <= 1:
+        scale = 1 / 255
+    elif mode == "F" and lo >= 0 and hi <= 255:
+        scale = 1.0
+    else:
+        raise MediaError(f"{path}: {mode} image with values {lo:g}..{hi:g}: no 8-bit scale can be inferred "
+                         "(expected 0..255 or 0..65535, or 0..1 for floats); save it as an 8-bit RGB PNG")
+    return np.round(arr / scale).clip(0, 255).astype(np.uint8)
 
 
 def pad_white(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
@@ -138,6 +207,20 @@ def probe_video(path: str | Path) -> VideoInfo:
         raise MediaError(f"cannot decode the first frame of {path}: {e}") from e
     _check_channels(first, path)
     return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
+
+
+def frame_intervals(path: str | Path) -> np.ndarray:
+    """Seconds between consecutive frames, from the container's presentation timestamps; empty for
+    `.npz` (no clock) and one-frame clips. A constant-rate clip has one value throughout."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return np.zeros(0)
+    vr = _reader(path)
+    try:
+        starts = vr.get_frame_timestamp(list(range(len(vr))))[:, 0]
+    except Exception as e:
+        raise MediaError(f"cannot read the frame timestamps of {path}: {e}") from e
+    return np.diff(starts)
 
 
 def _check_channels(frame_shape, path) -> None:

@@ -93,6 +93,20 @@ def _seeded(seed: int):
     return ctx
 
 
+def clip_image_processor(path: str | None = None, subfolder: str | None = None, **kwargs):
+    """The PIL CLIP image processor: from a folder (`path`), else built from `kwargs`.
+
+    A2's CLIP pixels come from the PIL processor. transformers 5 made `CLIPImageProcessor` the
+    torchvision-backed one whenever torchvision is importable, and its resize moves pixels by a
+    few levels, so which one ran would depend on what else is installed. The PIL class is
+    `CLIPImageProcessorPil` from transformers 5, `CLIPImageProcessor` itself before."""
+    try:
+        from transformers import CLIPImageProcessorPil as cls
+    except ImportError:
+        from transformers import CLIPImageProcessor as cls
+    return cls.from_pretrained(path, subfolder=subfolder) if path is not None else cls(**kwargs)
+
+
 def build_tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -108,9 +122,23 @@ def build_tiny_tokenizer():
                                    unk_token="<unk>", model_max_length=512)
 
 
+def load_tokenizer(cfg: Config, offline: bool = True):
+    """The configured prompt tokenizer without its encoder (tools/check_dataset.py counts tokens
+    with it): the tiny one, or model.pretrained's tokenizer/ folder; None when that cannot be
+    loaded (offline: nothing is downloaded)."""
+    if cfg.model.preset == "tiny":
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(cfg.model.pretrained, subfolder="tokenizer", local_files_only=offline)
+    except Exception:  # not downloaded, no tokenizer/ folder, a missing sentencepiece: the caller estimates
+        return None
+
+
 def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = True,
                      with_encoders: bool = True) -> Parts:
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     from e2v.tiny_vae import build_tiny_vae
 
@@ -129,7 +157,7 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
             hidden_size=32, projection_dim=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, image_size=32, patch_size=8,
         ))
-        image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        image_processor = clip_image_processor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     finally:
         ctx.__exit__(None, None, None)
     for m in (text_encoder, image_encoder, vae):
@@ -161,7 +189,7 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transfor
     Under a ZeRO-3 `ds_config` the transformer is partitioned at load (load_transformer_zero3).
     Without `with_transformer` it is built on the meta device from its config (tools that only
     read its shape, such as precompute)."""
-    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
+    from transformers import AutoTokenizer, CLIPVisionModel, UMT5EncoderModel
 
     path = resolve_pretrained(cfg.model.pretrained)
     wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
@@ -194,8 +222,7 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transfor
         in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
         parts.image_encoder = CLIPVisionModel.from_pretrained(
             clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32)
-        parts.image_processor = CLIPImageProcessor.from_pretrained(
-            clip_path, subfolder="image_processor" if in_pipeline else None)
+        parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else None)
     return parts
 
 

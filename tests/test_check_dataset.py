@@ -84,8 +84,8 @@ def defect_set(root):
     clip(root / "017.mov", seed=17)  # two videos with id 017
     expect("017", "duplicate_id")
     sample(root, "018")
-    Image.new("CMYK", (40, 48)).save(root / "018_object.jpg")
-    (root / "018_object.jpg").rename(root / "018_object.png")  # PIL reads by content: a CMYK image
+    Image.new("F", (40, 48), 0.5).save(root / "018_object.tiff")
+    (root / "018_object.tiff").rename(root / "018_object.png")  # PIL reads by content: a float image (scale guessed)
     expect("018", "element_mode")
     sample(root, "019")
     Image.new("RGB", (8, 8)).save(root / "019_object.png")  # tiny reference

@@ -1,6 +1,7 @@
 """The configs users already have (docs/formats.md): nested and flat E2V dataset JSON
 and the finetrainers-style flags, mapped onto the YAML schema with a printed note; unknown keys
-still fail; a width of 854 fails at load time naming 848 and 864."""
+still fail; a seed width of 854 rounds to 848 with a printed note (our YAML stops on it instead),
+and the seed examples as users have them dry-run through the real entry point."""
 
 from __future__ import annotations
 
@@ -107,14 +108,43 @@ def test_seed_json_unknown_keys_fail_with_the_path(tmp_path, demo_data):
         load_config(write(tmp_path, raw, demo_data))
 
 
-def test_seed_json_width_854_is_rejected_at_load_with_nearest_sizes(tmp_path, demo_data):
+def section_1_verbatim() -> dict:
+    """SEED_FORMATS.md section 1 exactly as users have it: 854 wide."""
     raw = copy.deepcopy(NESTED)
     raw["datasets"][0]["target_resolution"] = [480, 854]
     raw["datasets"][0]["processors"]["vae"]["resolution"] = [480, 854]
-    path = write(tmp_path, raw, demo_data)
+    return raw
+
+
+def test_seed_json_width_854_rounds_to_848_with_a_note(tmp_path, demo_data, capsys):
+    cfg = load_config(write(tmp_path, section_1_verbatim(), demo_data))
+    assert cfg.data.resolution == [480, 848] and cfg.data.resolution_policy == "error"
+    assert "target_resolution [480, 854] -> data.resolution [480, 848] (854 -> 848: " in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"width 854 is not a multiple of 16.*848 and 864"):
-        load_config(path)
-    assert load_config(path, ["data.resolution_policy=round"]).data.resolution == [480, 848]
+        load_config("configs/e2v.yaml", ["data.resolution=[480,854]"], check_paths=False)  # our YAML: no guessing
+
+
+def no_vis_formats() -> dict:
+    """Section 1 with visualization processors that name no format (the default follows the type)."""
+    raw = section_1_verbatim()
+    for proc in raw["datasets"][0]["visualization"]["processors"]:
+        del proc["format"]
+    return raw
+
+
+@pytest.mark.parametrize("example", [section_1_verbatim, no_vis_formats, flat_style])
+def test_seed_examples_dry_run_verbatim(tmp_path, demo_data, capsys, monkeypatch, example):
+    """`train_e2v.py --config seed.json --dry_run` with only data_root changed."""
+    import train_e2v
+
+    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", write(tmp_path, example(), demo_data), "--dry_run"])
+    train_e2v.main()
+    out = capsys.readouterr().out
+    assert "8 samples" in out
+    if example is not flat_style:
+        assert "854 -> 848" in out
+    cfg = load_config(write(tmp_path, example(), demo_data))
+    assert [(p.type, p.format) for p in cfg.visualization.processors] == [("latent_save", "pt"), ("vae_decode", "png")]
 
 
 SECTION_3 = ("--model_name Wan-AI/Wan2.1-T2V-1.3B-Diffusers --training_type e2v-lora --output_dir ./output/x "

@@ -5,15 +5,19 @@
         [--json report.json] [--contact-sheet DIR] [--workers N]
 
 Per sample: the video decodes (first, middle and last frame), its frame count fits a frame bucket
-(too short = error) and its fps is near the dataset's median; its size and aspect against the
-target (upscaling, heavy cropping: warnings); required elements present and loadable, element
-image size and mode; empty captions (error) and duplicate captions (warning). Per dataset: a
+(too short = error), its fps is near the dataset's median and constant (variable frame rate: a
+warning); its size and aspect against the target (upscaling, heavy cropping: warnings); required
+elements present and loadable, element image size (over data.max_image_pixels: error) and mode;
+empty captions and captions that are not UTF-8 (errors), duplicate captions and captions over the
+text encoder's 512 tokens (warnings: the rest is cut off); paths outside the dataset root (error
+unless data.allow_outside_root). Per dataset: a
 missing or unreadable CSV / JSONL file (error), orphan files that belong to no sample, duplicate
 ids (two videos of one id: error; a repeated CSV / JSONL row: warning, it trains twice), and
 bucket occupancy per epoch (after repeat and weight, as training counts it) against
 micro_batch_size x world size. Prints a summary table and one line per problem (file: problem ->
 fix), writes a JSON report, and exits 1 when a sample would fail training (0 otherwise; 2 for a
-config error). `--contact-sheet DIR` writes one PNG per sample: references, then the first,
+config error). It never stops on a bad file: whatever a sample holds, it becomes a named problem
+and the report is written. `--contact-sheet DIR` writes one PNG per sample: references, then the first,
 middle and last frames, for a person to look at. Workers run in parallel processes.
 """
 
@@ -35,14 +39,22 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.data import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
 from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
-from e2v.media import MediaError, TooShortError, load_image, probe_video  # noqa: E402
+from e2v.media import (ImageTooLargeError, MediaError, TooShortError, frame_intervals, load_image,  # noqa: E402
+                       probe_video)
+from e2v.models import load_tokenizer  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
-ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P")  # load_image turns these into RGB faithfully
+# modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
+ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L")
 FPS_RATIO = 1.5  # fps further than this factor from the dataset median: motion speed differs
+VFR_RATIO = 1.25  # longest / shortest frame interval of one clip above this: variable frame rate
+# Without the configured tokenizer (offline, not downloaded) prompt length is estimated from words:
+# UMT5's sentencepiece gives about 1.3 tokens per English word (more for rare words, digits, CJK).
+TOKENS_PER_WORD = 1.3
 MAX_CROP = 0.25  # center_crop cutting more than this share of the frame: a warning
 THUMB = 96  # contact sheet row height (px)
 
@@ -64,7 +76,19 @@ def _thumb(img: Image.Image) -> np.ndarray:
 
 
 def check_sample(job: tuple) -> dict:
-    """One sample -> {id, dataset, info..., problems: [Problem as dict]}; runs in a worker process."""
+    """One sample -> {id, dataset, info..., problems: [Problem as dict]}; runs in a worker process.
+    A failure no check foresaw is the sample's problem too, so one odd file never stops the run."""
+    s = job[0]
+    try:
+        return _check_sample(job)
+    except Exception as e:
+        problem = Problem(s.id, str(s.video), f"could not be checked: {type(e).__name__}: {str(e)[:300]}",
+                          "inspect the sample's files (video, prompt, references) or remove the sample",
+                          "check_failed")
+        return {"id": s.id, "dataset": s.dataset, "video": str(s.video), "problems": [asdict(problem)]}
+
+
+def _check_sample(job: tuple) -> dict:
     s, cfg, sheet_dir = job
     problems: list[Problem] = []
 
@@ -86,6 +110,16 @@ def check_sample(job: tuple) -> dict:
     except Exception as e:  # decord raises its own types on truncated streams
         add(s.video, f"cannot decode frames: {str(e).splitlines()[0][:200]}", "re-encode or replace the clip",
             "video_unreadable")
+    if frames is not None and s.video.suffix != ".npz":
+        try:
+            gaps = frame_intervals(s.video)
+        except MediaError as e:
+            gaps = np.zeros(0)
+            add(s.video, str(e), "re-encode the clip", "video_unreadable", "warning")
+        if len(gaps) and gaps.min() > 0 and gaps.max() / gaps.min() > VFR_RATIO:
+            add(s.video, f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so motion "
+                "speed changes within the clip (frames are taken by index)", "re-encode at a constant rate, "
+                "e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT", "variable_fps", "warning")
     if info is not None:
         try:
             f, h, w = choose_bucket(info.frames, info.height, info.width, cfg)
@@ -103,7 +137,11 @@ def check_sample(job: tuple) -> dict:
         try:
             with Image.open(path) as raw:
                 mode, size = raw.mode, raw.size
-            img = load_image(path)
+            img = load_image(path, cfg.data.max_image_pixels)
+        except ImageTooLargeError as e:
+            problem, fix = str(e).replace(f"{path}: ", "").split("; ", 1)
+            add(path, f"element '{name}' {problem}", fix, "element_too_large")
+            continue
         except (MediaError, OSError) as e:
             add(path, f"element '{name}' unreadable ({e})",
                 "replace the image (PNG or JPEG, RGB or RGBA)", "element_unreadable")
@@ -124,9 +162,28 @@ def check_sample(job: tuple) -> dict:
     return out
 
 
+def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
+    """Prompts over the text encoder's TEXT_LEN tokens (encode_text cuts the rest off), counted
+    with the configured tokenizer, or estimated from words when it cannot be loaded offline."""
+    tokenizer = load_tokenizer(cfg) if samples else None
+    prompts = [s.prompt for s in samples]
+    if tokenizer is not None:
+        counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]] if prompts else []
+        how = "counted with the configured tokenizer"
+    else:
+        counts = [round(len(p.split()) * TOKENS_PER_WORD) for p in prompts]
+        how = (f"estimated as {TOKENS_PER_WORD} tokens per word: the configured tokenizer could not be loaded "
+               "offline")
+    return [Problem(s.id, s.prompt_source, f"prompt is {n} tokens ({how}); the text encoder keeps the first "
+                    f"{TEXT_LEN}, the rest is cut off", f"shorten the prompt to under {TEXT_LEN} tokens",
+                    "prompt_too_long", "warning")
+            for s, n in zip(samples, counts) if n > TEXT_LEN]
+
+
 def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int) -> tuple[list[Problem], str]:
-    """Checks across samples: duplicate captions, fps outliers, bucket occupancy (+ the bucket table)."""
-    problems = []
+    """Checks across samples: duplicate captions, long prompts, fps outliers, bucket occupancy (+ the
+    bucket table)."""
+    problems = long_prompts(cfg, samples)
     by_prompt: dict[tuple, list[Sample]] = {}
     for s in samples:
         if s.prompt.strip():
@@ -176,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contact-sheet", dest="contact_sheet", default=None, metavar="DIR",
                    help="write a PNG per sample: references | first, middle, last frame")
     args = p.parse_args(argv)
+    # file names need not be UTF-8 (bytes become surrogates): print them escaped rather than crash
+    sys.stdout.reconfigure(errors="backslashreplace")
     if not args.config and not args.data_root:
         p.error("give --config or --data_root")
     try:
@@ -187,9 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     samples, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
         try:
-            found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i)
+            found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
+                                    cfg.data.allow_outside_root)
         except MetadataError as e:  # the whole dataset is unusable: one problem, the others are still checked
             problems.append(Problem(f"dataset {i}", e.file, e.problem, e.fix, "metadata_unreadable"))
+            continue
+        except Exception as e:  # unforeseen (an unreadable folder, ...): the same, never a traceback
+            problems.append(Problem(f"dataset {i}", ds.metadata_path or ds.data_root,
+                                    f"cannot be indexed: {type(e).__name__}: {str(e)[:300]}",
+                                    "check the folder and metadata file are readable", "metadata_unreadable"))
             continue
         samples += found
         problems += probs
