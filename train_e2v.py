@@ -25,7 +25,9 @@ from e2v.config import (ConfigError, adam_choice, load_config, map_seed_flags, r
 from e2v.data import distinct_over_ranks, index_samples, make_loader
 from e2v.device import to_device
 from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
-from e2v.models import count_params, describe_plan, knows_shape_offline, load_parts, preflight, trained_fp32_kept
+from e2v.models import load_parts
+from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
+from e2v.precision import trained_fp32_kept
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer

@@ -425,7 +425,7 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
 def _export_dtype(name: str) -> torch.dtype:
     """bf16, except the modules diffusers keeps in fp32: rounding them to bf16 would change the
     model diffusers loads."""
-    from e2v.models import kept_in_fp32
+    from e2v.precision import kept_in_fp32
 
     return torch.float32 if kept_in_fp32(name) else torch.bfloat16
 

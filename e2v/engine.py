@@ -14,7 +14,9 @@ import random
 
 import torch
 
-from e2v.models import fp32_kept_params, is_expanded, restore_fp32_params, setup_training
+from e2v.expand import is_expanded
+from e2v.precision import fp32_kept_params, restore_fp32_params
+from e2v.trainable import setup_training
 
 
 def rank_seed(seed: int, rank: int) -> int:

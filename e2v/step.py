@@ -61,8 +61,6 @@ def prediction_and_target(fl, model_pred, noisy_BCTHW, sigma_B, latents_BCTHW, n
 def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dtype):
     """The transformer on the micro-batch and the weighted loss. Returns (loss, per-sample loss,
     prediction, target), all on the conditions' device, fp32."""
-    from e2v.models import activation_context
-
     fl = cfg.flow
     with activation_context(cfg.train.activation_offload):
         model_pred = predict(model, noisy_model_input, 1000 * sigma, c, c.text_BLD, dtype)
@@ -109,3 +107,15 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
         "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
         "train/nonfinite_skipped": nonfinite, **ranks,
     }
+
+
+def activation_context(offload: bool):
+    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA they
+    go to pinned CPU memory (torch.autograd.graph.save_on_cpu) and come back for backward; with
+    gradient checkpointing those are only the block boundaries. Costs a host<->device copy of
+    each saved tensor per step. Without CUDA there is nothing to offload: a no-op."""
+    import contextlib
+
+    if offload and torch.cuda.is_available():
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()

@@ -18,7 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_parts():
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0)
 

@@ -269,7 +269,7 @@ def test_encoder_guard_stops_every_encoder_construction(tmp_path):
     script = """
 import sys
 sys.path.insert(0, {root!r})
-from e2v.models import build_tiny_parts
+from e2v.tiny import build_tiny_parts
 from e2v.tiny_vae import build_tiny_vae
 from transformers import CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 build_tiny_parts(seed=0, with_encoders=False)

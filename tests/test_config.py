@@ -131,7 +131,7 @@ def test_set_into_a_list_needs_an_index():
 
 def test_preflight_rejects_model_mismatches_on_the_meta_device():
     """Checks that need the model's shape run before any weight loads (seconds, not a 14B load)."""
-    from e2v.models import preflight
+    from e2v.plan import preflight
 
     with pytest.raises(ValueError, match=r"train.trainable: no parameter name matches \['no_such_module'\]"):
         preflight(load_config(raw=cfg(train__trainable=["no_such_module"])))

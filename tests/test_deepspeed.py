@@ -139,7 +139,9 @@ from diffusers import WanTransformer3DModel
 from deepspeed.utils import safe_get_full_fp32_param
 from e2v.checkpoint import init_distributed
 from e2v.config import load_config
-from e2v.models import build_tiny_parts, fp32_kept_params, restore_fp32_params, setup_training
+from e2v.precision import fp32_kept_params, restore_fp32_params
+from e2v.tiny import build_tiny_parts
+from e2v.trainable import setup_training
 
 init_distributed()
 model = build_tiny_parts(seed=0, with_encoders=False).transformer

@@ -31,7 +31,7 @@ def meta_parts(tiny_parts):
     prompt on a GPU."""
     import transformers.masking_utils as masking
 
-    from e2v.models import place_encoders
+    from e2v.parts import place_encoders
 
     peek = masking._ignore_bidirectional_mask_sdpa
     with pytest.MonkeyPatch.context() as mp:
@@ -152,7 +152,7 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
     to the meta device; the partitions themselves are DeepSpeed's (on the accelerator it reports)."""
     import os
 
-    import e2v.models as models
+    import e2v.zero3_load as zero3_load
     from e2v.checkpoint import init_distributed
 
     tiny_parts.transformer.save_pretrained(tmp_path / "transformer")
@@ -162,9 +162,9 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
                           LOCAL_RANK="0")
         init_distributed()
     try:
-        monkeypatch.setattr(models, "accelerator_device", lambda: META)
+        monkeypatch.setattr(zero3_load, "accelerator_device", lambda: META)
         ds = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
-        model, _ = models.load_transformer_zero3(tmp_path / "transformer", ds, torch.float32)
+        model, _ = zero3_load.load_transformer_zero3(tmp_path / "transformer", ds, torch.float32)
         buffers = dict(model.named_buffers())
         assert buffers and all(b.device == META for b in buffers.values()), {n: b.device for n, b in buffers.items()}
     finally:

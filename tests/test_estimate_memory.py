@@ -73,7 +73,8 @@ def test_frozen_weights_add_only_their_16bit_copy():
 
 def test_counts_equal_the_training_setup():
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, setup_training
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
 
     cfg = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer

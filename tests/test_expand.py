@@ -12,7 +12,9 @@ import torch
 
 from conftest import run_train
 from e2v.config import load_config
-from e2v.models import build_meta_transformer, build_tiny_parts, count_params, expand_for_elements
+from e2v.expand import expand_for_elements
+from e2v.plan import build_meta_transformer, count_params
+from e2v.tiny import build_tiny_parts
 
 
 def _inputs(in_channels: int, image_blocks: int | None, seed: int = 0) -> dict:
@@ -103,7 +105,8 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
     from e2v.checkpoint import load_extra_modules
-    from e2v.models import expand_from_export, expansion_modules, setup_training
+    from e2v.expand import expand_from_export, expansion_modules
+    from e2v.trainable import setup_training
 
     lora = expand_run / "lora"
     shape = json.loads((lora / "e2v_model.json").read_text())

@@ -23,7 +23,7 @@ PLAIN_DIFFUSERS = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
-from e2v.models import build_tiny_parts
+from e2v.tiny import build_tiny_parts
 from e2v.checkpoint import load_extra_modules
 
 def pipe():
@@ -69,7 +69,8 @@ def _engine_weights_output(run: Path, probe: dict) -> torch.Tensor:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, setup_training
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag="step_000008",
                                                      exclude_frozen_parameters=True)
@@ -138,7 +139,7 @@ def test_every_transformer_parameter_has_an_original_wan_name():
     """All parameters of an I2V-layout transformer (norms, modulation, image embedder included):
     our diffusers -> Wan table, then diffusers' Wan -> diffusers conversion, is the identity."""
     from e2v.checkpoint import wan_original_key
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     names = [n for n, _ in build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters()]
     original = {f"diffusion_model.{wan_original_key(n)}": n for n in names}
@@ -157,7 +158,7 @@ def test_lora_outside_the_blocks_loads_from_the_comfyui_copy():
     from peft.utils import get_peft_model_state_dict
 
     from e2v.checkpoint import check_comfy_mappable, comfy_lora, lora_module_names
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=8, lora_alpha=4, target_modules=["to_q", "ffn.net.2", "proj_out", "time_proj"]))
@@ -194,7 +195,7 @@ def test_lora_the_comfyui_copy_cannot_carry_fails_at_setup(targets, culprit):
     from peft import LoraConfig
 
     from e2v.checkpoint import check_comfy_mappable, lora_module_names
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=targets))
@@ -222,7 +223,8 @@ def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
 
     from e2v.checkpoint import export_lora
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, setup_training
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
 
     cfg = load_config(ROOT / "configs/e2v_tiny.yaml", ["model.training_type=full"], check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -260,7 +262,7 @@ def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_
     from peft.utils import get_peft_model_state_dict
 
     from e2v.checkpoint import COMFY_FILE, write_lora_exports
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "patch_embedding"]))

@@ -113,7 +113,7 @@ import sys
 sys.path.insert(0, {root!r})
 from transformers.utils import is_torchvision_available
 from transformers.image_processing_backends import PilBackend
-from e2v.models import clip_image_processor
+from e2v.parts import clip_image_processor
 
 assert is_torchvision_available(), "the stub must make transformers see torchvision"
 from transformers import CLIPImageProcessor

@@ -21,7 +21,7 @@ from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train, train_command
 from e2v.checkpoint import (MANIFEST, checkpoint_problem, find_resume, load_extra_modules, prune_checkpoints,
                             remove_stale_saves)
-from e2v.models import build_tiny_parts
+from e2v.tiny import build_tiny_parts
 
 
 # The real entry point, plus one test-only step: just before the end-of-run export, every rank

@@ -72,7 +72,8 @@ def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
     from diffusers import WanImageToVideoPipeline
 
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, load_parts
+    from e2v.models import load_parts
+    from e2v.tiny import build_tiny_parts
     from e2v.sampling import generate, load_trained, make_scheduler
 
     tool = _sample_tool()
@@ -118,7 +119,7 @@ def test_bf16_sampling_keeps_diffusers_fp32_modules(tmp_path):
     import imageio.v3 as iio
     from diffusers import WanTransformer3DModel
 
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     tool = _sample_tool()
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -190,7 +191,7 @@ def test_one_reference_matches_diffusers_i2v_pipeline(tiny_parts):
 def test_t2v_matches_diffusers_wan_pipeline():
     from diffusers import WanPipeline
 
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
     from e2v.sampling import generate, make_scheduler
 
     cfg = _cfg("e2v_type=none", "model.base=t2v")

@@ -34,7 +34,7 @@ def npz_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def t2v_parts():
     """What load_parts builds for this config with model.preset tiny (built once: ~3 s)."""
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0, base="t2v")
 
@@ -173,7 +173,8 @@ def test_exported_lora_in_wan_pipeline_reproduces_the_trained_model(trained_run,
 
     # Second path: the DeepSpeed checkpoint's module weights in a freshly built peft-wrapped model.
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, setup_training
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
 
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer

@@ -25,7 +25,7 @@ def trained_run(demo_data, tmp_path_factory):
 def _pipe():
     from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
 
     p = build_tiny_parts(seed=0)
     return WanImageToVideoPipeline(
@@ -94,7 +94,8 @@ def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(traine
 
     # Second path: the DeepSpeed checkpoint's module weights in a freshly built peft model.
     from e2v.config import load_config
-    from e2v.models import build_tiny_parts, setup_training
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
 
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, with_encoders=False).transformer

@@ -51,7 +51,7 @@ def trained_validator(viz_run, tiny_parts):
 
     from e2v.config import load_config
     from e2v.data import index_samples
-    from e2v.models import build_tiny_parts
+    from e2v.tiny import build_tiny_parts
     from e2v.sampling import load_trained
     from e2v.validation import Validator, split_held_out
 

@@ -158,7 +158,8 @@ def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
     from e2v.config import load_config
     from e2v.data import index_samples, make_loader
     from e2v.flow import sample_sigmas
-    from e2v.models import load_parts, setup_training
+    from e2v.models import load_parts
+    from e2v.trainable import setup_training
 
     run, _ = trained_run
     cfg = load_config(run / "config.yaml")

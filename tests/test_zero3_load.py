@@ -63,7 +63,7 @@ def test_fp32_zero3_offload_load_trains_like_the_preset(sharded_folder, demo_dat
 
 def test_expanded_t2v_base_falls_back_to_the_whole_model_load(tmp_path):
     from e2v.config import load_config
-    from e2v.models import zero3_load_blocker
+    from e2v.zero3_load import zero3_load_blocker
 
     (tmp_path / "transformer").mkdir()
     cfg = load_config(ROOT / "configs/e2v_tiny.yaml", ["model.preset=null", f"model.pretrained={tmp_path}",

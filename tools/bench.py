@@ -191,7 +191,9 @@ def build_parts(preset: str, cfg, with_encoders: bool, device: str):
     import torch
     from diffusers import WanTransformer3DModel
 
-    from e2v.models import build_tiny_parts, load_parts, setup_training, tiny_transformer_config
+    from e2v.models import load_parts
+    from e2v.tiny import build_tiny_parts, tiny_transformer_config
+    from e2v.trainable import setup_training
 
     if preset == "model":
         parts = load_parts(cfg, with_encoders=with_encoders, device=device)

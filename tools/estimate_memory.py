@@ -28,7 +28,9 @@ small models against the formula, within 20%). On GPUs, flash attention saves th
 tensors. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
 bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per element each
 (5e8 elements in the shipped configs: 2 GB in bf16), and a fixed 2 GB per GPU for the CUDA
-context, kernels' workspaces and fragmentation.
+context, kernels' workspaces and fragmentation. Plus the frozen encoders an online run keeps on
+every GPU (e2v.plan.encoder_bytes: UMT5-XXL in bf16 10.6 GiB, CLIP ViT-H 2.4 GiB and the VAE 0.5
+GiB in fp32), none with cache.enabled.
 """
 
 from __future__ import annotations
@@ -43,14 +45,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 from e2v.config import Config, load_config  # noqa: E402
-from e2v.models import CLIP_VIT_H, build_meta_transformer, is_expanded, setup_training  # noqa: E402
+from e2v.expand import is_expanded  # noqa: E402
+from e2v.parts import CLIP_VIT_H  # noqa: E402
+from e2v.plan import build_meta_transformer, encoder_bytes  # noqa: E402
+from e2v.trainable import setup_training  # noqa: E402
 
 GB = 2**30
 OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
 ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
 ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
-# Short names for the released Wan2.1 transformers (their configs: e2v.models.KNOWN_WAN_CONFIGS).
+# Short names for the released Wan2.1 transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
 KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
                 "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}
 
@@ -133,16 +138,18 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     counts = count_model(cfg)
     s, ctx = tokens(cfg)
     e = 2 if cfg.train.mixed_precision == "bf16" else 4
+    encoders = sum(encoder_bytes(cfg).values())  # resident on every GPU unless the cache replaces them
     rows = []
     for ds_name in SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
         for ckpt, off in ((False, False), (True, False), (True, True)):
             act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off)
             buffers = buffer_bytes(ds_name, e)
-            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + OVERHEAD_GB * GB
+            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + encoders + OVERHEAD_GB * GB
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
                              params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
-                             activations_gb=act_gpu / GB, buffers_gb=buffers / GB, gpu_total_gb=gpu / GB,
+                             activations_gb=act_gpu / GB, buffers_gb=buffers / GB, encoders_gb=encoders / GB,
+                             gpu_total_gb=gpu / GB,
                              cpu_per_node_gb=(st["cpu"] + act_cpu * gpus) / GB, fits=gpu <= gpu_mem_gb * GB))
     configured = next(r for r in rows if r["ds_config"] == Path(cfg.deepspeed.config).name
                       and r["gradient_checkpointing"] == cfg.train.gradient_checkpointing
@@ -176,11 +183,14 @@ def main() -> None:
           f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
           f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
     print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
-          f"{'bufs':>5s} {'total':>7s} {'CPU':>7s}  fits")
+          f"{'bufs':>5s} {'encod':>6s} {'total':>7s} {'CPU':>7s}  fits")
     for x in r["rows"]:
         print(f"  {x['ds_config']:20s} {str(x['gradient_checkpointing'])[0]:5s} {str(x['activation_offload'])[0]:5s} "
               f"{x['params_gb']:7.2f} {x['grads_gb']:6.2f} {x['optimizer_gb']:6.2f} {x['activations_gb']:7.2f} "
-              f"{x['buffers_gb']:5.2f} {x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  {'yes' if x['fits'] else 'no'}")
+              f"{x['buffers_gb']:5.2f} {x['encoders_gb']:6.2f} {x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  "
+              f"{'yes' if x['fits'] else 'no'}")
+    print("  encod: the frozen VAE, UMT5 and CLIP, resident when encoding online; 0 with cache.enabled "
+          "(tools/precompute.py, then --set cache.enabled=true)")
     c, b = r["configured"], r["best"]
     print(f"configured ({c['ds_config']}, checkpointing {cfg.train.gradient_checkpointing}): "
           f"{c['gpu_total_gb']:.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")

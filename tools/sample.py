@@ -29,7 +29,8 @@ import torch  # noqa: E402
 
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.media import load_image  # noqa: E402
-from e2v.models import fp32_kept_params, kept_in_fp32, load_parts, restore_fp32_params  # noqa: E402
+from e2v.models import load_parts  # noqa: E402
+from e2v.precision import fp32_kept_params, kept_in_fp32, restore_fp32_params  # noqa: E402
 from e2v.sampling import decode, generate, load_trained, reference_frames  # noqa: E402
 from e2v.viz import write_mp4  # noqa: E402
 

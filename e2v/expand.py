@@ -1,0 +1,126 @@
+"""T2V -> E2V expansion: a 16-channel text-to-video transformer widened to take element conditions
+(condition channels in the patch embedding, image cross-attention), initialised so that its
+output at step 0 equals the base's; the new modules train in full."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from diffusers import WanTransformer3DModel
+
+from e2v.config import Config
+from e2v.parts import CLIP_VIT_H, Parts
+from e2v.tiny import TINY_CLIP_WIDTH, seeded
+
+T2V_CHANNELS = 16  # latent channels: a T2V transformer's whole input
+MASK_CHANNELS = 4  # the Wan I2V mask folded to latent frames (docs/conditioning.md, "The mask")
+
+
+# Modules a T2V base gains when expanded for elements, per pathway; they start neutral and train
+# in full. `vae` widens the patch embedding (condition channels), `clip` adds image cross-attention.
+EXPANSION_MODULES = {
+    "vae": [r"^patch_embedding\."],
+    "clip": [r"\.add_k_proj\.", r"\.add_v_proj\.", r"\.norm_added_k\.", r"^condition_embedder\.image_embedder\."],
+}
+
+
+def clip_width(parts: Parts, cfg: Config) -> int:
+    if parts.image_encoder is not None:
+        return parts.image_encoder.config.hidden_size
+    return TINY_CLIP_WIDTH if cfg.model.preset == "tiny" else CLIP_VIT_H[1]
+
+
+def is_expanded(cfg: Config) -> bool:
+    """A T2V base that load_parts widened for elements (its new modules train in full)."""
+    return cfg.model.base == "t2v" and cfg.e2v_type != "none"
+
+
+def needs_expansion(transformer: WanTransformer3DModel, cfg: Config) -> bool:
+    """A 16-channel T2V transformer asked to take element conditions. The base is stated in the
+    config (model.base), never guessed, so what trains in full is known before any weight loads."""
+    t2v = transformer.config.in_channels == 16 and transformer.config.added_kv_proj_dim is None
+    if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":
+        raise ValueError(f"model: {cfg.model.pretrained or cfg.model.preset} is a text-to-video transformer "
+                         f"(16 input channels, no image attention): set model.base: t2v to expand it for "
+                         f"e2v_type {cfg.e2v_type}, or e2v_type: none for plain text-to-video")
+    if not t2v and cfg.model.base == "t2v":
+        raise ValueError(f"model.base: t2v, but {cfg.model.pretrained or cfg.model.preset} already has "
+                         f"{transformer.config.in_channels} input channels / image attention: set model.base: i2v")
+    return t2v and cfg.e2v_type != "none"
+
+
+def expansion_shape(cfg: Config, image_width: int) -> tuple[int, int | None]:
+    """(input channels, image width or None) a T2V base is expanded to, per e2v_type: the VAE
+    pathway adds 20 channels (16 without the mask), the CLIP pathway adds image cross-attention."""
+    cond = (20 if cfg.processors.vae.concatenate_mask else 16) if cfg.uses_vae_condition else 0
+    return 16 + cond, image_width if cfg.uses_clip else None
+
+
+def expansion_modules(cfg: Config) -> list[str]:
+    """Name patterns of the modules expansion added for this e2v_type (they train in full)."""
+    return (EXPANSION_MODULES["vae"] if cfg.uses_vae_condition else []) + (EXPANSION_MODULES["clip"] if cfg.uses_clip else [])
+
+
+def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int | None = 1280,
+                        seed: int = 0) -> WanTransformer3DModel:
+    """Widen the patch embedding from 16 to `in_channels` and (image_dim not None) add image
+    cross-attention, such that the output is unchanged at step 0 (tests/test_expand.py): the new input
+    channels are zero, `add_v_proj` is zero (weight and bias), so the image branch adds exactly 0;
+    `add_k_proj`, `norm_added_k` and the image embedder start at their default init so gradients
+    reach them from step 1. `to_out` stays as it is: the text path shares it.
+    The model is rebuilt from its config (meta device, then weights assigned), so save_pretrained
+    and from_pretrained see a consistent config. A meta-device input gives a meta-device model
+    (the --dry_run plan)."""
+    c = dict(t2v.config)
+    inner = c["num_attention_heads"] * c["attention_head_dim"]
+    new_cfg = {k: v for k, v in c.items() if not k.startswith("_")}
+    new_cfg.update(in_channels=in_channels)
+    if image_dim is not None:
+        new_cfg.update(image_dim=image_dim, added_kv_proj_dim=inner)
+    with torch.device("meta"):
+        model = WanTransformer3DModel.from_config(new_cfg)
+    old_sd = t2v.state_dict()
+    patch_w = old_sd.pop("patch_embedding.weight")
+    model.load_state_dict(old_sd, strict=False, assign=True)
+    for name, buf in t2v.named_buffers():  # non-persistent buffers (the rope tables) are not in state_dict
+        module, _, short = name.rpartition(".")
+        if name not in old_sd and short in model.get_submodule(module)._buffers:
+            model.get_submodule(module)._buffers[short] = buf
+
+    with seeded(seed + 1):
+        # Materialise every module that still has meta tensors, with its own default init.
+        for module in model.modules():
+            own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+            if module is model.patch_embedding or patch_w.is_meta:
+                continue  # its bias is loaded, its weight is built below
+            if any(t.is_meta for t in own):
+                module.to_empty(device=patch_w.device, recurse=False)
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+                module.to(dtype=patch_w.dtype)  # the new modules take the base's dtype
+        with torch.no_grad():
+            w = torch.zeros(patch_w.shape[0], in_channels, *patch_w.shape[2:], dtype=patch_w.dtype,
+                            device=patch_w.device)
+            w[:, : patch_w.shape[1]] = patch_w
+            model.patch_embedding.weight = torch.nn.Parameter(w)
+            if image_dim is not None and not patch_w.is_meta:
+                for block in model.blocks:
+                    block.attn2.add_v_proj.weight.zero_()
+                    block.attn2.add_v_proj.bias.zero_()
+    bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if bad and not patch_w.is_meta:
+        raise RuntimeError(f"expansion left uninitialised tensors: {bad[:5]}")
+    return model
+
+
+def expand_from_export(t2v: WanTransformer3DModel, lora_dir: str | Path) -> WanTransformer3DModel:
+    """Inference side: rebuild the expanded shape recorded in `<lora_dir>/e2v_model.json` (written
+    by checkpoint.export_lora) around a plain T2V transformer; then load the LoRA
+    (`load_lora_weights`) and the fully-trained modules (`checkpoint.load_extra_modules`)."""
+    shape = json.loads((Path(lora_dir) / "e2v_model.json").read_text())
+    if shape["in_channels"] == t2v.config.in_channels and shape.get("added_kv_proj_dim") == t2v.config.added_kv_proj_dim:
+        return t2v
+    return expand_for_elements(t2v, in_channels=shape["in_channels"], image_dim=shape.get("image_dim")
+                               if shape.get("added_kv_proj_dim") else None)

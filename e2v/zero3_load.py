@@ -1,0 +1,116 @@
+"""ZeRO-3: the pretrained transformer partitioned at load (built inside zero.Init, streamed from its
+safetensors shards by rank 0), so no rank ever holds the whole model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from diffusers import WanTransformer3DModel
+
+from e2v.config import Config
+from e2v.device import accelerator_device
+from e2v.expand import is_expanded
+from e2v.parts import resolve_pretrained
+from e2v.precision import kept_in_fp32
+
+
+def _print0(msg: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def zero3_load_blocker(cfg: Config, ds_config: dict | None) -> str | None:
+    """Why the transformer cannot be partitioned at load (load_transformer_zero3), or None if it can."""
+    if ds_config is None or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        return "not ZeRO-3"
+    if not cfg.model.zero3_init:
+        return "model.zero3_init is false"
+    if is_expanded(cfg):
+        return "a T2V base expanded for elements is rebuilt whole (expand_for_elements)"
+    folder = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer"
+    if not folder.is_dir():
+        return (f"{cfg.model.pretrained} is not a local folder; download it first "
+                f"(huggingface-cli download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")
+    if not _safetensors_files(folder):
+        return f"no diffusion_pytorch_model*.safetensors in {folder}"
+    return None
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The weight files diffusers' from_pretrained reads (no variant): one file, or the shards its
+    index names."""
+    index = folder / "diffusion_pytorch_model.safetensors.index.json"
+    if index.exists():
+        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "diffusion_pytorch_model.safetensors"
+    return [single] if single.exists() else []
+
+
+def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
+                           ) -> tuple[WanTransformer3DModel, dict[str, torch.Tensor]]:
+    """Build the transformer inside deepspeed.zero.Init, so each rank holds only its partition of
+    every parameter from the start, then stream the safetensors files into it one tensor at a time:
+    each parameter is gathered, rank 0 copies the file value in, and ZeRO re-partitions it on exit
+    (GatheredParameters with modifier_rank=0). Peak CPU RAM per rank: its partitions plus one
+    gathered parameter, instead of the whole model (~31 GiB per rank for I2V-14B in bf16).
+    diffusers' from_pretrained has no zero.Init path (transformers' has). The cast is
+    from_pretrained's (file value -> dtype, round to nearest). Returns the fp32 file values of the
+    _keep_in_fp32_modules parameters for fp32_kept_params; every rank reads those itself (~0.1 GiB
+    for 14B). Costs one all-gather per parameter (~1,100 for 14B)."""
+    import deepspeed
+    import torch.distributed as dist
+    from diffusers.models.modeling_utils import no_init_weights
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+    from safetensors import safe_open
+
+    rank = dist.get_rank()
+    files = _safetensors_files(folder)
+    config = WanTransformer3DModel.load_config(str(folder))
+    # The weights come from the files: skip the random init (minutes for 14B), and leave the
+    # training RNG where from_pretrained leaves it (it builds on the meta device, drawing nothing).
+    with torch.random.fork_rng(devices=[]), no_init_weights(), \
+            deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+        model = WanTransformer3DModel.from_config(config)
+    # zero.Init's tensor-constructor override also reaches the rope tables computed in __init__
+    # (they come out fp32 but not equal to a plain build): rebuild them outside it, on the device
+    # the engine runs on: deepspeed.initialize does not move a module built under zero.Init, so a
+    # CPU table would meet CUDA queries in the first forward. They are the model's only buffers;
+    # anything else would need the same treatment.
+    c = model.config
+    model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len).to(accelerator_device())
+    others = [n for n, _ in model.named_buffers() if not n.startswith("rope.")]
+    if others:
+        raise RuntimeError(f"zero3 load: buffers built under zero.Init that are not rebuilt: {others[:5]}")
+
+    params = dict(model.named_parameters())
+    fp32_file_values, seen = {}, set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            unknown = sorted(keys - set(params))
+            if unknown:
+                raise RuntimeError(f"{path}: tensors the model does not have: {unknown[:5]}")
+            for name in [n for n in params if n in keys]:  # the model's order: the same on every rank
+                p = params[name]
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                    if rank == 0:
+                        value = f.get_tensor(name)
+                        if tuple(value.shape) != tuple(p.shape):
+                            raise RuntimeError(f"{path}: {name} has shape {tuple(value.shape)}, "
+                                               f"the model {tuple(p.shape)}")
+                        with torch.no_grad():
+                            p.data.copy_(value)
+                        del value
+                if kept_in_fp32(name):  # a copy: the file's tensor holds its whole mmap resident
+                    fp32_file_values[name] = f.get_tensor(name).to(torch.float32, copy=True)
+                seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise RuntimeError(f"{folder}: no file value for {len(missing)} parameters, e.g. {missing[:5]}")
+    _print0(f"[e2v] transformer partitioned at load (zero.Init, {str(dtype).removeprefix('torch.')}), "
+            f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}")
+    return model, fp32_file_values
