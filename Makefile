@@ -1,4 +1,5 @@
-# Two commands matter: `make demo` and `make test` (README quick start).
+# Two commands matter: `make demo` and `make test` (README quick start); `make test-fast` is the
+# edit loop's subset (every test that starts no training process: tests/conftest.py).
 # The venv sees system site-packages, so a CUDA torch already installed on the machine is used
 # as it is; torch==$(TORCH_PIN) (the CPU wheel on this machine's disk) is installed only when no
 # torch can be imported at all.
@@ -10,7 +11,7 @@ DEMO_DATA ?= demo_data
 NUM_GPUS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test bench check-data clean-demo
+.PHONY: install demo test test-fast bench check-data clean-demo
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
@@ -30,6 +31,9 @@ demo: install $(DEMO_DATA)/.complete
 
 test: install
 	$(PY) -m pytest -q -x tests
+
+test-fast: install
+	$(PY) -m pytest -q -x -m "not train" tests
 
 bench: install
 	$(PY) tools/bench.py

@@ -1,31 +1,53 @@
-"""tools/bench.py measures what it says: one online tiny step split into phases that add up to its
-wall time, and a bare PyTorch loop that does the same work as the DeepSpeed engine step (the
-overhead ratio compares like with like). The benchmarks themselves are not tests (`make bench`)."""
+"""tools/bench.py measures what it says: one online tiny step split into disjoint named phases, one
+per stage of the step, inside its wall time, and a bare PyTorch loop that does the same work as the
+DeepSpeed engine step (the overhead ratio compares like with like). Only the bookkeeping is
+asserted, never a timing: timing targets are the benchmarks' (`make bench`), and a loaded machine
+moves them."""
 
 import json
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, Launch, early, starts_early
+from tools.bench import STEP_PHASES
 
 
-def test_bench_phases_and_same_work(demo_data):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/bench.py"), "--child", "check", "--data-root",
-                           str(demo_data)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+@starts_early("bench_check")
+def _start_check(request) -> Launch:
+    demo_data = request.getfixturevalue("demo_data")
+    return Launch([sys.executable, str(ROOT / "tools/bench.py"), "--child", "check", "--data-root", str(demo_data)])
+
+
+@pytest.fixture(scope="module")
+def bench_check(request) -> subprocess.CompletedProcess:
+    """`tools/bench.py --child check`, started with the session (tests/conftest.py: starts_early)."""
+    return early("bench_check", request).wait(check=False)
+
+
+def test_bench_phases_and_same_work(bench_check):
+    proc = bench_check
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads([x for x in proc.stdout.splitlines() if x.startswith("BENCH_JSON ")][-1][len("BENCH_JSON "):])
 
     phases, wall = out["phases_s"], out["wall_s"]
-    for p in ("data_wait", "vae_encode", "text_encode", "clip_encode", "forward_and_loss", "backward", "optimizer",
-              "logging"):
-        assert phases[p] > 0, p
-    # top-level phases partition the step: nothing counted twice (sub-phases like logging/... are
-    # inside their parent), nothing of substance left out
-    top = sum(v for k, v in phases.items() if "/" not in k)
-    assert 0.9 * wall < top <= wall, (top, wall)
+    # Every stage of the online step is charged to its named phase, and nothing else is timed at the
+    # top level: the bookkeeping, not the machine (how close the phases come to the wall time
+    # depends on the load; that is the benchmark's report, not a test).
+    top = {k: v for k, v in phases.items() if "/" not in k}
+    assert sorted(top) == sorted(set(STEP_PHASES) - {"cache_assembly"}), sorted(top)  # online: no cache
+    assert all(v > 0 for v in phases.values()), phases
+    assert {k for k in phases if "/" in k} == {"logging/loss_and_grad_norm", "logging/tensorboard",
+                                               "logging/progress_bar", "logging/stop_check"}
+    # Disjoint intervals inside the measured one: the top-level phases cannot add up to more than
+    # the wall time (a phase counted twice, or one nested in another, would), nor the sub-phases to
+    # more than their parent.
+    assert sum(top.values()) <= wall, (sum(top.values()), wall)
     assert sum(v for k, v in phases.items() if k.startswith("logging/")) <= phases["logging"]
 
     eq = out["equivalence"]
-    assert len(eq["losses_engine"]) == 3
+    assert eq["steps"] == len(eq["losses_engine"]) == len(eq["losses_bare"]) == 3
+    assert eq["max_abs_diff"] == max(abs(a - b) for a, b in zip(eq["losses_engine"], eq["losses_bare"]))
     assert eq["max_abs_diff"] < 1e-6, eq  # same init, batch, sigmas, noise -> same losses step for step
     assert len(set(eq["losses_bare"])) == 3  # the optimizer steps happen (losses move)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, read_scalars, run_train
+from conftest import ROOT, launch_train, read_scalars, wait_all
 from e2v.cache import CacheError, CacheStore, batch_conditions, compute_entry
 from e2v.config import ConfigError, load_config
 from e2v.data import E2VDataset, collate, index_samples
@@ -190,12 +190,17 @@ def mixed_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mixed")
     data = make_mixed_dataset(tmp / "data", n_square=3, bad_element=True)  # buckets of 4 = batch 2 x 2 ranks
     sets = (f"data.datasets.0.data_root={data}", f"output_dir={tmp / 'runs'}", f"cache.dir={tmp / 'cache'}", *MIXED)
-    pre = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
-                          *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
-    assert pre.returncode == 0, pre.stderr[-3000:]
-    enc = run_train("configs/e2v_tiny.yaml", *sets, "run_id=encoded", num_gpus=2)
-    cac = run_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2,
-                    env=encoder_guard_env(tmp))
+    enc = launch_train("configs/e2v_tiny.yaml", *sets, "run_id=encoded", num_gpus=2)  # meanwhile: precompute
+    try:
+        pre = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
+                              *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
+        assert pre.returncode == 0, pre.stderr[-3000:]
+    except BaseException:
+        enc.kill()
+        raise
+    cac = launch_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2,
+                       env=encoder_guard_env(tmp))
+    enc, cac = wait_all(enc, cac)
     return tmp, pre, enc, cac
 
 
@@ -249,12 +254,13 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs)
               "--set", "data.on_bad_sample=error"])
 
 
-def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs):
+def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs, capsys):
+    from tools.precompute import main
+
     tmp, _, _, _ = mixed_runs
     sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
-    again = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
-                            *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
-    assert again.returncode == 0 and "8 cached and valid, 0 to compute" in again.stdout
+    assert main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), *[a for s in sets for a in ("--set", s)]]) == 0
+    assert "8 cached and valid, 0 to compute" in capsys.readouterr().out
     (tmp / "data/002.txt").write_text("a new caption")
     cfg = load_config(ROOT / "configs/e2v_tiny.yaml", sets + ["cache.enabled=true"])
     from e2v.data import make_loader

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import run_train
+from conftest import launch_train, wait_all
 from e2v.conditioning import (build_vae_condition, condition_mask, condition_video, encode_batch, encode_clip_images,
                               encode_text, encode_video, select_elements)
 from e2v.config import load_config
@@ -385,19 +385,23 @@ E2V_TYPES = {  # e2v_type -> extra --set values
 }
 
 
-@pytest.fixture(scope="module", params=sorted(E2V_TYPES))
-def e2v_type_run(request, demo_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"run_{request.param}")
-    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
-                     "run_id=r", f"e2v_type={request.param}", "train.max_steps=2", "train.checkpoint_every=2",
-                     "train.micro_batch_size=2", "validation.every_n_steps=0", *E2V_TYPES[request.param])
-    return request.param, out / "r", proc
+@pytest.fixture(scope="module")
+def e2v_type_runs(demo_data, tmp_path_factory) -> dict:
+    """One 2-step run per e2v_type, started side by side (each is mostly start-up)."""
+    out = tmp_path_factory.mktemp("e2v_types")
+    runs = {t: launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
+                            f"run_id={t}", f"e2v_type={t}", "train.max_steps=2", "train.checkpoint_every=2",
+                            "train.micro_batch_size=2", "validation.every_n_steps=0", *E2V_TYPES[t])
+            for t in sorted(E2V_TYPES)}
+    wait_all(*runs.values())
+    return {t: out / t for t in runs}
 
 
-def test_each_e2v_type_trains_and_exports(e2v_type_run):
+@pytest.mark.parametrize("e2v_type", sorted(E2V_TYPES))
+def test_each_e2v_type_trains_and_exports(e2v_type, e2v_type_runs):
     import json
 
-    e2v_type, run, proc = e2v_type_run
+    run = e2v_type_runs[e2v_type]
     losses = [json.loads(line)["train/loss"] for line in (run / "scalars.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(np.isfinite(losses))
     shape = json.loads((run / "lora/e2v_model.json").read_text())

@@ -5,12 +5,11 @@ saving nothing from that step; under bf16 the modules diffusers keeps in fp32 st
 against diffusers' own bf16 loading), and trainable weights keep fp32 master copies."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train
+from conftest import ROOT, ZERO3_OFFLOAD_RUN, Launch, early, launch_train, read_scalars, starts_early, wait_all
 from e2v.checkpoint import NonFiniteGuard
 from e2v.config import load_config, resolve_deepspeed_config
 
@@ -48,17 +47,39 @@ def test_every_auto_field_is_filled_from_the_yaml(name):
 
 
 @pytest.fixture(scope="module")
-def zero2_runs(demo_data, tmp_path_factory):
-    """2 processes, 4 steps: ZeRO-2, and ZeRO-2 with optimizer offload (the config's only normal
-    2-process run) plus gradient checkpointing and activation offload."""
-    out = tmp_path_factory.mktemp("z2")
-    sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
-    for run_id, extra in (("plain", ["deepspeed.config=ds_configs/zero2.json"]),
-                          ("ckpt", ["deepspeed.config=ds_configs/zero2_offload.json", "train.gradient_checkpointing=true",
-                                    "train.activation_offload=true"])):
-        run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
-                  f"run_id={run_id}", "train.max_steps=4", "train.checkpoint_every=4", *sets, *extra, num_gpus=2)
-    return read_scalars(out / "plain"), read_scalars(out / "ckpt")
+def ds_runs(demo_data, tmp_path_factory) -> tuple:
+    """Every 2-process run of this module, started side by side (each is mostly start-up):
+    ZeRO-2, and ZeRO-2 with optimizer offload (the config's only normal 2-process run) plus
+    gradient checkpointing and activation offload, 4 steps each; ZeRO-3 without offload, 3 steps;
+    and the non-finite run (lr 1e30 turns the weights to ~1e30 in one step, so step 2's loss is
+    inf/nan). Returns the output folder and each run's finished process."""
+    out = tmp_path_factory.mktemp("ds")
+    data, sets = f"data.datasets.0.data_root={demo_data}", [
+        s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
+    runs = {run_id: launch_train("configs/e2v_tiny.yaml", data, f"output_dir={out}", f"run_id={run_id}", *extra,
+                                 num_gpus=2)
+            for run_id, extra in (
+                ("plain", ["train.max_steps=4", "train.checkpoint_every=4", *sets, "deepspeed.config=ds_configs/zero2.json"]),
+                ("ckpt", ["train.max_steps=4", "train.checkpoint_every=4", *sets,
+                          "deepspeed.config=ds_configs/zero2_offload.json", "train.gradient_checkpointing=true",
+                          "train.activation_offload=true"]),
+                ("z3", ["train.max_steps=3", "train.checkpoint_every=3", "deepspeed.config=ds_configs/zero3.json", *sets]),
+                ("nan", ["train.lr=1e30", "train.warmup_steps=0", "train.max_steps=4", "train.checkpoint_every=1",
+                         "train.micro_batch_size=2", "validation.every_n_steps=0", "visualization.enabled=false",
+                         "deepspeed.config=ds_configs/zero2_offload.json"]))}
+    return out, dict(zip(runs, wait_all(*runs.values(), check=False)))
+
+
+def _finished(ds_runs, run_id: str) -> dict:
+    out, procs = ds_runs
+    proc = procs[run_id]
+    assert proc.returncode == 0, f"{run_id} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return read_scalars(out / run_id)
+
+
+@pytest.fixture(scope="module")
+def zero2_runs(ds_runs):
+    return _finished(ds_runs, "plain"), _finished(ds_runs, "ckpt")
 
 
 def test_zero2_offload_checkpointing_and_activation_offload_keep_the_losses(zero2_runs):
@@ -80,32 +101,25 @@ def test_zero2_and_zero3_offload_train_the_same_model(zero2_runs, zero3_offload_
         assert plain[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], rel=1e-6), step
 
 
-def test_zero3_without_offload_trains_the_same_model(demo_data, tmp_path, zero3_offload_run):
+def test_zero3_without_offload_trains_the_same_model(ds_runs, zero3_offload_run):
     """The fourth shipped config with 2 processes (zero2 and zero2_offload: above; zero3_offload:
     the shared run): the same losses as ZeRO-3 with offload."""
-    sets = [s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
-    run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
-              "run_id=z3", "train.max_steps=3", "train.checkpoint_every=3", "deepspeed.config=ds_configs/zero3.json",
-              *sets, num_gpus=2)
-    ours, reference = read_scalars(tmp_path / "z3"), read_scalars(zero3_offload_run)
+    ours, reference = _finished(ds_runs, "z3"), read_scalars(zero3_offload_run)
     assert sorted(ours) == [1, 2, 3]
     for step in ours:
         assert ours[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], rel=1e-6), step
-    assert (tmp_path / "z3/lora/pytorch_lora_weights.safetensors").exists()
+    assert (ds_runs[0] / "z3/lora/pytorch_lora_weights.safetensors").exists()
 
 
-def test_nonfinite_loss_stops_naming_step_ranks_and_samples(demo_data, tmp_path):
+def test_nonfinite_loss_stops_naming_step_ranks_and_samples(ds_runs):
     """A real trigger: lr 1e30 turns the weights to ~1e30 in one step, so step 2's loss is inf/nan."""
-    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
-                     "run_id=nan", "train.lr=1e30", "train.warmup_steps=0", "train.max_steps=4",
-                     "train.checkpoint_every=1", "train.micro_batch_size=2", "validation.every_n_steps=0",
-                     "visualization.enabled=false", "deepspeed.config=ds_configs/zero2_offload.json",
-                     num_gpus=2, check=False)
-    out = proc.stdout + proc.stderr
+    out, procs = ds_runs
+    proc = procs["nan"]
+    log = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    msg = next(line for line in out.splitlines() if "FloatingPointError: non-finite" in line)
+    msg = next(line for line in log.splitlines() if "FloatingPointError: non-finite" in line)
     assert "at step 2" in msg and "rank 0:" in msg and "rank 1:" in msg and "samples [" in msg
-    ckpts = tmp_path / "nan/checkpoints"
+    ckpts = out / "nan/checkpoints"
     assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == ["step_000001"]
     assert (ckpts / "latest").read_text() == "step_000001"
 
@@ -189,12 +203,25 @@ print("REPORT" + json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_bf16_keeps_diffusers_fp32_modules_and_fp32_masters(stage):
+@starts_early("bf16_reports")
+def _start_bf16(request) -> dict:
     from conftest import _free_port
 
-    proc = subprocess.run([sys.executable, "-c", BF16_SCRIPT, str(ROOT), str(stage), str(_free_port())],
-                          capture_output=True, text=True, timeout=300)
+    return {stage: Launch([sys.executable, "-c", BF16_SCRIPT, str(ROOT), str(stage), str(_free_port())])
+            for stage in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def bf16_reports(request) -> dict:
+    """BF16_SCRIPT under ZeRO-2 and ZeRO-3, side by side, started with the session (each is mostly
+    imports and start-up; tests/conftest.py: starts_early)."""
+    launches = early("bf16_reports", request)
+    return dict(zip(launches, wait_all(*launches.values(), check=False)))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_keeps_diffusers_fp32_modules_and_fp32_masters(stage, bf16_reports):
+    proc = bf16_reports[stage]
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.split("REPORT")[1])
     assert report["kept"] and report["kept"] == report["diffusers_fp32"]

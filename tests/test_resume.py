@@ -10,7 +10,6 @@ on folders made here."""
 import json
 import os
 import signal
-import subprocess
 import time
 
 import psutil
@@ -18,7 +17,7 @@ import pytest
 import torch
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train, train_command
+from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_train, wait_all
 from e2v.checkpoint import (MANIFEST, checkpoint_problem, find_resume, load_extra_modules, prune_checkpoints,
                             remove_stale_saves)
 from e2v.tiny import build_tiny_parts
@@ -54,41 +53,84 @@ def _probe() -> dict:
                 encoder_hidden_states_image=torch.randn(1, 17 * 3, 32, generator=g))
 
 
+# The real entry point, plus one test-only gate for the interrupted run: the loop reads
+# `stop["signal"]` (what ckpt.install_stop_handlers returns) once per step, in its stop check, and
+# the check of step GATE_STEP waits (at most 120 s) until this rank has received the test's
+# SIGTERM. The test signals once step SIGNAL_AFTER is logged, so the signal lands at step
+# SIGNAL_AFTER or GATE_STEP, however slowly a loaded machine runs the test's poll; the tests
+# read which from the run and hold it to exactly that step.
+SIGNAL_AFTER, GATE_STEP = 2, 3
+STOP_GATE_WRAPPER = r"""
+import runpy, sys, time
+sys.path.insert(0, {root!r})
+from e2v import checkpoint
+
+real_install = checkpoint.install_stop_handlers
+
+
+class GatedStop(dict):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.reads = inner, 0
+
+    def __getitem__(self, key):
+        if key == "signal":
+            self.reads += 1
+            deadline = time.time() + 120
+            while self.reads == {gate} and self.inner["signal"] is None and time.time() < deadline:
+                time.sleep(0.01)
+        return self.inner[key]
+
+
+checkpoint.install_stop_handlers = lambda: GatedStop(real_install())
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def _wrapper(path, template: str, **fields):
+    path.write_text(template.format(root=str(ROOT), train=str(ROOT / "train_e2v.py"), **fields))
+    return path
+
+
 @pytest.fixture(scope="module")
 def interrupted(demo_data, tmp_path_factory):
     """The same run as zero3_offload_run, with gradient checkpointing and no periodic checkpoint
-    before the end (checkpoint_every 100 > max_steps 8), preempted once step 2 is logged: SIGTERM
-    to every rank, as a scheduler sends it. (Signalling the deepspeed launcher too also works, but
-    the launcher kills the ranks 30 s later, which a heavily loaded 2-core machine can exceed.)"""
+    before the end (checkpoint_every 100 > max_steps 8), preempted once step SIGNAL_AFTER is
+    logged: SIGTERM to every rank, as a scheduler sends it. (Signalling the deepspeed launcher too
+    also works, but the launcher kills the ranks 30 s later, which a heavily loaded 2-core machine
+    can exceed.)"""
     out = tmp_path_factory.mktemp("resume")
     run = out / "r"
     sets = (f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=r", *ZERO3_OFFLOAD_RUN,
             "train.checkpoint_every=100")
-    proc = subprocess.Popen(train_command("configs/e2v_tiny.yaml", *sets, "train.gradient_checkpointing=true",
-                                          num_gpus=2),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-        if (run / "scalars.jsonl").exists() and max(read_scalars(run), default=0) >= 2:
-            for rank in psutil.Process(proc.pid).children(recursive=True):
-                if any(a.startswith("--local_rank") for a in rank.cmdline()):  # not the launcher processes
-                    rank.send_signal(signal.SIGTERM)
+    gate = _wrapper(out / "train_with_stop_gate.py", STOP_GATE_WRAPPER, gate=GATE_STEP)
+    launch = launch_train("configs/e2v_tiny.yaml", *sets, "train.gradient_checkpointing=true", num_gpus=2, script=gate)
+    signalled, deadline = set(), time.time() + 600
+    while launch.proc.poll() is None and time.time() < deadline:
+        if (run / "scalars.jsonl").exists() and max(read_scalars(run), default=0) >= SIGNAL_AFTER:
+            for p in psutil.Process(launch.proc.pid).children(recursive=True):
+                rank = [a for a in p.cmdline() if a.startswith("--local_rank")]  # not the launcher processes
+                if rank:  # a rank (or its data worker, which inherits the handler and ignores it)
+                    p.send_signal(signal.SIGTERM)
+                    signalled.add(rank[0])
             break
         time.sleep(0.02)
-    log, _ = proc.communicate(timeout=300)
-    return run, log, sets
+    proc = launch.wait(check=False)
+    assert signalled == {"--local_rank=0", "--local_rank=1"}, signalled
+    return run, proc.stdout + proc.stderr, sets
 
 
 def test_sigterm_saves_a_checkpoint_and_exits(interrupted):
     run, log, _ = interrupted
     assert "checkpoint saved at step" in log, log[-3000:]
     stopped = int(log.split("checkpoint saved at step ")[1].split(";")[0])
-    assert 2 <= stopped < 8, "the signal must stop the run before its end"
+    assert SIGNAL_AFTER <= stopped <= GATE_STEP, "the signal stops the run after the step it followed"
     assert "exits successfully" in log, "every rank must exit cleanly (code 0) after the save"
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:06d}"], \
         "the signal's save must be the only checkpoint"
     assert (run / "checkpoints/latest").read_text() == f"step_{stopped:06d}"
     assert checkpoint_problem(run / f"checkpoints/step_{stopped:06d}") is None
+    assert json.loads((run / f"checkpoints/step_{stopped:06d}" / MANIFEST).read_text())["step"] == stopped
     assert "lora" not in os.listdir(run)
     assert max(read_scalars(run)) == stopped
 
@@ -102,12 +144,10 @@ def test_resume_continues_from_the_signalled_step_with_uninterrupted_losses(inte
     (stale / "global_step5/mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
 
     torch.save(_probe(), run / "probe.pt")
-    wrapper = run / "train_with_probe.py"
-    wrapper.write_text(ENGINE_PROBE_WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_e2v.py"),
-                                                   probe=str(run / "probe.pt"), out=str(run / "engine_probe_out.pt")))
-    cmd = [str(wrapper) if c == str(ROOT / "train_e2v.py") else c
-           for c in train_command("configs/e2v_tiny.yaml", *sets, num_gpus=2, extra=("--resume", "latest"))]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    wrapper = _wrapper(run / "train_with_probe.py", ENGINE_PROBE_WRAPPER, probe=str(run / "probe.pt"),
+                       out=str(run / "engine_probe_out.pt"))
+    proc = launch_train("configs/e2v_tiny.yaml", *sets, num_gpus=2, extra=("--resume", "latest"),
+                        script=wrapper).wait(check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     assert f"resumed from {signalled} at step {stopped}" in proc.stdout
     reference = read_scalars(zero3_offload_run)
@@ -222,8 +262,9 @@ def test_error_mid_run_saves_the_last_finished_step_and_resumes(tmp_path):
     assert max(read_scalars(run)) == 3
 
     victim.write_bytes(good)
-    run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, "run_id=crash", extra=("--resume", "latest"))
-    run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, "run_id=clean")
+    resume = launch_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, "run_id=crash", extra=("--resume", "latest"))
+    clean = launch_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, "run_id=clean")  # side by side: same data
+    wait_all(resume, clean)
     resumed, clean = read_scalars(run), read_scalars(tmp_path / "clean")
     assert sorted(resumed) == sorted(clean) == [1, 2, 3, 4, 5]
     for step in clean:

@@ -6,9 +6,6 @@ count from a trained tiny LoRA, and in bf16 keeps diffusers' fp32 modules in fp3
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import torch
 from PIL import Image
@@ -244,19 +241,16 @@ def test_sample_py_from_trained_lora(viz_run, demo_data, tmp_path):
     import imageio.v3 as iio
 
     out = tmp_path / "video.mp4"
-    cmd = [sys.executable, str(ROOT / "tools/sample.py"), "--config", str(viz_run / "config.yaml"),
-           "--lora", str(viz_run / "lora"), "--element", f"person={demo_data / '000_person.png'}",
-           "--element", f"object={demo_data / '000_object.png'}", "--prompt", "a shape moves", "--steps", "3",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    main = _sample_tool().main
+    main(["--config", str(viz_run / "config.yaml"), "--lora", str(viz_run / "lora"),
+          "--element", f"person={demo_data / '000_person.png'}", "--element", f"object={demo_data / '000_object.png'}",
+          "--prompt", "a shape moves", "--steps", "3", "--out", str(out)])
     assert iio.imread(out).shape == (17, 64, 64, 3)  # data.num_frames of the config
 
     # a prompt file, 9 frames with the reference frames dropped (person x1 + object x4 = 5), base beside it
     folder = tmp_path / "cmp"
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a shape moves\n# a comment\n\na dog moves slowly\n")
-    main = _sample_tool().main
     main(["--config", str(viz_run / "config.yaml"), "--lora", str(viz_run / "lora"), "--prompt-file", str(prompts),
           "--element", f"person={demo_data / '000_person.png'}", "--element", f"object={demo_data / '000_object.png'}",
           "--also-base", "--steps", "2", "--frames", "9", "--drop-frames", "ref", "--out", str(folder)])

@@ -1,4 +1,5 @@
-"""The real entry point, end to end: `deepspeed train_e2v.py` on the tiny config, then the exported
+"""The real entry point, end to end: `deepspeed train_e2v.py` on the tiny config (the session's
+`viz_run`: validation and visualizations on, which must leave the losses alone), then the exported
 LoRA in a fresh, plain diffusers WanImageToVideoPipeline."""
 
 import json
@@ -9,17 +10,14 @@ import pytest
 import torch
 import yaml
 
-from conftest import read_scalars, run_train
+from conftest import read_scalars
 
 GOLDEN = Path(__file__).with_name("golden_losses.json")
 
 
 @pytest.fixture(scope="module")
-def trained_run(demo_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
-                     "run_id=e2e", "train.max_steps=4", "train.checkpoint_every=2", "train.micro_batch_size=2")
-    return out / "e2e", proc
+def trained_run(viz_run, viz_run_output):
+    return viz_run, viz_run_output
 
 
 def _pipe():

@@ -5,8 +5,6 @@ tools/dump_visualizations.py rendering saved latents later."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,8 +48,9 @@ def test_predicted_latents_decode_to_the_sheet(viz_run):
     """The sheet's prediction tiles are the VAE decode of the saved x0 estimate (a second path:
     tools/dump_visualizations.py decodes the .pt files offline)."""
     d = viz_run / "visualizations/step_000004"
-    subprocess.run([sys.executable, str(ROOT / "tools/dump_visualizations.py"), "--config",
-                    str(viz_run / "config.yaml"), str(d)], check=True, capture_output=True)
+    from tools.dump_visualizations import main
+
+    main(["--config", str(viz_run / "config.yaml"), str(d)])
     assert (d / "render/predicted_latents_grid.png").exists() and (d / "render/input_latents_sample1.mp4").exists()
     online = np.asarray(Image.open(d / "contact_sheet.png"))
     offline = np.asarray(Image.open(d / "render/contact_sheet.png"))
@@ -265,8 +264,9 @@ def test_dump_tool_uses_the_configured_sheet_frames(viz_run, tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     step = tmp_path / "step_000004"
     shutil.copytree(viz_run / "visualizations/step_000004", step, ignore=shutil.ignore_patterns("render"))
-    subprocess.run([sys.executable, str(ROOT / "tools/dump_visualizations.py"), "--config",
-                    str(tmp_path / "config.yaml"), str(step)], check=True, capture_output=True)
+    from tools.dump_visualizations import main
+
+    main(["--config", str(tmp_path / "config.yaml"), str(step)])
     sheet = np.asarray(Image.open(step / "render/contact_sheet.png"))
     assert sheet.shape == (2 * 64 + 2, 5 * 64 + 4 * 2, 3)  # 3 references | target frame 8 | predicted frame 8
     for name, col in (("input_latents", 3), ("predicted_latents", 4)):

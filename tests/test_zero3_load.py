@@ -9,7 +9,7 @@ import shutil
 import pytest
 from test_pretrained_folder import pipeline_folder  # noqa: F401 (the fixture)
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, read_scalars, run_train
+from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, wait_all
 
 PARTITIONED = "[e2v] transformer partitioned at load (zero.Init, {}), streamed from 3 shard files"
 WHOLE = "[e2v] note: ZeRO-3, but every rank loads the whole transformer: model.zero3_init is false"
@@ -36,28 +36,40 @@ def assert_same_steps(a: dict, b: dict, steps: list[int]) -> None:
             assert a[step][key] == b[step][key], (step, key, a[step][key], b[step][key])
 
 
-def test_bf16_zero3_load_trains_like_the_whole_model_load(sharded_folder, demo_data, tmp_path):
-    common = [f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}", "train.max_steps=3",
-              "train.checkpoint_every=3", "train.micro_batch_size=2", "validation.every_n_steps=0",
-              "visualization.enabled=false", "train.mixed_precision=bf16", "model.weight_dtype=fp32",
-              "model.preset=null", f"model.pretrained={sharded_folder}", "deepspeed.config=ds_configs/zero3.json"]
-    new = run_train("configs/e2v_tiny.yaml", *common, "run_id=new", num_gpus=2)
-    old = run_train("configs/e2v_tiny.yaml", *common, "run_id=old", "model.zero3_init=false", num_gpus=2)
+@pytest.fixture(scope="module")
+def load_runs(sharded_folder, demo_data, tmp_path_factory) -> tuple:
+    """The module's three 2-process runs, started side by side: bf16 ZeRO-3 with the partitioned
+    load (new) and with the whole-model load (old), 3 steps; fp32 ZeRO-3 + offload with the
+    partitioned load, the shared run's settings (fp32)."""
+    out = tmp_path_factory.mktemp("zero3_load")
+    bf16 = [f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "train.max_steps=3",
+            "train.checkpoint_every=3", "train.micro_batch_size=2", "validation.every_n_steps=0",
+            "visualization.enabled=false", "train.mixed_precision=bf16", "model.weight_dtype=fp32",
+            "model.preset=null", f"model.pretrained={sharded_folder}", "deepspeed.config=ds_configs/zero3.json"]
+    new, old, fp32 = wait_all(
+        launch_train("configs/e2v_tiny.yaml", *bf16, "run_id=new", num_gpus=2),
+        launch_train("configs/e2v_tiny.yaml", *bf16, "run_id=old", "model.zero3_init=false", num_gpus=2),
+        launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
+                     "run_id=fp32", "train.checkpoint_every=8", *ZERO3_OFFLOAD_RUN, "model.preset=null",
+                     f"model.pretrained={sharded_folder}", "model.weight_dtype=fp32", num_gpus=2))
+    return out, new, old, fp32
+
+
+def test_bf16_zero3_load_trains_like_the_whole_model_load(load_runs):
+    out, new, old, _ = load_runs
     assert PARTITIONED.format("bfloat16") in new.stdout and WHOLE not in new.stdout
     assert WHOLE in old.stdout and "partitioned at load" not in old.stdout
     assert "transformer 0.04M params" in new.stdout  # counted from ds_numel, not the empty partitions' numel
-    assert_same_steps(read_scalars(tmp_path / "new"), read_scalars(tmp_path / "old"), [1, 2, 3])
+    assert_same_steps(read_scalars(out / "new"), read_scalars(out / "old"), [1, 2, 3])
 
 
-def test_fp32_zero3_offload_load_trains_like_the_preset(sharded_folder, demo_data, zero3_offload_run, tmp_path):
+def test_fp32_zero3_offload_load_trains_like_the_preset(load_runs, zero3_offload_run):
     """The shared ZeRO-3 + offload run of the tiny preset (fp32, e2v_tiny's default) is the oracle:
     test_pretrained_folder shows the whole-model load of this folder trains exactly like the preset
     (with the encoders in fp32, as the preset builds them)."""
-    proc = run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
-                     "run_id=new", "train.checkpoint_every=8", *ZERO3_OFFLOAD_RUN, "model.preset=null",
-                     f"model.pretrained={sharded_folder}", "model.weight_dtype=fp32", num_gpus=2)
+    out, _, _, proc = load_runs
     assert PARTITIONED.format("float32") in proc.stdout
-    new, preset = read_scalars(tmp_path / "new"), read_scalars(zero3_offload_run)
+    new, preset = read_scalars(out / "fp32"), read_scalars(zero3_offload_run)
     assert_same_steps(new, preset, sorted(preset))
 
 
