@@ -1,17 +1,19 @@
 """DeepSpeed checkpoints that survive a kill, resume that continues the same run, a guard against
 non-finite losses, and exports that load in plain diffusers (and ComfyUI) with no DeepSpeed.
 
-Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier rank 0 writes
-`COMPLETE` (the size of every file in the folder), renames the folder to `step_NNNNNN` and then
-replaces `checkpoints/latest` (write-then-rename). `--resume latest` takes the checkpoint `latest`
-names when its files all match its `COMPLETE` manifest, else the newest intact one by step, so a
-kill during a save, or a file truncated afterwards (a half-finished copy, a full disk), falls back
-to the previous checkpoint. `latest` wins over a higher step because a run resumed from an older
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks
+hash the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every
+file), renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest`
+(write-then-rename). `--resume latest` takes the checkpoint `latest` names when its files all
+match its `COMPLETE` manifest, else the newest intact one by step, so a kill during a save, a file
+truncated afterwards (a half-finished copy, a full disk) or changed in place (a disk error, an
+edit), or an unreadable `latest`, falls back to the previous checkpoint. `latest` wins over a higher step because a run resumed from an older
 checkpoint path leaves the abandoned branch's higher steps behind. The checkpoint folder must be
 on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
 
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
-into their own `rng_rank_NNNN.pt`; the data order is the sampler offset (`samples_seen`).
+into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
+Nothing is unpickled beyond data: see e2v/integrity.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from e2v.integrity import (HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine,
+                           weights_only_zero_to_fp32)
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # original Wan names, `diffusion_model.` prefix
@@ -122,7 +127,10 @@ def set_rng_state(state: dict, rng: random.Random, generator: torch.Generator) -
 
 
 def _rng_file(path: Path, rank: int) -> Path:
-    return path / f"rng_rank_{rank:04d}.pt"
+    """This rank's RNG file; a checkpoint saved before the states were stored as data has `.pt`."""
+    new = path / f"rng_rank_{rank:04d}.safetensors"
+    old = new.with_suffix(".pt")
+    return old if old.exists() and not new.exists() else new
 
 
 # --- save / find / load ------------------------------------------------------------------------
@@ -141,13 +149,15 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     _dist_barrier()
     engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
     if rng is not None:
-        torch.save(rng, _rng_file(partial, rank))
-    _dist_barrier()
+        save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
     if rank == 0:
         (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
-        files = {str(p.relative_to(partial)): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
+    _dist_barrier()
+    files = _hash_files(partial)  # every rank hashes its share of the files; a collective
+    if rank == 0:
         world = torch.distributed.get_world_size() if _dist() else 1
-        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "files": files}, indent=1))
+        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
+                                                      "files": files}, indent=1))
         if final.exists():  # the same step saved again (a resumed run re-saving): swap, then drop the old one
             old = ckpt_root / f"{tag}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -196,22 +206,58 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved."""
+def _share(items: list) -> list:
+    """This rank's share of a list every rank holds in the same order."""
+    if not _dist():
+        return items
+    return items[torch.distributed.get_rank()::torch.distributed.get_world_size()]
+
+
+def _gather(part: dict) -> dict:
+    """The union of every rank's dict (a collective when distributed)."""
+    if not _dist():
+        return part
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, part)
+    return {k: v for p in parts for k, v in p.items()}
+
+
+def _hash_files(folder: Path) -> dict:
+    """{relative name: {"bytes", HASH}} of every file in the folder, the hashing split over the
+    ranks (the files were just written: mostly read back from the page cache). A collective."""
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    mine = {n: {"bytes": (folder / n).stat().st_size, HASH: file_digest(folder / n)} for n in _share(names)}
+    return dict(sorted(_gather(mine).items()))
+
+
+def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
+    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved: present,
+    of the recorded size and, with `checksums`, of the recorded SHA-256 (which reads every byte,
+    split over the ranks: then a collective that every rank calls for the same folder). Manifests
+    written before checksums were recorded hold sizes only."""
     manifest = Path(path) / MANIFEST
     if not manifest.exists():
         return f"no {MANIFEST} manifest (the save was interrupted)"
     try:
         files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        return f"unreadable {MANIFEST} manifest ({e})"
-    for name, size in files.items():
+        files = {n: v if isinstance(v, dict) else {"bytes": v} for n, v in files.items()}
+        for v in files.values():
+            int(v["bytes"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable {MANIFEST} manifest ({type(e).__name__}: {e})"
+    for name, rec in files.items():
         f = Path(path) / name
-        if not f.exists():
-            return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} has {f.stat().st_size} bytes, {size} were saved (truncated)"
-    return None
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != rec["bytes"]:
+            return f"{f} has {f.stat().st_size} bytes, {rec['bytes']} were saved (truncated)"
+    if not checksums:
+        return None
+    bad = {n: f"{Path(path) / n} does not match the {HASH} recorded when it was saved (changed since: "
+              "a disk or copy error, or an edit)"
+           for n in _share([n for n in files if HASH in files[n]]) if file_digest(Path(path) / n) != files[n][HASH]}
+    bad = _gather(bad)
+    return bad[min(bad)] if bad else None
 
 
 def _step(path: Path) -> int | None:
@@ -226,40 +272,62 @@ def complete_checkpoints(ckpt_root: Path) -> list[Path]:
     if not Path(ckpt_root).exists():
         return []
     found = [p for p in Path(ckpt_root).glob("step_*")
-             if p.is_dir() and _step(p) is not None and checkpoint_problem(p) is None]
+             if p.is_dir() and _step(p) is not None and checkpoint_problem(p, checksums=False) is None]
     return sorted(found, key=_step)
 
 
-def _latest_pointer(ckpt_root: Path) -> Path | None:
-    """The checkpoint folder `checkpoints/latest` names (the last one saved), if the file exists."""
+def read_latest(ckpt_root: Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint folder `checkpoints/latest` names, None) or (None, why it names none): the
+    file is missing, or holds anything but a `step_N` name in UTF-8 (a damaged disk block, an edit)."""
     pointer = Path(ckpt_root) / "latest"
     if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    return Path(ckpt_root) / name if _step(name) is not None else None
+        return None, f"{pointer} does not exist"
+    raw = pointer.read_bytes()
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, f"{pointer} is not text ({len(raw)} bytes, starting {raw[:16]!r})"
+    if _step(name) is None:
+        return None, f"{pointer} holds {name[:60]!r}, not a step_N folder name"
+    return Path(ckpt_root) / name, None
+
+
+def _latest_pointer(ckpt_root: Path) -> Path | None:
+    return read_latest(ckpt_root)[0]
 
 
 def find_resume(resume: str, run_dir: Path | None) -> Path | None:
     """`latest` -> the checkpoint `checkpoints/latest` names if it is intact, else the newest
-    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact)."""
+    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact).
+    Checksums are verified for the pick only (a collective: every rank calls find_resume); a pick
+    whose files changed since the save gives way to the next newest."""
     if resume == "latest":
         root = Path(run_dir) / "checkpoints" if run_dir else None
         if root is None or not root.exists():
             return None
-        pointed = _latest_pointer(root)
+        pointed, why = read_latest(root)
+        if pointed is None and (root / "latest").exists() and _rank() == 0:
+            print(f"[e2v checkpoint] ignoring {root / 'latest'}: {why}")
         if pointed is not None:
             problem = checkpoint_problem(pointed) if pointed.is_dir() else "the folder is missing"
             if problem is None:
                 return pointed
             if _rank() == 0:
                 print(f"[e2v checkpoint] skipping {pointed} (named by {root / 'latest'}): {problem}")
-        found = complete_checkpoints(root)
+        found = [p for p in complete_checkpoints(root) if p != pointed]  # sizes match; newest first below
         newest = _step(found[-1]) if found else -1
         for p in sorted(root.glob("step_*")):  # say why anything newer than the pick is not used
             m = re.match(r"step_(\d+)", p.name)
             if p not in found and p != pointed and m and int(m.group(1)) > newest and _rank() == 0:
-                print(f"[e2v checkpoint] skipping {p}: {checkpoint_problem(p) or 'not a checkpoint folder'}")
-        return found[-1] if found else None
+                print(f"[e2v checkpoint] skipping {p}: "
+                      f"{checkpoint_problem(p, checksums=False) or 'not a checkpoint folder'}")
+        for p in reversed(found):
+            problem = checkpoint_problem(p)
+            if problem is None:
+                return p
+            if _rank() == 0:
+                print(f"[e2v checkpoint] skipping {p}: {problem}")
+        return None
     path = Path(resume)
     problem = checkpoint_problem(path)
     if problem:
@@ -271,6 +339,7 @@ def find_resume(resume: str, run_dir: Path | None) -> Path | None:
 def load_checkpoint(engine, path: Path) -> dict:
     """Model, optimizer, LR schedule and client state (step, samples seen), plus this rank's RNG."""
     path = Path(path)
+    engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # DeepSpeed's own unpickles anything
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=True)
     if client_state is None:
@@ -278,7 +347,7 @@ def load_checkpoint(engine, path: Path) -> dict:
     rank = _rank()
     rng_file = _rng_file(path, rank)
     if rng_file.exists():
-        client_state["rng"] = torch.load(rng_file, weights_only=False)
+        client_state["rng"] = load_rng(rng_file)
     else:
         saved = json.loads((path / MANIFEST).read_text()).get("world_size")
         raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved by {saved} process(es); "
@@ -625,8 +694,9 @@ def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
     meta = json.loads((path / EXPORT_META).read_text())
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
-                                                     exclude_frozen_parameters=meta["training_type"] == "lora")
+    with weights_only_zero_to_fp32():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
+                                                         exclude_frozen_parameters=meta["training_type"] == "lora")
     return {k: v.float() for k, v in state.items()}, meta
 
 
