@@ -29,6 +29,7 @@ from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, s
 from e2v.models import (activation_context, count_params, describe_plan, fp32_kept_params, is_expanded,
                         knows_shape_offline, load_parts, preflight, restore_fp32_params, setup_training,
                         trained_fp32_kept)
+from e2v.runlock import cut_scalars, lock_run_folder
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
 
@@ -190,14 +191,19 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
 
 
 class Log:
-    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
+    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows. A run resumed
+    at step N first drops what an earlier run logged after N (TensorBoard's purge_step, scalars.jsonl
+    cut), so each step is logged once."""
 
-    def __init__(self, run_dir: Path, rank: int):
+    def __init__(self, run_dir: Path, rank: int, resumed_at: int | None = None):
         self.tb = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            purge = None if resumed_at is None else resumed_at + 1
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+            if purge is not None:
+                cut_scalars(run_dir / "scalars.jsonl", resumed_at)
             self.jsonl = open(run_dir / "scalars.jsonl", "a")  # exact values per step (resume checks, scripts)
         self.first_losses: list[float] = []
         self.losses: list[float] = []
@@ -247,6 +253,7 @@ def main():
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
 
     run_dir = Path(broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
+    run_lock = lock_run_folder(run_dir, rank)  # noqa: F841 (held until exit); a second run here stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -308,10 +315,11 @@ def main():
     stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
-    log = Log(run_dir, rank)
+    log = Log(run_dir, rank, resumed_at=global_step if resume_from is not None else None)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
-    log.scalars(global_step, validator.maybe_run(engine, global_step))  # step 0: the untrained baseline
+    if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
+        log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
     def save(step, seen=None, rng_state=None):
