@@ -26,9 +26,9 @@ from e2v.config import ConfigError, load_config, map_seed_flags, resolve_deepspe
 from e2v.data import distinct_over_ranks, index_samples, make_loader
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
-from e2v.models import (activation_context, count_params, describe_plan, fp32_kept_params, is_expanded,
-                        knows_shape_offline, load_parts, preflight, restore_fp32_params, setup_training,
-                        trained_fp32_kept)
+from e2v.models import (activation_context, count_params, describe_plan, expansion_modules, fp32_kept_params,
+                        is_expanded, knows_shape_offline, load_parts, preflight, restore_fp32_params,
+                        setup_training, trained_fp32_kept)
 from e2v.runlock import cut_scalars, lock_run_folder
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
@@ -268,6 +268,8 @@ def main():
     with torch.random.fork_rng(devices=[]):  # the same LoRA init on every rank, whatever loading drew
         torch.manual_seed(cfg.seed)
         full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
+    ckpt.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
+                           exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
     if cfg.train.gradient_checkpointing:
         parts.transformer.enable_gradient_checkpointing()
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):

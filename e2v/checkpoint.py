@@ -30,17 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.integrity import (HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine,
-                           weights_only_zero_to_fp32)
+from e2v.integrity import (HASH, file_digest, load_rng, save_rng, usual_permissions,
+                           weights_only_checkpoint_engine, weights_only_zero_to_fp32)
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
-COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # original Wan names, `diffusion_model.` prefix
+COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
 EXTRA_FILE = "e2v_modules.safetensors"  # fully trained modules beside the LoRA (load_lora_weights rejects them)
 COMFY_EXTRA_FILE = "e2v_modules_comfyui.safetensors"  # the same modules under original Wan names
 MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
 FULL_DIR = "transformer"  # full fine-tune: the transformer via save_pretrained (bf16; fp32 where diffusers keeps it)
 MANIFEST = "COMPLETE"
 EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
+BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): trained-in-full modules before training
 PARTIAL = ".partial"
 
 
@@ -152,6 +153,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
     if rank == 0:
         (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
+        _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE)  # a checkpoint exports alone
     _dist_barrier()
     files = _hash_files(partial)  # every rank hashes its share of the files; a collective
     if rank == 0:
@@ -170,6 +172,17 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         prune_checkpoints(ckpt_root, keep_last)
     _dist_barrier()
     return final
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no space, no time) where the filesystem allows, else a copy; nothing if `src`
+    does not exist."""
+    if not src.is_file():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def remove_stale_saves(ckpt_root: Path) -> list[Path]:
@@ -471,9 +484,43 @@ def export_meta(transformer: torch.nn.Module) -> dict:
     }
 
 
+def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_dir: Path, rank: int = 0,
+                      exclude: list[str] = ()) -> Path | None:
+    """Before training: the modules a LoRA run trains in full, as the base model has them (fp32),
+    into `<run_dir>/BASE_FILE`; the ComfyUI export writes each trained module as its difference
+    from these. `exclude`: name patterns of modules the base lacks (those an expansion of a T2V base
+    added or widened), which cannot be differences. Only the trained-in-full tensors are copied,
+    one at a time (gathered under ZeRO-3: a collective); rank 0 holds them until written."""
+    from safetensors.torch import save_file
+
+    if not getattr(transformer, "peft_config", None):  # a full fine-tune exports the whole model
+        return None
+    named = dict(transformer.named_parameters())
+    names = [n for n in full_names if not any(re.search(p, n) for p in exclude)]
+    base = {n.replace(".base_layer", ""): _full_fp32(named[n]) for n in names}
+    if rank != 0 or not base:
+        return None
+    path = Path(run_dir) / BASE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
+    os.replace(tmp, path)
+    usual_permissions(path)
+    return path
+
+
+def _read_base(*candidates: Path) -> dict:
+    from safetensors.torch import load_file
+
+    for path in candidates:
+        if Path(path).is_file():
+            return load_file(str(path))
+    return {}
+
+
 def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
     """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
-    alpha = r), a ComfyUI-keyed copy, the fully-trained modules and the model shape beside it.
+    alpha = r), a ComfyUI file (the LoRA plus the fully-trained modules as differences from the
+    base weights the run saved beside `out_dir`), the fully-trained modules and the model shape.
     Full fine-tune: the transformer in bf16 (fp32 where diffusers keeps fp32) via save_pretrained
     in `<out_dir>/transformer`.
     Collective under ZeRO: every rank calls it, rank 0 writes."""
@@ -482,7 +529,7 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
         return export_full(transformer, Path(out_dir) / FULL_DIR, rank=rank)
     lora, extra = trained_state(transformer, full_names)
     if rank == 0:
-        write_lora_exports(Path(out_dir), lora, extra, meta)
+        write_lora_exports(Path(out_dir), lora, extra, meta, base=_read_base(Path(out_dir).parent / BASE_FILE))
     return Path(out_dir)
 
 
@@ -522,9 +569,12 @@ def save_full(state: dict, config: dict, out_dir: Path) -> None:
         raise KeyError(f"full export: no weights for {missing[:5]}")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True, assign=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    usual_permissions(*Path(out_dir).iterdir())
 
 
-def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> None:
+def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base: dict | None = None) -> None:
+    """`base`: the trained modules' weights before training (BASE_FILE); each module found there
+    goes into the ComfyUI file as a difference, the others only into the modules files."""
     from diffusers.loaders import WanLoraLoaderMixin
     from safetensors.torch import save_file
 
@@ -534,7 +584,11 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> No
                                              transformer_lora_adapter_metadata=meta["lora"])
         try:  # the diffusers LoRA above is the primary export; an unmappable target costs only this copy
             check_comfy_mappable(sorted({k.rsplit(".lora_", 1)[0] for k in lora}))
-            save_file({k: v.contiguous() for k, v in comfy_lora(lora, meta["lora"]["lora_alpha"]).items()},
+            diffs, kept = comfy_diffs(extra, base or {})
+            if kept:
+                print(f"[e2v export] {len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
+                      f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
+            save_file({k: v.contiguous() for k, v in {**comfy_lora(lora, meta["lora"]["lora_alpha"]), **diffs}.items()},
                       str(out_dir / COMFY_FILE))
         except ValueError as e:
             print(f"[e2v export] no {COMFY_FILE}: {e}")
@@ -546,6 +600,26 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> No
     shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
              "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
+    usual_permissions(*(out_dir / f for f in (LORA_FILE, COMFY_FILE, EXTRA_FILE, COMFY_EXTRA_FILE, MODEL_FILE)))
+
+
+def comfy_diffs(extra: dict, base: dict) -> tuple[dict, list[str]]:
+    """ComfyUI's full-weight differences for the trained modules the base model has (same name and
+    shape in `base`): `diffusion_model.<Wan module>.diff` for a weight, `.diff_b` for its bias,
+    `diffusion_model.<Wan parameter>.diff` for a parameter that is not a module's weight or bias
+    (the modulation tables). ComfyUI's LoRA loader accepts `<key>.diff` for every model key it
+    knows (`<module>` for a `.weight`, the full name for anything else) and adds it to the weight;
+    `<module>.diff_b` to the bias. Returns (differences, names of trained tensors that have none)."""
+    diffs, kept = {}, []
+    for name, value in sorted(extra.items()):
+        if name not in base or base[name].shape != value.shape:
+            kept.append(name)
+            continue
+        key = wan_original_key(name)
+        leaf = {".weight": ".diff", ".bias": ".diff_b"}
+        stem, suffix = next(((key[: -len(s)], d) for s, d in leaf.items() if key.endswith(s)), (key, ".diff"))
+        diffs[f"diffusion_model.{stem}{suffix}"] = value.float() - base[name].float()
+    return diffs, kept
 
 
 # Diffusers names -> original Wan2.1 names (what ComfyUI and the Wan repo use): the inverse of
@@ -632,7 +706,9 @@ def check_comfy_mappable(lora_target_names: list[str]) -> None:
     converter, run on a rank-1 dummy LoRA of the same modules: it must give back exactly them.
     It knows the attention and FFN layers of every block (all of them, k_img and v_img together)
     and time_projection, text/time embeddings, img_emb and head outside them."""
-    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+    from diffusers.loaders.lora_conversion_utils import (
+        _convert_non_diffusers_wan_lora_to_diffusers,
+    )
 
     names = sorted(lora_target_names)
     if not names:  # a full fine-tune: no LoRA to convert
@@ -709,5 +785,6 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
         return out
     lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
     extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}
-    write_lora_exports(Path(out_dir), lora, extra, meta)
+    base = _read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
+    write_lora_exports(Path(out_dir), lora, extra, meta, base=base)
     return Path(out_dir)

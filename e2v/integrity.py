@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -128,6 +129,7 @@ def save_rng(state: dict, path: Path) -> None:
     meta = {"python": json.dumps([version, list(internal), gauss]),
             "numpy": json.dumps([name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)])}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    usual_permissions(path)
 
 
 def load_rng(path: Path) -> dict:
@@ -159,3 +161,30 @@ def file_digest(path: Path, chunk: int = 16 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+# --- permissions ---------------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux exposes it (changing it, even for a
+    moment, would apply to files other threads create meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def usual_permissions(*paths: Path) -> None:
+    """Give files the mode `open()` gives the run's other files (0666 less the umask): safetensors
+    creates its files 0600, so an exported LoRA would otherwise be unreadable to the group that
+    reads the rest of the run."""
+    mode = 0o666 & ~_umask()
+    for p in paths:
+        if Path(p).is_file():
+            os.chmod(p, mode)

@@ -33,7 +33,7 @@ class RunLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a+")
+        self.file = open(self.path, "a+")  # noqa: SIM115 (held open: the lock lives as long as the file)
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -191,3 +191,74 @@ def test_resumed_log_holds_each_step_once(tmp_path):
     assert [d["train/loss"] for d in lines] == [1, 2, 3, 40, 50, 60]
     events = EventAccumulator(str(tmp_path / "tb")).Reload().Scalars("train/loss")
     assert [(e.step, e.value) for e in events] == [(1, 1), (2, 2), (3, 3), (4, 40), (5, 50), (6, 60)]
+
+
+# --- the real entry point (one process, the tiny T2V LoRA recipe) ---------------------------------
+
+
+def _sets(data, out, run_id):
+    return ["model.preset=tiny", "model.pretrained=null", f"data.datasets.0.data_root={data}", "data.num_frames=9",
+            "data.resolution=[32,32]", "data.shuffle=false", "train.mixed_precision=no",
+            "train.gradient_checkpointing=false", "train.gradient_accumulation_steps=1", "train.micro_batch_size=1",
+            "train.max_steps=4", "train.checkpoint_every=2", f"output_dir={out}", f"run_id={run_id}"]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """4 steps, checkpoints at 2 and 4. Tests work on copies of its folder."""
+    from helpers_t2v import make_npz_manifest
+
+    out = tmp_path_factory.mktemp("trust")
+    make_npz_manifest(out / "data", num_clips=4, num_frames=9, height=32, width=32)
+    run_train(str(ROOT / "configs/t2v_lora.yaml"), *_sets(out / "data", out, "run"))
+    return out
+
+
+def _copy(small_run, tmp_path):
+    shutil.copytree(small_run / "run", tmp_path / "run")
+    return tmp_path / "run", _sets(small_run / "data", tmp_path, "run")
+
+
+def test_resume_and_export_refuse_a_checkpoint_with_a_payload(small_run, tmp_path):
+    run, sets = _copy(small_run, tmp_path)
+    marker = tmp_path / "pwned"
+    bad = _tamper(run / "checkpoints/step_000004", marker)
+    assert ckpt.checkpoint_problem(run / "checkpoints/step_000004") is None, "the manifest was rewritten too"
+    proc = run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, extra=("--resume", "latest"), check=False)
+    assert proc.returncode != 0
+    assert f"refusing to load {bad}" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert not marker.exists(), "the payload ran"
+    tool = subprocess.run([sys.executable, str(ROOT / "tools/export_lora.py"), str(run / "checkpoints/latest"),
+                           "--out", str(tmp_path / "export")], capture_output=True, text=True, timeout=300)
+    assert tool.returncode != 0 and f"refusing to load {bad}" in tool.stderr, tool.stderr[-3000:]
+    assert not marker.exists(), "the payload ran"
+
+
+def test_a_second_run_in_a_live_run_folder_stops_naming_the_holder(small_run, tmp_path):
+    run, sets = _copy(small_run, tmp_path)
+    before = {f: (run / f).read_bytes() for f in ("scalars.jsonl", "config.yaml", "checkpoints/latest")}
+    holder = _holder(run)
+    try:
+        t0 = time.time()
+        proc = run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, "train.lr=1e-3", extra=("--resume", "latest"),
+                         check=False)
+        took = time.time() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode != 0
+    assert f"{run / 'run.lock'} is held by pid {holder.pid} on host {socket.gethostname()}" in proc.stdout + proc.stderr
+    assert {f: (run / f).read_bytes() for f in before} == before, "the second run wrote into the folder"
+    print(f"refused after {took:.1f} s")
+
+
+def test_resume_from_an_older_checkpoint_logs_each_step_once(small_run, tmp_path):
+    run, sets = _copy(small_run, tmp_path)
+    proc = run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets,
+                     extra=("--resume", str(run / "checkpoints/step_000002")))
+    assert "taken over from pid" in proc.stdout  # the fixture's run left its details in run.lock
+    lines = [json.loads(line) for line in (run / "scalars.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in lines] == [1, 2, 3, 4]
+    first = {json.loads(line)["step"]: json.loads(line) for line in (small_run / "run/scalars.jsonl").read_text().splitlines()}
+    for d in lines:  # and the resumed steps 3-4 repeat the first run's losses exactly
+        assert d["train/loss"] == first[d["step"]]["train/loss"], d["step"]
