@@ -1,15 +1,16 @@
 """DeepSpeed checkpoints that survive a kill, resume that continues the same run, a guard against
 non-finite losses, and exports that load in plain diffusers (and ComfyUI) with no DeepSpeed.
 
-Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks
-hash the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every
-file), renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest`
-(write-then-rename). `--resume latest` takes the checkpoint `latest` names when its files all
-match its `COMPLETE` manifest, else the newest intact one by step, so a kill during a save, a file
-truncated afterwards (a half-finished copy, a full disk) or changed in place (a disk error, an
-edit), or an unreadable `latest`, falls back to the previous checkpoint. `latest` wins over a higher step because a run resumed from an older
-checkpoint path leaves the abandoned branch's higher steps behind. The checkpoint folder must be
-on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks hash
+the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every file),
+renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest` (write-then-rename).
+`--resume latest` takes the checkpoint `latest` names when its files all match its `COMPLETE`
+manifest, else the newest intact one by step, so a kill during a save, a file truncated afterwards
+(a half-finished copy, a full disk) or changed in place (a disk error, an edit), or an unreadable
+`latest`, falls back to the previous checkpoint. `latest` wins over a higher step because a run
+resumed from an older checkpoint path leaves the abandoned branch's higher steps behind. The
+checkpoint folder must be on a filesystem every rank sees (DeepSpeed's own assumption for multi-node
+saves).
 
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
 into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).

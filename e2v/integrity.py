@@ -74,12 +74,16 @@ def weights_only_checkpoint_engine(engine):
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
     current = engine.checkpoint_engine
+    if getattr(current, "weights_only", False):  # already replaced
+        return current
     if type(current) is not TorchCheckpointEngine:  # e.g. an async engine from the DeepSpeed config
         raise UnsafeCheckpoint(f"DeepSpeed checkpoint engine {type(current).__name__}: only the default torch "
                                "engine can be made to load weights-only; remove checkpoint.* engine settings "
                                "from the DeepSpeed config")
 
     class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+        weights_only = True
+
         def load(self, path: str, map_location=None):
             return weights_only_load(path, map_location=map_location)
 
