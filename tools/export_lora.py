@@ -5,8 +5,9 @@ no GPU, no process group, no training data (the checkpoint carries e2v_export.js
     python tools/export_lora.py runs/<run_id>/checkpoints/latest --out exported/
 
 LoRA runs: pytorch_lora_weights.safetensors (diffusers, with adapter metadata),
-pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix),
-e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
+pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix; the
+modules trained in full as `.diff` differences from the base weights in the checkpoint's
+e2v_base_modules.safetensors), e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
 under original Wan names) and e2v_model.json. Full fine-tunes: transformer/ (bf16, and fp32 for
 the modules diffusers keeps in fp32; save_pretrained). Works for any ZeRO stage (DeepSpeed's
 zero_to_fp32). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
