@@ -498,8 +498,12 @@ def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_d
         return None
     named = dict(transformer.named_parameters())
     names = [n for n in full_names if not any(re.search(p, n) for p in exclude)]
-    base = {n.replace(".base_layer", ""): _full_fp32(named[n]) for n in names}
-    if rank != 0 or not base:
+    base = {}
+    for n in names:
+        value = _full_fp32(named[n])  # every rank takes part in the gather; rank 0 keeps the copy
+        if rank == 0:
+            base[n.replace(".base_layer", "")] = value
+    if not base:
         return None
     path = Path(run_dir) / BASE_FILE
     tmp = path.with_name(path.name + ".tmp")

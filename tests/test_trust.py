@@ -262,3 +262,16 @@ def test_resume_from_an_older_checkpoint_logs_each_step_once(small_run, tmp_path
     first = {json.loads(line)["step"]: json.loads(line) for line in (small_run / "run/scalars.jsonl").read_text().splitlines()}
     for d in lines:  # and the resumed steps 3-4 repeat the first run's losses exactly
         assert d["train/loss"] == first[d["step"]]["train/loss"], d["step"]
+
+
+def test_a_real_checkpoint_changed_in_place_falls_back(small_run, tmp_path, capsys):
+    """DeepSpeed's own files: one flipped byte in the newest checkpoint, same size."""
+    run, _ = _copy(small_run, tmp_path)
+    manifest = json.loads((run / "checkpoints/step_000004" / ckpt.MANIFEST).read_text())
+    assert {"mp_rank_00_model_states.pt", "rng_rank_0000.safetensors", "e2v_export.json"} <= set(manifest["files"])
+    victim = run / "checkpoints/step_000004/mp_rank_00_model_states.pt"
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    assert ckpt.find_resume("latest", run) == run / "checkpoints/step_000002"
+    assert f"{victim} does not match the sha256" in capsys.readouterr().out
