@@ -191,19 +191,18 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
 
 
 class Log:
-    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows. A run resumed
-    at step N first drops what an earlier run logged after N (TensorBoard's purge_step, scalars.jsonl
+    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows. What an
+    earlier run in the folder logged from `first_step` on (past the checkpoint this run resumes
+    from; everything for a fresh start) is dropped first (TensorBoard's purge_step, scalars.jsonl
     cut), so each step is logged once."""
 
-    def __init__(self, run_dir: Path, rank: int, resumed_at: int | None = None):
+    def __init__(self, run_dir: Path, rank: int, first_step: int = 0):
         self.tb = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = None if resumed_at is None else resumed_at + 1
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
-            if purge is not None:
-                cut_scalars(run_dir / "scalars.jsonl", resumed_at)
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=first_step)
+            cut_scalars(run_dir / "scalars.jsonl", first_step)
             self.jsonl = open(run_dir / "scalars.jsonl", "a")  # exact values per step (resume checks, scripts)
         self.first_losses: list[float] = []
         self.losses: list[float] = []
@@ -317,7 +316,7 @@ def main():
     stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
-    log = Log(run_dir, rank, resumed_at=global_step if resume_from is not None else None)
+    log = Log(run_dir, rank, first_step=global_step + 1 if resume_from is not None else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
     if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)

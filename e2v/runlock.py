@@ -86,17 +86,17 @@ def lock_run_folder(run_dir: Path, rank: int) -> RunLock | None:
     return lock
 
 
-def cut_scalars(path: Path, step: int) -> int:
-    """Drop the records after `step` from a run's scalars.jsonl (what an earlier run logged past the
-    checkpoint a resume starts from), by write-then-rename; a torn last line (a kill mid-write) goes
-    too. Returns the number of lines dropped."""
+def cut_scalars(path: Path, first_step: int) -> int:
+    """Drop the records of steps from `first_step` on from a run's scalars.jsonl (what an earlier run
+    logged past the checkpoint a resume starts from), by write-then-rename; a torn last line (a kill
+    mid-write) goes too. Says how many lines it dropped, and returns that number."""
     path = Path(path)
     if not path.exists():
         return 0
     kept, dropped = [], 0
     for line in path.read_text(errors="replace").splitlines():
         try:
-            keep = int(json.loads(line)["step"]) <= step
+            keep = int(json.loads(line)["step"]) < first_step
         except (ValueError, KeyError, TypeError):
             keep = False
         if keep:
@@ -107,4 +107,6 @@ def cut_scalars(path: Path, step: int) -> int:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(f"{line}\n" for line in kept))
         os.replace(tmp, path)
+        print(f"[e2v] {path}: dropped {dropped} line(s) of steps >= {first_step}, logged by an earlier run "
+              "past the point this run starts from")
     return dropped

@@ -182,7 +182,7 @@ def test_resumed_log_holds_each_step_once(tmp_path):
     first.close()
     with open(tmp_path / "scalars.jsonl", "a") as f:
         f.write('{"step": 6, "train/lo')  # killed mid-write
-    resumed = Log(tmp_path, rank=0, resumed_at=3)
+    resumed = Log(tmp_path, rank=0, first_step=4)
     for step in (4, 5, 6):
         resumed.scalars(step, {"train/loss": 10.0 * step})
     resumed.close()
@@ -191,6 +191,13 @@ def test_resumed_log_holds_each_step_once(tmp_path):
     assert [d["train/loss"] for d in lines] == [1, 2, 3, 40, 50, 60]
     events = EventAccumulator(str(tmp_path / "tb")).Reload().Scalars("train/loss")
     assert [(e.step, e.value) for e in events] == [(1, 1), (2, 2), (3, 3), (4, 40), (5, 50), (6, 60)]
+    fresh = Log(tmp_path, rank=0)  # a fresh start in the folder (no checkpoint to resume from)
+    fresh.scalars(1, {"train/loss": 7.0})
+    fresh.close()
+    assert [json.loads(line) for line in (tmp_path / "scalars.jsonl").read_text().splitlines()] == \
+        [{"step": 1, "train/loss": 7.0}]
+    events = EventAccumulator(str(tmp_path / "tb")).Reload().Scalars("train/loss")
+    assert [(e.step, e.value) for e in events] == [(1, 7)]
 
 
 # --- the real entry point (one process, the tiny T2V LoRA recipe) ---------------------------------
