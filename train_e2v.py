@@ -25,9 +25,11 @@ from e2v.config import (ConfigError, adam_choice, load_config, map_seed_flags, r
 from e2v.data import distinct_over_ranks, index_samples, make_loader
 from e2v.device import to_device
 from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
+from e2v.expand import expansion_modules, is_expanded
 from e2v.models import load_parts
 from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.precision import trained_fp32_kept
+from e2v.runlock import cut_scalars, lock_run_folder
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
@@ -105,14 +107,18 @@ def broadcast(obj, rank: int):
 
 
 class Log:
-    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows."""
+    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows. What an
+    earlier run in the folder logged from `first_step` on (past the checkpoint this run resumes
+    from; everything for a fresh start) is dropped first (TensorBoard's purge_step, scalars.jsonl
+    cut), so each step is logged once."""
 
-    def __init__(self, run_dir: Path, rank: int):
+    def __init__(self, run_dir: Path, rank: int, first_step: int = 0):
         self.tb = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=first_step)
+            cut_scalars(run_dir / "scalars.jsonl", first_step)
             self.jsonl = open(run_dir / "scalars.jsonl", "a")  # exact values per step (resume checks, scripts)
         self.first_losses: list[float] = []
         self.losses: list[float] = []
@@ -161,6 +167,7 @@ def main():
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
 
     run_dir = Path(broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
+    run_lock = lock_run_folder(run_dir, rank)  # noqa: F841 (held until exit); a second run here stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -172,6 +179,8 @@ def main():
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device,  # cache: transformer only
                        ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
+    ckpt.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
+                           exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
     if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:  # hub ids preflight could not see
         raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
@@ -209,10 +218,11 @@ def main():
     stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
-    log = Log(run_dir, rank)
+    log = Log(run_dir, rank, first_step=global_step + 1 if resume_from is not None else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
-    log.scalars(global_step, validator.maybe_run(engine, global_step))  # step 0: the untrained baseline
+    if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
+        log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
     def save(step, seen=None, rng_state=None):

@@ -1,17 +1,20 @@
 """DeepSpeed checkpoints that survive a kill, resume that continues the same run, a guard against
 non-finite losses, and exports that load in plain diffusers (and ComfyUI) with no DeepSpeed.
 
-Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier rank 0 writes
-`COMPLETE` (the size of every file in the folder), renames the folder to `step_NNNNNN` and then
-replaces `checkpoints/latest` (write-then-rename). `--resume latest` takes the checkpoint `latest`
-names when its files all match its `COMPLETE` manifest, else the newest intact one by step, so a
-kill during a save, or a file truncated afterwards (a half-finished copy, a full disk), falls back
-to the previous checkpoint. `latest` wins over a higher step because a run resumed from an older
-checkpoint path leaves the abandoned branch's higher steps behind. The checkpoint folder must be
-on a filesystem every rank sees (DeepSpeed's own assumption for multi-node saves).
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks hash
+the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every file),
+renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest` (write-then-rename).
+`--resume latest` takes the checkpoint `latest` names when its files all match its `COMPLETE`
+manifest, else the newest intact one by step, so a kill during a save, a file truncated afterwards
+(a half-finished copy, a full disk) or changed in place (a disk error, an edit), or an unreadable
+`latest`, falls back to the previous checkpoint. `latest` wins over a higher step because a run
+resumed from an older checkpoint path leaves the abandoned branch's higher steps behind. The
+checkpoint folder must be on a filesystem every rank sees (DeepSpeed's own assumption for multi-node
+saves).
 
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
-into their own `rng_rank_NNNN.pt`; the data order is the sampler offset (`samples_seen`).
+into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
+Nothing is unpickled beyond data: see e2v/integrity.py.
 """
 
 from __future__ import annotations
@@ -28,14 +31,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from e2v.integrity import (HASH, file_digest, load_rng, save_rng, usual_permissions,
+                           weights_only_checkpoint_engine, weights_only_zero_to_fp32)
+
 LORA_FILE = "pytorch_lora_weights.safetensors"
-COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # original Wan names, `diffusion_model.` prefix
+COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
 EXTRA_FILE = "e2v_modules.safetensors"  # fully trained modules beside the LoRA (load_lora_weights rejects them)
 COMFY_EXTRA_FILE = "e2v_modules_comfyui.safetensors"  # the same modules under original Wan names
 MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
 FULL_DIR = "transformer"  # full fine-tune: the transformer via save_pretrained (bf16; fp32 where diffusers keeps it)
 MANIFEST = "COMPLETE"
 EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
+BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): trained-in-full modules before training
 PARTIAL = ".partial"
 
 
@@ -122,7 +129,10 @@ def set_rng_state(state: dict, rng: random.Random, generator: torch.Generator) -
 
 
 def _rng_file(path: Path, rank: int) -> Path:
-    return path / f"rng_rank_{rank:04d}.pt"
+    """This rank's RNG file; a checkpoint saved before the states were stored as data has `.pt`."""
+    new = path / f"rng_rank_{rank:04d}.safetensors"
+    old = new.with_suffix(".pt")
+    return old if old.exists() and not new.exists() else new
 
 
 # --- save / find / load ------------------------------------------------------------------------
@@ -141,13 +151,16 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     _dist_barrier()
     engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
     if rng is not None:
-        torch.save(rng, _rng_file(partial, rank))
-    _dist_barrier()
+        save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
     if rank == 0:
         (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
-        files = {str(p.relative_to(partial)): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
+        _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE)  # a checkpoint exports alone
+    _dist_barrier()
+    files = _hash_files(partial)  # every rank hashes its share of the files; a collective
+    if rank == 0:
         world = torch.distributed.get_world_size() if _dist() else 1
-        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "files": files}, indent=1))
+        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
+                                                      "files": files}, indent=1))
         if final.exists():  # the same step saved again (a resumed run re-saving): swap, then drop the old one
             old = ckpt_root / f"{tag}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -160,6 +173,17 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         prune_checkpoints(ckpt_root, keep_last)
     _dist_barrier()
     return final
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no space, no time) where the filesystem allows, else a copy; nothing if `src`
+    does not exist."""
+    if not src.is_file():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def remove_stale_saves(ckpt_root: Path) -> list[Path]:
@@ -196,22 +220,58 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved."""
+def _share(items: list) -> list:
+    """This rank's share of a list every rank holds in the same order."""
+    if not _dist():
+        return items
+    return items[torch.distributed.get_rank()::torch.distributed.get_world_size()]
+
+
+def _gather(part: dict) -> dict:
+    """The union of every rank's dict (a collective when distributed)."""
+    if not _dist():
+        return part
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, part)
+    return {k: v for p in parts for k, v in p.items()}
+
+
+def _hash_files(folder: Path) -> dict:
+    """{relative name: {"bytes", HASH}} of every file in the folder, the hashing split over the
+    ranks (the files were just written: mostly read back from the page cache). A collective."""
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    mine = {n: {"bytes": (folder / n).stat().st_size, HASH: file_digest(folder / n)} for n in _share(names)}
+    return dict(sorted(_gather(mine).items()))
+
+
+def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
+    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved: present,
+    of the recorded size and, with `checksums`, of the recorded SHA-256 (which reads every byte,
+    split over the ranks: then a collective that every rank calls for the same folder). Manifests
+    written before checksums were recorded hold sizes only."""
     manifest = Path(path) / MANIFEST
     if not manifest.exists():
         return f"no {MANIFEST} manifest (the save was interrupted)"
     try:
         files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        return f"unreadable {MANIFEST} manifest ({e})"
-    for name, size in files.items():
+        files = {n: v if isinstance(v, dict) else {"bytes": v} for n, v in files.items()}
+        for v in files.values():
+            int(v["bytes"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable {MANIFEST} manifest ({type(e).__name__}: {e})"
+    for name, rec in files.items():
         f = Path(path) / name
-        if not f.exists():
-            return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} has {f.stat().st_size} bytes, {size} were saved (truncated)"
-    return None
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != rec["bytes"]:
+            return f"{f} has {f.stat().st_size} bytes, {rec['bytes']} were saved (truncated)"
+    if not checksums:
+        return None
+    bad = {n: f"{Path(path) / n} does not match the {HASH} recorded when it was saved (changed since: "
+              "a disk or copy error, or an edit)"
+           for n in _share([n for n in files if HASH in files[n]]) if file_digest(Path(path) / n) != files[n][HASH]}
+    bad = _gather(bad)
+    return bad[min(bad)] if bad else None
 
 
 def _step(path: Path) -> int | None:
@@ -226,40 +286,62 @@ def complete_checkpoints(ckpt_root: Path) -> list[Path]:
     if not Path(ckpt_root).exists():
         return []
     found = [p for p in Path(ckpt_root).glob("step_*")
-             if p.is_dir() and _step(p) is not None and checkpoint_problem(p) is None]
+             if p.is_dir() and _step(p) is not None and checkpoint_problem(p, checksums=False) is None]
     return sorted(found, key=_step)
 
 
-def _latest_pointer(ckpt_root: Path) -> Path | None:
-    """The checkpoint folder `checkpoints/latest` names (the last one saved), if the file exists."""
+def read_latest(ckpt_root: Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint folder `checkpoints/latest` names, None) or (None, why it names none): the
+    file is missing, or holds anything but a `step_N` name in UTF-8 (a damaged disk block, an edit)."""
     pointer = Path(ckpt_root) / "latest"
     if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    return Path(ckpt_root) / name if _step(name) is not None else None
+        return None, f"{pointer} does not exist"
+    raw = pointer.read_bytes()
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, f"{pointer} is not text ({len(raw)} bytes, starting {raw[:16]!r})"
+    if _step(name) is None:
+        return None, f"{pointer} holds {name[:60]!r}, not a step_N folder name"
+    return Path(ckpt_root) / name, None
+
+
+def _latest_pointer(ckpt_root: Path) -> Path | None:
+    return read_latest(ckpt_root)[0]
 
 
 def find_resume(resume: str, run_dir: Path | None) -> Path | None:
     """`latest` -> the checkpoint `checkpoints/latest` names if it is intact, else the newest
-    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact)."""
+    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact).
+    Checksums are verified for the pick only (a collective: every rank calls find_resume); a pick
+    whose files changed since the save gives way to the next newest."""
     if resume == "latest":
         root = Path(run_dir) / "checkpoints" if run_dir else None
         if root is None or not root.exists():
             return None
-        pointed = _latest_pointer(root)
+        pointed, why = read_latest(root)
+        if pointed is None and (root / "latest").exists() and _rank() == 0:
+            print(f"[e2v checkpoint] ignoring {root / 'latest'}: {why}")
         if pointed is not None:
             problem = checkpoint_problem(pointed) if pointed.is_dir() else "the folder is missing"
             if problem is None:
                 return pointed
             if _rank() == 0:
                 print(f"[e2v checkpoint] skipping {pointed} (named by {root / 'latest'}): {problem}")
-        found = complete_checkpoints(root)
+        found = [p for p in complete_checkpoints(root) if p != pointed]  # sizes match; newest first below
         newest = _step(found[-1]) if found else -1
         for p in sorted(root.glob("step_*")):  # say why anything newer than the pick is not used
             m = re.match(r"step_(\d+)", p.name)
             if p not in found and p != pointed and m and int(m.group(1)) > newest and _rank() == 0:
-                print(f"[e2v checkpoint] skipping {p}: {checkpoint_problem(p) or 'not a checkpoint folder'}")
-        return found[-1] if found else None
+                print(f"[e2v checkpoint] skipping {p}: "
+                      f"{checkpoint_problem(p, checksums=False) or 'not a checkpoint folder'}")
+        for p in reversed(found):
+            problem = checkpoint_problem(p)
+            if problem is None:
+                return p
+            if _rank() == 0:
+                print(f"[e2v checkpoint] skipping {p}: {problem}")
+        return None
     path = Path(resume)
     problem = checkpoint_problem(path)
     if problem:
@@ -271,6 +353,7 @@ def find_resume(resume: str, run_dir: Path | None) -> Path | None:
 def load_checkpoint(engine, path: Path) -> dict:
     """Model, optimizer, LR schedule and client state (step, samples seen), plus this rank's RNG."""
     path = Path(path)
+    engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # DeepSpeed's own unpickles anything
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=True)
     if client_state is None:
@@ -278,7 +361,7 @@ def load_checkpoint(engine, path: Path) -> dict:
     rank = _rank()
     rng_file = _rng_file(path, rank)
     if rng_file.exists():
-        client_state["rng"] = torch.load(rng_file, weights_only=False)
+        client_state["rng"] = load_rng(rng_file)
     else:
         saved = json.loads((path / MANIFEST).read_text()).get("world_size")
         raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved by {saved} process(es); "
@@ -407,9 +490,47 @@ def export_meta(transformer: torch.nn.Module) -> dict:
     }
 
 
+def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_dir: Path, rank: int = 0,
+                      exclude: list[str] = ()) -> Path | None:
+    """Before training: the modules a LoRA run trains in full, as the base model has them (fp32),
+    into `<run_dir>/BASE_FILE`; the ComfyUI export writes each trained module as its difference
+    from these. `exclude`: name patterns of modules the base lacks (those an expansion of a T2V base
+    added or widened), which cannot be differences. Only the trained-in-full tensors are copied,
+    one at a time (gathered under ZeRO-3: a collective); rank 0 holds them until written."""
+    from safetensors.torch import save_file
+
+    if not getattr(transformer, "peft_config", None):  # a full fine-tune exports the whole model
+        return None
+    named = dict(transformer.named_parameters())
+    names = [n for n in full_names if not any(re.search(p, n) for p in exclude)]
+    base = {}
+    for n in names:
+        value = _full_fp32(named[n])  # every rank takes part in the gather; rank 0 keeps the copy
+        if rank == 0:
+            base[n.replace(".base_layer", "")] = value
+    if not base:
+        return None
+    path = Path(run_dir) / BASE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
+    os.replace(tmp, path)
+    usual_permissions(path)
+    return path
+
+
+def _read_base(*candidates: Path) -> dict:
+    from safetensors.torch import load_file
+
+    for path in candidates:
+        if Path(path).is_file():
+            return load_file(str(path))
+    return {}
+
+
 def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
     """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
-    alpha = r), a ComfyUI-keyed copy, the fully-trained modules and the model shape beside it.
+    alpha = r), a ComfyUI file (the LoRA plus the fully-trained modules as differences from the
+    base weights the run saved beside `out_dir`), the fully-trained modules and the model shape.
     Full fine-tune: the transformer in bf16 (fp32 where diffusers keeps fp32) via save_pretrained
     in `<out_dir>/transformer`.
     Collective under ZeRO: every rank calls it, rank 0 writes."""
@@ -418,7 +539,7 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
         return export_full(transformer, Path(out_dir) / FULL_DIR, rank=rank)
     lora, extra = trained_state(transformer, full_names, keep=rank == 0)
     if rank == 0:
-        write_lora_exports(Path(out_dir), lora, extra, meta)
+        write_lora_exports(Path(out_dir), lora, extra, meta, base=_read_base(Path(out_dir).parent / BASE_FILE))
     return Path(out_dir)
 
 
@@ -458,9 +579,12 @@ def save_full(state: dict, config: dict, out_dir: Path) -> None:
         raise KeyError(f"full export: no weights for {missing[:5]}")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True, assign=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    usual_permissions(*Path(out_dir).iterdir())
 
 
-def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> None:
+def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base: dict | None = None) -> None:
+    """`base`: the trained modules' weights before training (BASE_FILE); each module found there
+    goes into the ComfyUI file as a difference, the others only into the modules files."""
     from diffusers.loaders import WanLoraLoaderMixin
     from safetensors.torch import save_file
 
@@ -470,7 +594,11 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> No
                                              transformer_lora_adapter_metadata=meta["lora"])
         try:  # the diffusers LoRA above is the primary export; an unmappable target costs only this copy
             check_comfy_mappable(sorted({k.rsplit(".lora_", 1)[0] for k in lora}))
-            save_file({k: v.contiguous() for k, v in comfy_lora(lora, meta["lora"]["lora_alpha"]).items()},
+            diffs, kept = comfy_diffs(extra, base or {})
+            if kept:
+                print(f"[e2v export] {len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
+                      f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
+            save_file({k: v.contiguous() for k, v in {**comfy_lora(lora, meta["lora"]["lora_alpha"]), **diffs}.items()},
                       str(out_dir / COMFY_FILE))
         except ValueError as e:
             print(f"[e2v export] no {COMFY_FILE}: {e}")
@@ -482,6 +610,26 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict) -> No
     shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
              "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
+    usual_permissions(*(out_dir / f for f in (LORA_FILE, COMFY_FILE, EXTRA_FILE, COMFY_EXTRA_FILE, MODEL_FILE)))
+
+
+def comfy_diffs(extra: dict, base: dict) -> tuple[dict, list[str]]:
+    """ComfyUI's full-weight differences for the trained modules the base model has (same name and
+    shape in `base`): `diffusion_model.<Wan module>.diff` for a weight, `.diff_b` for its bias,
+    `diffusion_model.<Wan parameter>.diff` for a parameter that is not a module's weight or bias
+    (the modulation tables). ComfyUI's LoRA loader accepts `<key>.diff` for every model key it
+    knows (`<module>` for a `.weight`, the full name for anything else) and adds it to the weight;
+    `<module>.diff_b` to the bias. Returns (differences, names of trained tensors that have none)."""
+    diffs, kept = {}, []
+    for name, value in sorted(extra.items()):
+        if name not in base or base[name].shape != value.shape:
+            kept.append(name)
+            continue
+        key = wan_original_key(name)
+        leaf = {".weight": ".diff", ".bias": ".diff_b"}
+        stem, suffix = next(((key[: -len(s)], d) for s, d in leaf.items() if key.endswith(s)), (key, ".diff"))
+        diffs[f"diffusion_model.{stem}{suffix}"] = value.float() - base[name].float()
+    return diffs, kept
 
 
 # Diffusers names -> original Wan2.1 names (what ComfyUI and the Wan repo use): the inverse of
@@ -568,7 +716,9 @@ def check_comfy_mappable(lora_target_names: list[str]) -> None:
     converter, run on a rank-1 dummy LoRA of the same modules: it must give back exactly them.
     It knows the attention and FFN layers of every block (all of them, k_img and v_img together)
     and time_projection, text/time embeddings, img_emb and head outside them."""
-    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+    from diffusers.loaders.lora_conversion_utils import (
+        _convert_non_diffusers_wan_lora_to_diffusers,
+    )
 
     names = sorted(lora_target_names)
     if not names:  # a full fine-tune: no LoRA to convert
@@ -630,8 +780,9 @@ def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
     meta = json.loads((path / EXPORT_META).read_text())
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
-                                                     exclude_frozen_parameters=meta["training_type"] == "lora")
+    with weights_only_zero_to_fp32():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
+                                                         exclude_frozen_parameters=meta["training_type"] == "lora")
     return {k: v.float() for k, v in state.items()}, meta
 
 
@@ -644,5 +795,6 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
         return out
     lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
     extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}
-    write_lora_exports(Path(out_dir), lora, extra, meta)
+    base = _read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
+    write_lora_exports(Path(out_dir), lora, extra, meta, base=base)
     return Path(out_dir)

@@ -1,8 +1,10 @@
 """Exports of a 2-process ZeRO-3 + CPU-offload run (fp32): the diffusers LoRA loads in a plain
 diffusers pipeline in a process that never imports DeepSpeed and reproduces the weights the
 engine trained (read back from the DeepSpeed checkpoint with DeepSpeed's own zero_to_fp32); the
-ComfyUI-keyed copies (LoRA and fully-trained modules) map back through diffusers' own Wan
-conversions and give the same output, also for a LoRA outside the blocks; tools/export_lora.py
+ComfyUI file (LoRA, plus the fully-trained modules as `.diff` differences from the base weights)
+holds only keys ComfyUI's LoRA loader takes, maps back through diffusers' own Wan conversions and,
+applied as ComfyUI applies it, gives the same output, also for a LoRA outside the blocks; modules
+the base lacks stay full weights; exported files get the umask's permissions; tools/export_lora.py
 rebuilds the same files offline from the checkpoint folder; a full fine-tune exports a bf16
 diffusers model that keeps diffusers' fp32 modules in fp32."""
 
@@ -16,15 +18,19 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT
+from helpers_comfy import diffusers_name, split
 
 # Runs in a fresh interpreter: plain diffusers + the exported files, and proof that no DeepSpeed
 # module was imported. Prints the output tensors' path.
 PLAIN_DIFFUSERS = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/tests")
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
+from safetensors.torch import load_file
 from e2v.tiny import build_tiny_parts
 from e2v.checkpoint import load_extra_modules
+from helpers_comfy import apply_diffs, split
 
 def pipe():
     p = build_tiny_parts(seed=0)
@@ -37,17 +43,25 @@ probe = dict(hidden_states=torch.randn(1, 36, 5, 8, 8, generator=g), timestep=to
              encoder_hidden_states=torch.randn(1, 512, 32, generator=g),
              encoder_hidden_states_image=torch.randn(1, 17 * 3, 32, generator=g), return_dict=False)
 out = {}
-for name, weight_name in (("diffusers", "pytorch_lora_weights.safetensors"),
-                          ("comfyui", "pytorch_lora_weights_comfyui.safetensors")):
-    p = pipe()
-    with torch.no_grad():
-        out["base"] = p.transformer(**probe)[0]
-    p.load_lora_weights(sys.argv[2], weight_name=weight_name)
-    with torch.no_grad():
-        out[f"{name}_lora_only"] = p.transformer(**probe)[0]
-    load_extra_modules(p.transformer, sys.argv[2])
-    with torch.no_grad():
-        out[name] = p.transformer(**probe)[0]
+p = pipe()
+with torch.no_grad():
+    out["base"] = p.transformer(**probe)[0]
+p.load_lora_weights(sys.argv[2], weight_name="pytorch_lora_weights.safetensors")
+with torch.no_grad():
+    out["diffusers_lora_only"] = p.transformer(**probe)[0]
+load_extra_modules(p.transformer, sys.argv[2])
+with torch.no_grad():
+    out["diffusers"] = p.transformer(**probe)[0]
+# ComfyUI: one file; its LoRA part through diffusers' ComfyUI/Wan LoRA converter, the differences
+# added to the base weights as ComfyUI's loader adds them
+lora, diffs = split(load_file(sys.argv[2] + "/pytorch_lora_weights_comfyui.safetensors"))
+p = pipe()
+p.load_lora_weights(lora)
+with torch.no_grad():
+    out["comfyui_lora_only"] = p.transformer(**probe)[0]
+apply_diffs(p.transformer, diffs)
+with torch.no_grad():
+    out["comfyui"] = p.transformer(**probe)[0]
 out["probe"] = probe
 torch.save(out, sys.argv[3])
 assert not any(m.split(".")[0] == "deepspeed" for m in sys.modules), "deepspeed was imported"
@@ -102,7 +116,7 @@ def test_comfyui_keys_all_map_back_to_the_diffusers_keys(zero3_offload_run):
 
     lora_dir = zero3_offload_run / "lora"
     ours = load_file(str(lora_dir / "pytorch_lora_weights.safetensors"))
-    comfy = load_file(str(lora_dir / "pytorch_lora_weights_comfyui.safetensors"))
+    comfy, _ = split(load_file(str(lora_dir / "pytorch_lora_weights_comfyui.safetensors")))
     assert all(k.startswith("diffusion_model.") for k in comfy)
     assert not any(".attn1." in k or ".to_q." in k for k in comfy), "diffusers names left in the ComfyUI copy"
     alphas = {k: v.item() for k, v in comfy.items() if k.endswith(".alpha")}
@@ -113,6 +127,79 @@ def test_comfyui_keys_all_map_back_to_the_diffusers_keys(zero3_offload_run):
     assert set(back) == set(ours)
     for k, v in back.items():  # diffusers folds alpha / rank (0.5) into lora_A
         torch.testing.assert_close(v, ours[k] * (0.5 if ".lora_A." in k else 1.0), atol=0, rtol=0)
+
+
+def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_run):
+    """Every module trained in full is in the ComfyUI file as `.diff` / `.diff_b` = trained - base,
+    under the name ComfyUI patches (diffusers' Wan conversion maps it back)."""
+    from e2v.tiny import build_tiny_parts
+
+    lora_dir = zero3_offload_run / "lora"
+    trained = load_file(str(lora_dir / "e2v_modules.safetensors"))
+    _, diffs = split(load_file(str(lora_dir / "pytorch_lora_weights_comfyui.safetensors")))
+    base = dict(build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters())  # the run's base
+    names = {k: diffusers_name(k, base) for k in diffs}
+    assert sorted(names.values()) == sorted(trained), "one difference per trained module, nothing else"
+    assert {"diffusion_model.patch_embedding.diff", "diffusion_model.patch_embedding.diff_b",
+            "diffusion_model.head.modulation.diff", "diffusion_model.blocks.0.modulation.diff",
+            "diffusion_model.text_embedding.0.diff_b", "diffusion_model.img_emb.proj.0.diff"} <= set(diffs)
+    for key, name in names.items():
+        assert torch.equal(diffs[key], trained[name] - base[name].detach()), key
+    assert any(d.abs().max() > 0 for d in diffs.values())
+
+
+def _tiny_lora_run(tmp_path, exclude=()):
+    """A tiny LoRA model set up like a run (e2v_tiny: LoRA plus modules in full), its base modules
+    saved, then 'trained' (every trainable tensor moved)."""
+    from e2v.checkpoint import export_meta, save_base_modules, trained_state
+    from e2v.config import load_config
+    from e2v.tiny import build_tiny_parts
+    from e2v.trainable import setup_training
+
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    full_names = setup_training(model, cfg, expanded=False)
+    save_base_modules(model, full_names, tmp_path, exclude=list(exclude))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * torch.randn_like(p))
+    lora, extra = trained_state(model, full_names)
+    return lora, extra, export_meta(model)
+
+
+def test_modules_the_base_lacks_stay_full_weights(tmp_path, capsys):
+    """An expanded T2V base: the widened patch embedding cannot be a difference."""
+    from e2v.checkpoint import BASE_FILE, COMFY_EXTRA_FILE, COMFY_FILE, _read_base, write_lora_exports
+
+    lora, extra, meta = _tiny_lora_run(tmp_path, exclude=[r"^patch_embedding\."])
+    write_lora_exports(tmp_path / "lora", lora, extra, meta, base=_read_base(tmp_path / BASE_FILE))
+    _, diffs = split(load_file(str(tmp_path / "lora" / COMFY_FILE)))
+    assert not any("patch_embedding" in k for k in diffs) and "diffusion_model.head.head.diff" in diffs
+    assert "diffusion_model.patch_embedding.weight" in load_file(str(tmp_path / "lora" / COMFY_EXTRA_FILE))
+    assert "2 trained tensors the base model lacks (e.g. patch_embedding.bias)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_exported_files_get_the_umask_permissions(tmp_path, umask):
+    """safetensors creates its files 0600; the exports must read like the run's other files."""
+    import os
+    import stat
+
+    from e2v.checkpoint import BASE_FILE, _read_base, write_lora_exports
+
+    lora, extra, meta = _tiny_lora_run(tmp_path)
+    old = os.umask(umask)
+    try:
+        write_lora_exports(tmp_path / "lora", lora, extra, meta, base=_read_base(tmp_path / BASE_FILE))
+        (tmp_path / "other").write_text("")  # a file the run writes with open()
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "lora").iterdir()}
+    want = stat.S_IMODE((tmp_path / "other").stat().st_mode)
+    assert want == 0o666 & ~umask
+    assert len(modes) == 5 and modes == dict.fromkeys(modes, want), modes
 
 
 def _from_original_wan(state: dict) -> dict:

@@ -5,11 +5,13 @@ no GPU, no process group, no training data (the checkpoint carries e2v_export.js
     python tools/export_lora.py runs/<run_id>/checkpoints/latest --out exported/
 
 LoRA runs: pytorch_lora_weights.safetensors (diffusers, with adapter metadata),
-pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix),
-e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
+pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.` prefix; the
+modules trained in full as `.diff` differences from the base weights in the checkpoint's
+e2v_base_modules.safetensors), e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
 under original Wan names) and e2v_model.json. Full fine-tunes: transformer/ (bf16, and fp32 for
 the modules diffusers keeps in fp32; save_pretrained). Works for any ZeRO stage (DeepSpeed's
-zero_to_fp32).
+zero_to_fp32). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
+and are read as data only (a file that would run code is refused).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.checkpoint import export_checkpoint  # noqa: E402
+from e2v.checkpoint import export_checkpoint, read_latest  # noqa: E402
+from e2v.integrity import UnsafeCheckpoint  # noqa: E402
 
 
 def main() -> None:
@@ -30,8 +33,13 @@ def main() -> None:
     args = p.parse_args()
     path = Path(args.checkpoint)
     if path.is_file() and path.name == "latest":
-        path = path.parent / path.read_text().strip()
-    out = export_checkpoint(path, Path(args.out))
+        path, why = read_latest(path.parent)
+        if path is None:
+            raise SystemExit(f"[export] {why}: name a checkpoint folder instead")
+    try:
+        out = export_checkpoint(path, Path(args.out))
+    except (UnsafeCheckpoint, FileNotFoundError) as e:
+        raise SystemExit(f"[export] {e}")
     print(f"[export] {path} -> {out}: {', '.join(sorted(f.name for f in out.iterdir()))}")
 
 
