@@ -19,6 +19,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from e2v.config import Config
 from e2v.device import accelerator_device
+from e2v.schema import check_plain_t2v_base
 
 # LoRA targets that wrap exactly the attention and FFN layers of every Wan block (self- and
 # cross-attention projections, the image K/V projections, both FFN linears).
@@ -511,10 +512,7 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a typo.
     Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
-    if cfg.e2v_type == "none" and transformer.config.in_channels != 16:
-        raise ValueError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
-                         f"has {transformer.config.in_channels} input channels: use a 16-channel T2V base "
-                         "(model.base: t2v with the tiny preset)")
+    check_plain_t2v_base(cfg, transformer.config.in_channels)
     full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
     return transformer, full_names
 
