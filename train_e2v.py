@@ -20,8 +20,7 @@ import torch
 
 from e2v import checkpoint as ckpt
 from e2v.cache import batch_conditions
-from e2v.config import (ConfigError, adam_choice, load_config, map_seed_flags, resolve_deepspeed_config,
-                        save_config)
+from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
 from e2v.data import distinct_over_ranks, index_samples, make_loader
 from e2v.device import to_device
 from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
@@ -30,6 +29,8 @@ from e2v.models import load_parts
 from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.precision import trained_fp32_kept
 from e2v.runlock import cut_scalars, lock_run_folder
+from e2v.schema import check_plain_t2v_base
+from e2v.seed_formats import map_seed_flags
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
 from e2v.viz import Visualizer
@@ -179,10 +180,12 @@ def main():
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device,  # cache: transformer only
                        ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
+    try:  # a hub id's shape is known only now (preflight could not see it)
+        check_plain_t2v_base(cfg, parts.transformer.config.in_channels)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
     ckpt.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
                            exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
-    if cfg.e2v_type == "none" and parts.transformer.config.in_channels != 16:  # hub ids preflight could not see
-        raise SystemExit("e2v_type: none trains plain T2V: use a 16-channel T2V base (model.base: t2v)")
 
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
     samples = index_samples(cfg, verbose=rank == 0, excluded=excluded)

@@ -36,6 +36,7 @@ from e2v.config import Config
 from e2v.elements import Problem, Sample, discover, sample_bucket
 from e2v.media import (MediaError, TooShortError, image_to_tensor, load_image, load_video, preprocess_image,
                        probe_video)
+from e2v.schema import frame_bucket_list
 
 Bucket = tuple[int, int, int]  # (F, H, W)
 
@@ -45,17 +46,6 @@ class BadSampleError(RuntimeError):
 
 
 # --- buckets -----------------------------------------------------------------------------------
-
-
-def frame_bucket_list(cfg: Config) -> list[int]:
-    """Allowed frame counts: data.frame_buckets, or 1 + step, 1 + 2 step, ... up to num_frames
-    (step: data.time_division_factor, else 16), without counts shorter than the condition frames
-    the elements take."""
-    d = cfg.data
-    step = d.time_division_factor or 16
-    counts = d.frame_buckets or sorted({*range(1 + step, d.num_frames + 1, step), d.num_frames})
-    ref = sum(e.vae.repeat for e in d.elements if e.vae is not None) if cfg.uses_vae_condition else 1
-    return sorted(f for f in set(counts) if f >= ref)
 
 
 def uses_buckets(cfg: Config) -> bool:

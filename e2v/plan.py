@@ -12,6 +12,7 @@ from diffusers import WanTransformer3DModel
 from e2v.config import Config
 from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
+from e2v.schema import check_plain_t2v_base
 from e2v.tiny import TINY_CLIP_WIDTH, tiny_transformer_config
 from e2v.trainable import setup_training
 
@@ -77,10 +78,7 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a typo.
     Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
-    if cfg.e2v_type == "none" and transformer.config.in_channels != 16:
-        raise ValueError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
-                         f"has {transformer.config.in_channels} input channels: use a 16-channel T2V base "
-                         "(model.base: t2v with the tiny preset)")
+    check_plain_t2v_base(cfg, transformer.config.in_channels)
     full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
     return transformer, full_names
 

@@ -43,6 +43,7 @@ from e2v.device import randn, to_device
 from e2v.flow import add_noise, per_sample_mse
 from e2v.media import load_image
 from e2v.sampling import decode, encode_conditions, generate
+from e2v.schema import check_cache_excludes
 from e2v.step import predict, prediction_and_target
 from e2v.viz import frame_strip, write_mp4
 
@@ -96,9 +97,7 @@ class Validator:
         self.conds: list[Conditions] | None = None
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
-        if self.enabled and parts.vae is None:
-            raise ValueError("validation encodes held-out samples and decodes videos with the VAE and encoders, "
-                             "which are not loaded with cache.enabled: set validation.every_n_steps: 0")
+        check_cache_excludes(cfg)  # the cache loads no VAE or encoders
 
     def due(self, step: int) -> bool:
         n = self.cfg.validation.every_n_steps

@@ -32,6 +32,7 @@ import torch
 
 from e2v.conditioning import decode_latents
 from e2v.flow import x0_from_velocity
+from e2v.schema import check_cache_excludes
 
 
 GAP = 2  # white pixels between tiles
@@ -130,9 +131,7 @@ class Visualizer:
         out = Path(vis.output_dir.format(run_id=Path(run_dir).name))
         self.out = out if out.is_absolute() else Path(run_dir) / out
         self.enabled = vis.enabled and rank == 0
-        if self.enabled and vae is None:
-            raise ValueError("visualization decodes latents with the VAE, which is not loaded with cache.enabled: "
-                             "set visualization.enabled: false")
+        check_cache_excludes(cfg)  # the cache loads no VAE
         self.last_step = -1
         self.pool = ThreadPoolExecutor(max_workers=1) if self.enabled else None
         self.pending: list[tuple[Path, object]] = []  # (file, future) of writes not yet checked

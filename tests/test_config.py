@@ -142,3 +142,64 @@ def test_preflight_rejects_model_mismatches_on_the_meta_device():
     transformer, full = preflight(load_config(raw=cfg(train__trainable=["patch_embedding"])))
     assert full == ["patch_embedding.weight", "patch_embedding.bias"]
     assert transformer.patch_embedding.weight.is_meta
+
+
+@pytest.mark.parametrize("key, value, home", [("lr", 1.0e-4, "train.lr"), ("num_frames", 17, "data.num_frames"),
+                                              ("rank", 8, "lora.rank"), ("learning_rate", 1e-4, "train.lr"),
+                                              ("max_steps", 10, "train.max_steps")])
+def test_misplaced_top_level_key_names_where_it_belongs(tmp_path, key, value, home):
+    """A stray top-level key in our YAML stops, naming where it belongs; it used to switch the file
+    to the video-regression seed format and silently set e2v_type: none with data.elements still set."""
+    import yaml
+
+    path = tmp_path / "e2v.yaml"
+    path.write_text(yaml.safe_dump({**cfg(), key: value}))
+    with pytest.raises(ConfigError, match=rf"^{key}: not a top-level key; did you mean {home}\?"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"train.num_frames: not a key of train; did you mean data.num_frames\?"):
+        load_config(raw=cfg(train__num_frames=17))
+
+
+def test_bounds_are_declared_beside_the_field():
+    """Every field with bounds (schema.bounded) is checked at load, in lists of sections too."""
+    with pytest.raises(ConfigError, match=r"lora.rank=0 must be >= 1"):
+        load_config(raw=cfg(lora={"rank": 0}))
+    with pytest.raises(ConfigError, match=r"validation.sigmas: 1.0 must be within \(0, 1\)"):
+        load_config(raw=cfg(validation={"sigmas": [0.5, 1.0]}))
+    with pytest.raises(ConfigError, match=r"data.datasets\[0\].weight=0.0 must be a positive number \(remove the "
+                                          r"dataset instead\)"):
+        load_config(raw=cfg(data__datasets=[{"data_root": ".", "weight": 0}]))
+    with pytest.raises(ConfigError, match=r"data.elements\[0\].vae.repeat=0 must be >= 1"):
+        load_config(raw=cfg(data__elements=[{"name": "p", "suffixes": ["_p.png"], "vae": {"repeat": 0}}]))
+    with pytest.raises(ConfigError, match=r"conditioning.caption_dropout=1.5 must be within \[0, 1\]"):
+        load_config(raw=cfg(conditioning={"caption_dropout": 1.5}))
+
+
+def test_validate_reads_and_never_changes_the_config():
+    """Implied defaults (rounded resolution, time_division_factor's buckets, a processor's format)
+    are filled in at load (config.normalise); validate only reads."""
+    import copy
+
+    from e2v.config import validate
+
+    c = load_config(raw=cfg(data__resolution=[64, 72], data__resolution_policy="round", data__elements=[],
+                            e2v_type="none", data__time_division_factor=4,
+                            visualization={"processors": [{"type": "vae_decode"}]}))
+    assert c.data.resolution == [64, 64] and c.data.auto_frame_buckets
+    assert c.visualization.processors[0].format == "png"
+    before = copy.deepcopy(c)
+    validate(c)
+    assert c == before
+
+
+def test_the_cache_excludes_validation_and_visualization(tmp_path):
+    """One rule (schema.check_cache_excludes), checked at load and where each would start."""
+    from e2v.viz import Visualizer
+
+    message = r"cache.enabled: training from the cache loads no VAE.*set visualization.enabled: false"
+    with pytest.raises(ConfigError, match=message):
+        load_config(raw=cfg(cache={"enabled": True}, visualization={"enabled": True}))
+    c = load_config(raw=cfg(visualization={"enabled": True}))
+    c.cache.enabled = True  # a config that skipped load_config
+    with pytest.raises(ConfigError, match=message):
+        Visualizer(c, tmp_path, None)

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from e2v.config import ConfigError, load_config, map_seed_flags
+from e2v.config import ConfigError, load_config
+from e2v.seed_formats import map_seed_flags
 
 # The seed's nested-style example (docs/formats.md, "Element keys"), verbatim except the
 # resolution (854 is tested on its own below).

@@ -74,6 +74,30 @@ def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
         load_config(seed)
 
 
+def test_only_a_recognisable_seed_file_is_mapped(tmp_path, monkeypatch, capsys):
+    """The seed mapping applies only to a YAML with a top-level dataset_base_path (docs/formats.md);
+    it says when it sets e2v_type: none, and refuses to drop elements the file names."""
+    from e2v.config import ConfigError, load_config
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    seed = tmp_path / "seed.yaml"
+    seed.write_text("dataset_base_path: data\nmetadata_path: data/metadata.csv\nheight: 32\nwidth: 32\n"
+                    "num_frames: 9\nmodel: {preset: tiny, base: t2v}\n")
+    assert load_config(seed).e2v_type == "none"
+    assert "e2v_type = none (plain T2V, no elements; set e2v_type to change it)" in capsys.readouterr().out
+    with_elements = tmp_path / "with_elements.yaml"
+    with_elements.write_text(seed.read_text() + "data: {elements: [{name: person, suffixes: [_person.png]}]}\n")
+    with pytest.raises(ConfigError, match="trains plain T2V .* but data.elements is set: set e2v_type"):
+        load_config(with_elements)
+    no_mark = tmp_path / "no_mark.yaml"  # seed keys without dataset_base_path: our YAML, keys misplaced
+    no_mark.write_text("save_interval: 100\nmodel: {preset: tiny, base: t2v}\n")
+    with pytest.raises(ConfigError, match=r"save_interval: not a top-level key; did you mean "
+                                          r"train.checkpoint_every\? \('save_interval' is a video-regression seed "
+                                          r"key: a seed file is recognised by its top-level dataset_base_path"):
+        load_config(no_mark)
+
+
 def test_seed_csv_elsewhere_and_short_clips_train_at_their_largest_4k_plus_1(tmp_path, monkeypatch):
     """The seed's paths are relative to dataset_base_path even when its CSV lives elsewhere, and
     time_division_factor 4 trims each clip to k * 4 + 1 frames: with num_frames 17 an 11-frame clip

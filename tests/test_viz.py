@@ -66,7 +66,8 @@ def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
     vis_cfg = SimpleNamespace(enabled=True, output_dir="vis/{run_id}", frequency=3, sheet_frames=[0, -1], processors=[
         VisProcessor(type="latent_save", data=["input_latents", "noisy_latents", "reference_images"], format="safetensors"),
         VisProcessor(type="vae_decode", data=["noisy_latents"], frames=[-1], format="png", video=True)])
-    cfg = SimpleNamespace(visualization=vis_cfg, flow=SimpleNamespace(objective="flow"))
+    cfg = SimpleNamespace(visualization=vis_cfg, flow=SimpleNamespace(objective="flow"),
+                          cache=SimpleNamespace(enabled=False))
     run = tmp_path / "myrun"
     v = Visualizer(cfg, run, tiny_parts.vae, rank=0)
     g = torch.Generator().manual_seed(0)
@@ -95,7 +96,8 @@ def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
 def test_other_ranks_and_disabled_write_nothing(tiny_parts, tmp_path):
     from e2v.viz import Visualizer
 
-    cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, processors=[]))
+    cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, processors=[]),
+                          cache=SimpleNamespace(enabled=False))
     assert not Visualizer(cfg, tmp_path, tiny_parts.vae, rank=1).due(1)
     cfg.visualization.enabled = False
     assert not Visualizer(cfg, tmp_path, tiny_parts.vae, rank=0).due(1)
@@ -225,7 +227,8 @@ def test_write_errors_raise_at_the_next_dump_and_finished_writes_are_dropped(tin
     from e2v.viz import Visualizer
 
     cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, sheet_frames=[0],
-                                                        processors=[]), flow=SimpleNamespace(objective="flow"))
+                                                        processors=[]), flow=SimpleNamespace(objective="flow"),
+                          cache=SimpleNamespace(enabled=False))
     v = Visualizer(cfg, tmp_path, tiny_parts.vae, rank=0)
     lat = torch.zeros(1, 16, 1, 4, 4)
     batch = {"id": ["a"], "prompt": ["p"], "vae_refs": [{}]}

@@ -1,0 +1,196 @@
+"""Config validation (e2v.config.load_config runs it after loading and `normalise`): the bounds
+declared beside each field (schema.bounded), then the cross-field checks, each failing with the
+key, the problem and the fix. It reads the config and never changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from e2v.schema import (REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, check_cache_excludes,
+                        frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
+
+
+def _bound_problem(value: float, bounds: dict) -> str | None:
+    """What `value` must be under a field's declared bounds (schema.bounded), or None if it is."""
+    lo = ("[", bounds["min"]) if "min" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
+    hi = ("]", bounds["max"]) if "max" in bounds else (")", bounds["lt"]) if "lt" in bounds else None
+    ok = (math.isfinite(value) and (lo is None or (value >= lo[1] if lo[0] == "[" else value > lo[1]))
+          and (hi is None or (value <= hi[1] if hi[0] == "]" else value < hi[1])))
+    if ok:
+        return None
+    if lo and hi:
+        return f"within {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return "a positive number" if lo == ("(", 0) else f"{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    return f"{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+
+
+def check_bounds(node: Any, path: str = "") -> None:
+    """Every field declared with bounds (schema.bounded), in every section and list of sections."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{path}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{key}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                check_bounds(item, f"{key}[{i}].")
+        elif "bounds" in f.metadata and value is not None:
+            for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                problem = _bound_problem(v, f.metadata["bounds"])
+                if problem:
+                    at = f"{key}: {v}" if i is not None else f"{key}={v}"
+                    note = f" {f.metadata['note']}" if f.metadata["note"] else ""
+                    raise ConfigError(f"{at} must be {problem}{note}")
+
+
+def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) -> None:
+    """Cross-field checks, after the per-field bounds: everything that would otherwise fail deep
+    inside the VAE or the loop. Reads the config, never changes it (normalise fills defaults)."""
+    check_bounds(cfg)
+    d = cfg.data
+    f = d.num_frames
+    if f < 1 or (f - 1) % 4:
+        lo = (f - 1) // 4 * 4 + 1
+        raise ConfigError(
+            f"data.num_frames={f}: Wan's VAE needs 4k+1 frames (T=(F-1)/4+1 latent frames); "
+            f"use {max(lo, 1)} or {lo + 4}"
+        )
+    for fb in d.frame_buckets:
+        if fb < 1 or (fb - 1) % 4:
+            raise ConfigError(f"data.frame_buckets: {fb} is not 4k+1")
+    if len(d.resolution) != 2:
+        raise ConfigError(f"data.resolution: expected [height, width], got {d.resolution}")
+    for name, x in zip(("height", "width"), d.resolution):
+        if x % 16:
+            lo, hi = nearest_valid_sizes(x)
+            raise ConfigError(f"data.resolution: {name} {x} is not a multiple of 16 (VAE /8, then patch 2); "
+                              f"nearest valid sizes are {lo} and {hi}, or set data.resolution_policy: round")
+    for res in d.resolution_buckets:
+        if len(res) != 2 or res[0] % 16 or res[1] % 16:
+            raise ConfigError(f"data.resolution_buckets: {res} must be [H, W], multiples of 16")
+    pv = cfg.processors.vae
+    if pv.resolution is not None and list(pv.resolution) != list(d.resolution):
+        raise ConfigError(
+            f"processors.vae.resolution {pv.resolution} differs from data.resolution {d.resolution}: "
+            "the condition video has the target's size; drop the key or make them equal"
+        )
+    if d.time_division_factor is not None:
+        if d.time_division_factor != 4:
+            raise ConfigError("data.time_division_factor: Wan's VAE compresses time by 4; only 4 is valid")
+        if d.frame_buckets:
+            raise ConfigError("data.time_division_factor and data.frame_buckets both set the frame counts: keep one")
+    if not d.datasets:
+        raise ConfigError("data.datasets: at least one dataset is needed, e.g. [{data_root: path/to/data}]")
+    for i, ds in enumerate(d.datasets):
+        if not ds.data_root:
+            raise ConfigError(f"data.datasets[{i}].data_root is missing: the folder with the samples")
+        if check_paths and not (Path.cwd() / ds.data_root).exists():  # an absolute data_root stays itself
+            raise ConfigError(f"data.datasets[{i}].data_root: {ds.data_root} does not exist "
+                              "(for the demo: python tools/make_demo_dataset.py <dir>)")
+        if ds.dataset_type in ("csv", "jsonl") and not ds.metadata_path:
+            raise ConfigError(f"data.datasets[{i}].metadata_path: a {ds.dataset_type} dataset needs its file")
+    _validate_elements(cfg)
+    if not pv.concatenate_mask and cfg.model.base != "t2v":
+        raise ConfigError("processors.vae.concatenate_mask: false needs a 32-channel model: set model.base: t2v "
+                          "(expanded to 32 input channels)")
+    if (cfg.model.preset is None) == (cfg.model.pretrained is None):
+        raise ConfigError("model: set exactly one of model.preset (tiny) or model.pretrained (a diffusers folder)")
+    if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
+        n_vae = len(cfg.vae_elements)
+        if not 0 <= pv.frame_index < n_vae:
+            raise ConfigError(f"processors.vae.frame_index={pv.frame_index}: frame_conditioning: index keeps the "
+                              f"element at that place in vae.position order; use 0..{n_vae - 1}")
+    if len(cfg.processors.clip.resolution) != 2:
+        raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
+    if cfg.conditioning.target_layout == "prepend" and not cfg.uses_vae_condition:
+        raise ConfigError(f"conditioning.target_layout: prepend puts the VAE reference frames before the clip, but "
+                          f"e2v_type={cfg.e2v_type} has no VAE condition: use target_layout: overlay")
+    _validate_validation(cfg)
+    _validate_cache(cfg)
+    ds_path = resolve_repo_path(cfg.deepspeed.config)
+    if not ds_path.exists():
+        raise ConfigError(
+            f"deepspeed.config: {cfg.deepspeed.config} not found; shipped: "
+            f"{', '.join(sorted(p.name for p in (REPO_ROOT / 'ds_configs').glob('*.json')))}"
+        )
+
+
+def _validate_elements(cfg: Config) -> None:
+    """data.elements against each other, e2v_type and the frame counts."""
+    d = cfg.data
+    names = [e.name for e in d.elements]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"data.elements: duplicate element name(s) {sorted(dup)}")
+    for i, e in enumerate(d.elements):
+        if not e.suffixes and d.datasets[0].dataset_type == "e2v":
+            raise ConfigError(f"data.elements[{i}] ({e.name}): suffixes is empty")
+    positions = [e.vae.position for e in d.elements if e.vae is not None]
+    if len(set(positions)) != len(positions):
+        raise ConfigError(f"data.elements: vae.position values must be distinct, got {positions}")
+    if cfg.e2v_type != "none" and not d.elements:
+        raise ConfigError(f"e2v_type={cfg.e2v_type} needs data.elements (or set e2v_type: none)")
+    ref = cfg.reference_frames
+    if ref > d.num_frames:
+        raise ConfigError(f"the elements take {ref} condition frames (sum of vae.repeat) but data.num_frames is "
+                          f"{d.num_frames}")
+    short = [fb for fb in d.frame_buckets if fb < ref]
+    if d.auto_frame_buckets and short:
+        raise ConfigError(f"data.frame_buckets {short}: shorter than the {ref} condition frames the "
+                          "elements take (sum of vae.repeat); remove them")
+
+
+def _validate_cache(cfg: Config) -> None:
+    """The cache must be able to hold what a step needs."""
+    pv = cfg.processors.vae
+    if not cfg.cache.enabled:
+        return
+    if cfg.uses_vae_condition and pv.combine == "before" and pv.frame_conditioning in ("prefix", "random"):
+        raise ConfigError(
+            f"cache.enabled with processors.vae.frame_conditioning: {pv.frame_conditioning} and combine: before: "
+            "the condition video depends on a random element choice each step, so one cached encode cannot "
+            "hold it. Use combine: after (each element cached on its own), frame_conditioning full / index / "
+            "first_and_last, or cache.enabled: false")
+    if cfg.conditioning.target_layout == "prepend":
+        raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
+                          "references chosen each step; use target_layout: overlay or cache.enabled: false")
+    check_cache_excludes(cfg)
+
+
+def _validate_validation(cfg: Config) -> None:
+    """validation: and visualization: keys."""
+    v, vis = cfg.validation, cfg.visualization
+    if v.every_n_steps and not v.num_samples and not v.sets:
+        raise ConfigError("validation.every_n_steps > 0 with num_samples 0 and no validation.sets: nothing to "
+                          "validate; hold out samples (num_samples >= 2), give sets, or set every_n_steps: 0")
+    if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples == 1:
+        raise ConfigError("validation.num_samples must be >= 2 (or 0 for videos from validation.sets only): "
+                          "the shuffled-reference gap swaps references between held-out samples")
+    names = {e.name for e in cfg.data.elements}
+    for i, st in enumerate(v.sets):
+        unknown = sorted(set(st.elements) - names)
+        if unknown:
+            raise ConfigError(f"validation.sets[{i}].elements: unknown element(s) {unknown}; "
+                              f"data.elements names are {sorted(names)}")
+    for i, p in enumerate(vis.processors):
+        bad = [d for d in p.data if d not in VIS_DATA]
+        if bad:
+            raise ConfigError(f"visualization.processors[{i}].data: unknown {bad}; valid: {', '.join(VIS_DATA)}")
+        if p.format not in VIS_FORMATS[p.type]:
+            raise ConfigError(f"visualization.processors[{i}].format: {p.format!r} is not valid for {p.type}; "
+                              f"use {' or '.join(VIS_FORMATS[p.type])}")
+    # Both index the decoded pixel frames of a training batch; with auto buckets the shortest batch
+    # can have fewer than num_frames.
+    short = min(frame_bucket_list(cfg)) if cfg.data.auto_frame_buckets else cfg.data.num_frames
+    lists = [("visualization.sheet_frames", vis.sheet_frames)]
+    lists += [(f"visualization.processors[{i}].frames", p.frames) for i, p in enumerate(vis.processors)
+              if p.type == "vae_decode"]
+    for key, frames in lists:
+        bad = [f for f in frames if not -short <= f < short]
+        if bad:
+            raise ConfigError(f"{key}: {bad} out of range for {short} decoded frames (the shortest training "
+                              f"video, data.num_frames / frame_buckets); valid indexes are {-short}..{short - 1}")

@@ -1,0 +1,395 @@
+"""The config schema: every key a user can write is a field of the dataclasses below, its bounds
+declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks), plus the rules
+several modules need, each written once: the frame-bucket list, the 16-channel base of plain
+text-to-video, and what training from the cache rules out.
+
+Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
+foreign formats in e2v/seed_formats.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def resolve_repo_path(p: str) -> Path:
+    """Paths like ds_configs/zero2.json resolve against the cwd first, then the repository."""
+    path = Path(p)
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: which key, what is wrong, how to fix it."""
+
+
+def bounded(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, note: str = "",
+            **bounds: float) -> Any:
+    """A field with its allowed range beside it: min / max (inclusive), gt / lt (exclusive); on a
+    list field each item is checked. `note` is appended to the error (why, or what 0 means)."""
+    assert set(bounds) <= {"min", "max", "gt", "lt"}, bounds
+    return field(default=default, default_factory=default_factory, metadata={"bounds": bounds, "note": note})
+
+
+Preprocess = Literal["resize", "center_crop", "pad_white", "letterbox"]
+
+
+@dataclass
+class ElementVAE:
+    repeat: int = bounded(1, min=1)  # frames this element occupies in the condition video (A2: 1, 4, 4)
+    position: int = 0  # order in the condition video; missing optional elements are compacted
+    preprocess: Optional[Preprocess] = None  # None -> processors.vae.default_preprocess
+
+
+@dataclass
+class ElementCLIP:
+    preprocess: Optional[Preprocess] = None  # None -> processors.clip.default_preprocess
+
+
+@dataclass
+class Element:
+    name: str
+    suffixes: list[str]
+    required: bool = True
+    vae: Optional[ElementVAE] = field(default_factory=ElementVAE)  # None: not in the VAE stream
+    clip: Optional[ElementCLIP] = field(default_factory=ElementCLIP)  # None: not in the CLIP stream
+
+
+@dataclass
+class Dataset:
+    data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v); csv / jsonl: metadata_path's base
+    dataset_type: Literal["e2v", "csv", "jsonl"] = "e2v"
+    metadata_path: Optional[str] = None  # csv / jsonl file (relative to data_root if not absolute)
+    # folder the csv / jsonl paths are relative to (default: the metadata file's folder)
+    media_root: Optional[str] = None
+    # sampling weight when several datasets are mixed
+    weight: float = bounded(1.0, gt=0, note="(remove the dataset instead)")
+    repeat: int = bounded(1, min=1)  # times each sample appears per epoch
+
+
+# A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
+# larger image costs seconds and GBs to decode per load and is more likely a mistake or a bomb.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
+@dataclass
+class Data:
+    datasets: list[Dataset] = field(default_factory=list)
+    elements: list[Element] = field(default_factory=list)
+    num_frames: int = 81  # F, must be 4k+1 (Wan's causal VAE: T = (F-1)/4 + 1 latent frames)
+    resolution: list[int] = field(default_factory=lambda: [480, 832])  # [H, W] of the target video
+    resolution_policy: Literal["error", "round"] = "error"  # sizes not a multiple of 16
+    reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = "bicubic"
+    video_resize: Literal["center_crop", "resize"] = "center_crop"  # how clips reach resolution
+    frame_stride: int = bounded(1, min=1)  # take every n-th frame of the clip
+    # Video regression seed: each clip trains at its largest k * factor + 1 frames up to num_frames
+    # (auto frame buckets in steps of factor, so a short clip trains shorter instead of failing).
+    time_division_factor: Optional[int] = None
+    # Per clip, the largest count of frame_buckets the clip supports (empty list: 17, 33, ... up to
+    # num_frames); off: every clip gives num_frames frames (too short = a bad sample).
+    auto_frame_buckets: bool = False
+    frame_buckets: list[int] = field(default_factory=list)  # allowed 4k+1 counts for auto buckets
+    resolution_buckets: list[list[int]] = field(default_factory=list)  # [[H, W], ...]: nearest aspect wins
+    # A bucket with fewer samples than micro_batch_size x world size: error (named at start),
+    # repeat (its samples repeat within a step) or drop (its samples leave training, listed).
+    small_bucket: Literal["error", "repeat", "drop"] = "error"
+    remove_common_llm_caption_prefixes: bool = False
+    # DataLoader worker processes per rank; null = auto: with CUDA min(4, CPU cores per local rank)
+    # (decoding 81 x 480 x 832 takes ~1 s: on the main thread it stalls the GPU), without CUDA 0.
+    num_workers: Optional[int] = bounded(None, min=0)
+    prefetch_factor: int = bounded(2, min=1)
+    on_bad_sample: Literal["error", "skip"] = "error"
+    shuffle: bool = True
+    # larger element images are bad samples, named
+    max_image_pixels: int = bounded(MAX_IMAGE_PIXELS, min=1, note=f"(default {MAX_IMAGE_PIXELS}, a 50 MP photo)")
+    # csv / jsonl paths (and e2v-folder symlinks) that resolve outside data_root (or media_root
+    # when set) are bad samples unless true: a shared metadata file cannot read arbitrary files
+    allow_outside_root: bool = False
+
+
+@dataclass
+class VAEProcessor:
+    resolution: Optional[list[int]] = None  # must equal data.resolution when given (seed key)
+    combine: Literal["before", "after"] = "before"  # one VAE pass over the condition video (A2)
+    default_preprocess: Preprocess = "pad_white"
+    frame_conditioning: Literal["full", "index", "prefix", "random", "first_and_last"] = "full"
+    frame_index: int = 0
+    concatenate_mask: bool = True
+    sample_mode: Literal["argmax", "sample"] = "argmax"
+
+
+@dataclass
+class CLIPProcessor:
+    resolution: list[int] = field(default_factory=lambda: [512, 512])
+    default_preprocess: Preprocess = "pad_white"
+
+
+@dataclass
+class Processors:
+    vae: VAEProcessor = field(default_factory=VAEProcessor)
+    clip: CLIPProcessor = field(default_factory=CLIPProcessor)
+
+
+@dataclass
+class Conditioning:
+    reference_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.1 (drops all: zero cond, zero mask, zero CLIP tokens)
+    caption_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.3 (empty-prompt embedding)
+    target_layout: Literal["overlay", "prepend"] = "overlay"
+    target_sample_mode: Literal["argmax", "sample"] = "argmax"  # target latents: mean or sample
+
+
+@dataclass
+class LoRA:
+    rank: int = bounded(16, min=1)
+    alpha: float = 16.0
+    dropout: float = bounded(0.0, min=0, lt=1)
+    target_modules: list[str] = field(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj"]
+    )
+    init_weights: Literal["gaussian", "default"] = "default"
+
+
+@dataclass
+class Model:
+    preset: Optional[Literal["tiny"]] = None  # random-weight parts built in code (CPU demo, tests)
+    pretrained: Optional[str] = None  # diffusers folder or hub id (Wan2.1-*-Diffusers)
+    base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
+    image_encoder: Optional[str] = None  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
+    training_type: Literal["lora", "full"] = "lora"
+    weight_dtype: Literal["fp32", "bf16"] = "bf16"  # frozen encoders (VAE and CLIP stay fp32 as in A2)
+    tiny_seed: int = 0
+    tiny_vae: Literal["informative", "random"] = "informative"
+    zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+
+
+@dataclass
+class Flow:
+    shift: float = bounded(5.0, gt=0)  # Wan scripts: 5 (3 for I2V 480p); A2 samples with 8
+    sigma_sampling: Literal["uniform", "logit_normal"] = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = bounded(1.0, gt=0)
+    weighting: Literal["none", "cosmap", "sigma_sqrt"] = "none"
+    objective: Literal["flow", "x0"] = "flow"  # x0: video regression (clean-latent target)
+    # timesteps (0..1000] to train at
+    denoising_step_list: list[float] = bounded(default_factory=list, gt=0, max=1000, note="(a timestep)")
+
+
+@dataclass
+class Train:
+    max_steps: int = bounded(1000, min=1)
+    lr: float = bounded(1e-4, gt=0)
+    micro_batch_size: int = bounded(1, min=1)
+    gradient_accumulation_steps: int = bounded(1, min=1)
+    grad_clip: float = bounded(1.0, gt=0)
+    warmup_steps: int = bounded(0, min=0)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    weight_decay: float = bounded(0.0, min=0)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = bounded(1e-8, gt=0)
+    mixed_precision: Literal["bf16", "no"] = "bf16"
+    gradient_checkpointing: bool = False
+    trainable: list[str] = field(default_factory=list)  # module-name regexes trained in full
+    checkpoint_every: int = bounded(500, min=1)
+    checkpoint_every_minutes: float = bounded(0.0, min=0)  # 0: off
+    keep_last: int = bounded(3, min=0, note="(0: keep all)")
+    log_every: int = bounded(1, min=1)
+    skip_nonfinite: bool = False  # skip (and count) a micro-batch whose loss, or a step whose grad norm, is inf/nan
+    # Offload the activations saved for backward to CPU RAM (torch.autograd.graph.save_on_cpu):
+    # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
+    # 480p x 81 frames (tools/estimate_memory.py). CUDA only; on a CPU-only machine a no-op.
+    activation_offload: bool = False
+
+
+@dataclass
+class DeepSpeed:
+    config: str = "ds_configs/zero2.json"
+    # true: torch.optim.AdamW, bit-exact resume. false: DeepSpeed's C++ Adam (DeepSpeedCPUAdam with
+    # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
+    # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
+    torch_adam: Optional[bool] = None
+
+
+@dataclass
+class Cache:
+    enabled: bool = False
+    dir: Optional[str] = None  # default <data_root>/.e2v_cache (one sub-folder per dataset)
+    dtype: Literal["fp32", "bf16"] = "fp32"  # stored tensors; bf16 halves the disk, fp32 is exact
+
+
+@dataclass
+class ValidationSet:
+    prompt: str
+    elements: dict[str, str] = field(default_factory=dict)  # element name -> image path
+
+
+@dataclass
+class Validation:
+    every_n_steps: int = bounded(0, min=0)  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
+    # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
+    # most at high noise; at low sigma the noisy input already shows the scene (e2v/validation.py).
+    sigmas: list[float] = bounded(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], gt=0, lt=1)
+    num_samples: int = bounded(4, min=0)  # sample ids held out of training (when every_n_steps > 0), validated on
+    seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
+    sets: list[ValidationSet] = field(default_factory=list)  # generate videos from these
+    num_videos: int = bounded(1, min=0)  # without sets: generate from the first n held-out samples' references
+    num_inference_steps: int = bounded(20, min=1)
+    guidance_scale: float = 5.0
+    sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
+    negative_prompt: str = ""
+
+
+@dataclass
+class VisProcessor:
+    type: Literal["latent_save", "vae_decode"]
+    data: list[str] = field(default_factory=lambda: ["input_latents", "predicted_latents"])
+    format: Optional[str] = None  # latent_save: pt | safetensors; vae_decode: png. None: the type's first
+    frames: list[int] = field(default_factory=lambda: [0, -1])  # vae_decode: frames written as PNG
+    video: bool = False  # vae_decode: also an mp4 per sample
+
+
+# Visualization data names (docs/formats.md, "Visualization data names"); e2v/viz.py documents
+# each tensor.
+VIS_DATA = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents", "reference_images")
+VIS_FORMATS = {"latent_save": ("pt", "safetensors"), "vae_decode": ("png",)}
+
+
+@dataclass
+class Visualization:
+    enabled: bool = False
+    output_dir: str = "visualizations"  # relative to the run folder; may contain {run_id}
+    frequency: int = bounded(100, min=1)
+    processors: list[VisProcessor] = field(default_factory=list)
+    sheet_frames: list[int] = field(default_factory=lambda: [0, -1])  # contact sheet: target | prediction frames
+
+
+@dataclass
+class Config:
+    e2v_type: Literal["dual", "vae", "clip", "none"] = "dual"
+    output_dir: str = "runs"
+    run_id: Optional[str] = None  # default: <config name>-<timestamp>
+    seed: int = 42
+    model: Model = field(default_factory=Model)
+    lora: LoRA = field(default_factory=LoRA)
+    data: Data = field(default_factory=Data)
+    processors: Processors = field(default_factory=Processors)
+    conditioning: Conditioning = field(default_factory=Conditioning)
+    flow: Flow = field(default_factory=Flow)
+    train: Train = field(default_factory=Train)
+    deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
+    cache: Cache = field(default_factory=Cache)
+    validation: Validation = field(default_factory=Validation)
+    visualization: Visualization = field(default_factory=Visualization)
+
+    # -- derived views used across modules ------------------------------------------------------
+    @property
+    def uses_vae_condition(self) -> bool:
+        return self.e2v_type in ("dual", "vae")
+
+    @property
+    def uses_clip(self) -> bool:
+        return self.e2v_type in ("dual", "clip")
+
+    @property
+    def reference_frames(self) -> int:
+        """Condition-video frames the elements take (sum of vae.repeat); 0 without a VAE stream."""
+        return sum(e.vae.repeat for e in self.data.elements if e.vae is not None) if self.uses_vae_condition else 0
+
+    @property
+    def vae_elements(self) -> list[Element]:
+        """Elements in the VAE stream, in `vae.position` order."""
+        return sorted((e for e in self.data.elements if e.vae is not None), key=lambda e: e.vae.position)
+
+    @property
+    def ordered_elements(self) -> list[Element]:
+        """All elements in condition order: VAE position, then CLIP-only elements in config order."""
+        order = sorted(enumerate(self.data.elements), key=lambda ie: (0, ie[1].vae.position) if ie[1].vae else (1, ie[0]))
+        return [e for _, e in order]
+
+    @property
+    def clip_elements(self) -> list[Element]:
+        """Elements in the CLIP stream, in condition order (their token blocks follow it)."""
+        return [e for e in self.ordered_elements if e.clip is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# rules more than one module needs, each written once
+# ---------------------------------------------------------------------------------------------
+
+
+def nearest_valid_sizes(x: int, multiple: int = 16) -> tuple[int, int]:
+    lo = (x // multiple) * multiple
+    return lo, lo + multiple
+
+
+def nearest_valid_size(x: int, multiple: int = 16) -> int:
+    """The multiple of 16 (VAE /8, then the 2x2 patch) nearest x; a tie rounds down: less upscaling."""
+    lo, hi = nearest_valid_sizes(x, multiple)
+    return lo if x - lo <= hi - x else hi
+
+
+def frame_bucket_list(cfg: Config) -> list[int]:
+    """Allowed frame counts with auto frame buckets: data.frame_buckets, or 1 + step, 1 + 2 step, ...
+    up to num_frames (step: data.time_division_factor, else 16), without counts shorter than the
+    condition frames the elements take. The loader buckets clips by it (e2v/data.py); validation
+    bounds the visualised frame indexes by its shortest count (e2v/config_checks.py)."""
+    d = cfg.data
+    step = d.time_division_factor or 16
+    counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
+    return sorted(f for f in set(counts) if f >= max(cfg.reference_frames, 1))
+
+
+def check_plain_t2v_base(cfg: Config, in_channels: int) -> None:
+    """e2v_type: none trains the transformer as plain text-to-video: its input is the 16 latent
+    channels alone, so a base widened for conditions (I2V: 36) cannot take it. Checked on the meta
+    device before loading (e2v.models.preflight) and again on the loaded model (hub ids)."""
+    if cfg.e2v_type == "none" and in_channels != 16:
+        raise ConfigError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
+                          f"has {in_channels} input channels: use a 16-channel T2V base "
+                          "(model.base: t2v with the tiny preset)")
+
+
+def check_cache_excludes(cfg: Config) -> None:
+    """Training from the cache loads no VAE, text encoder or CLIP (e2v.models.load_parts), which
+    validation and visualization need: with cache.enabled both must be off. Checked at load
+    (e2v.config_checks.validate) and where each would start (Validator, Visualizer)."""
+    if not cfg.cache.enabled:
+        return
+    on = [fix for fix, used in (("validation.every_n_steps: 0", cfg.validation.every_n_steps > 0),
+                                ("visualization.enabled: false", cfg.visualization.enabled)) if used]
+    if on:
+        raise ConfigError("cache.enabled: training from the cache loads no VAE, text encoder or CLIP, which "
+                          f"validation and visualization need: set {' and '.join(on)} (or cache.enabled: false)")
+
+
+def schema_keys() -> dict[str, list[str]]:
+    """Field name -> the dotted keys it has in the schema, shallowest first ("lr" -> ["train.lr"];
+    a list of sections is written `data.elements[]`). Error hints for a key in the wrong section."""
+    out: dict[str, list[str]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            out.setdefault(f.name, []).append(key)
+            sub = _section_type(cls, f.name)
+            if sub is not None:
+                walk(sub[0], f"{key}{'[]' if sub[1] else ''}.")
+
+    walk(Config, "")
+    return {name: sorted(keys, key=lambda k: k.count(".")) for name, keys in out.items()}
+
+
+def _section_type(cls: type, name: str) -> tuple[type, bool] | None:
+    """(dataclass, is a list of them) when field `name` of cls holds sections, else None."""
+    tp = typing.get_type_hints(cls)[name]
+    is_list = typing.get_origin(tp) is list
+    for arg in (typing.get_args(tp) if is_list or typing.get_origin(tp) else (tp,)):
+        if dataclasses.is_dataclass(arg):
+            return arg, is_list
+    return None
