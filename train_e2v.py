@@ -28,7 +28,8 @@ from e2v.expand import expansion_modules, is_expanded
 from e2v.models import load_parts
 from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.precision import trained_fp32_kept
-from e2v.runlock import cut_scalars, lock_run_folder
+from e2v.runlock import lock_run_folder
+from e2v.runlog import Log
 from e2v.schema import check_plain_t2v_base
 from e2v.seed_formats import map_seed_flags
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
@@ -105,37 +106,6 @@ def broadcast(obj, rank: int):
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
     return obj
-
-
-class Log:
-    """TensorBoard scalars on rank 0, plus the window averages the progress bar shows. What an
-    earlier run in the folder logged from `first_step` on (past the checkpoint this run resumes
-    from; everything for a fresh start) is dropped first (TensorBoard's purge_step, scalars.jsonl
-    cut), so each step is logged once."""
-
-    def __init__(self, run_dir: Path, rank: int, first_step: int = 0):
-        self.tb = None
-        if rank == 0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=first_step)
-            cut_scalars(run_dir / "scalars.jsonl", first_step)
-            self.jsonl = open(run_dir / "scalars.jsonl", "a")  # exact values per step (resume checks, scripts)
-        self.first_losses: list[float] = []
-        self.losses: list[float] = []
-
-    def scalars(self, step: int, values: dict) -> None:
-        if self.tb is not None:
-            for k, v in values.items():
-                self.tb.add_scalar(k, v, step)
-            if values:
-                self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
-                self.jsonl.flush()
-
-    def close(self):
-        if self.tb is not None:
-            self.tb.close()
-            self.jsonl.close()
 
 
 def main():
