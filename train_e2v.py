@@ -192,7 +192,7 @@ def main():
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
     log = Log(run_dir, rank, first_step=global_step + 1 if resume_from is not None else 0)
-    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb)
+    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
     if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from e2v.schema import (REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, check_cache_excludes,
+from e2v.schema import (REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError,
                         frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
 
 
@@ -158,7 +158,6 @@ def _validate_cache(cfg: Config) -> None:
     if cfg.conditioning.target_layout == "prepend":
         raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
                           "references chosen each step; use target_layout: overlay or cache.enabled: false")
-    check_cache_excludes(cfg)
 
 
 def _validate_validation(cfg: Config) -> None:

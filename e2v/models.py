@@ -6,6 +6,7 @@ not in the local cache."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -98,3 +99,29 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
         parts.transformer = expand_for_elements(parts.transformer, in_channels=in_channels, image_dim=image_dim,
                                                 seed=cfg.model.tiny_seed)
     return parts
+
+
+def load_vae(cfg: Config, device) -> AutoencoderKLWan:
+    """The frozen VAE alone, on `device` (fp32, as A2 runs it): what visualization decodes with."""
+    if cfg.model.preset == "tiny":  # the tiny parts are built together, seeded: the VAE equals the run's
+        return load_parts(cfg, device=device, with_transformer=False).vae
+    vae = AutoencoderKLWan.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="vae",
+                                           torch_dtype=torch.float32)
+    return vae.requires_grad_(False).eval().to(device)
+
+
+@contextlib.contextmanager
+def with_encoders(parts: Parts, cfg: Config, device):
+    """`parts` with its frozen encoders: as they are when loaded (an online run), else (a run from
+    the cache, which never builds them) loaded onto `device` now and released on exit, so a cached
+    run holds the ~13 GiB of encoders only while validation runs, not for the whole run."""
+    if parts.vae is not None or not cfg.cache.enabled:
+        yield parts
+        return
+    loaded = load_parts(cfg, device=device, with_transformer=False)
+    try:
+        yield replace(loaded, transformer=parts.transformer, fp32_file_values=parts.fp32_file_values)
+    finally:
+        del loaded
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -355,19 +355,6 @@ def check_plain_t2v_base(cfg: Config, in_channels: int) -> None:
                           "(model.base: t2v with the tiny preset)")
 
 
-def check_cache_excludes(cfg: Config) -> None:
-    """Training from the cache loads no VAE, text encoder or CLIP (e2v.models.load_parts), which
-    validation and visualization need: with cache.enabled both must be off. Checked at load
-    (e2v.config_checks.validate) and where each would start (Validator, Visualizer)."""
-    if not cfg.cache.enabled:
-        return
-    on = [fix for fix, used in (("validation.every_n_steps: 0", cfg.validation.every_n_steps > 0),
-                                ("visualization.enabled: false", cfg.visualization.enabled)) if used]
-    if on:
-        raise ConfigError("cache.enabled: training from the cache loads no VAE, text encoder or CLIP, which "
-                          f"validation and visualization need: set {' and '.join(on)} (or cache.enabled: false)")
-
-
 def schema_keys() -> dict[str, list[str]]:
     """Field name -> the dotted keys it has in the schema, shallowest first ("lr" -> ["train.lr"];
     a list of sections is written `data.elements[]`). Error hints for a key in the wrong section."""

@@ -42,8 +42,8 @@ from e2v.data import E2VDataset, collate
 from e2v.device import randn, to_device
 from e2v.flow import add_noise, per_sample_mse
 from e2v.media import load_image
+from e2v.models import with_encoders
 from e2v.sampling import decode, encode_conditions, generate
-from e2v.schema import check_cache_excludes
 from e2v.step import predict, prediction_and_target
 from e2v.viz import frame_strip, write_mp4
 
@@ -97,7 +97,6 @@ class Validator:
         self.conds: list[Conditions] | None = None
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
-        check_cache_excludes(cfg)  # the cache loads no VAE or encoders
 
     def due(self, step: int) -> bool:
         n = self.cfg.validation.every_n_steps
@@ -109,8 +108,9 @@ class Validator:
         was_training = model.training
         model.eval()
         try:
-            scalars = self.losses(model) if self.samples else {}
-            written = self.videos(model, step)
+            with with_encoders(self.parts, self.cfg, self.device) as parts:  # a cached run loads them now
+                scalars = self.losses(model, parts) if self.samples else {}
+                written = self.videos(model, step, parts)
         finally:
             model.train(was_training)
         if self.rank == 0:
@@ -119,21 +119,22 @@ class Validator:
 
     # -- loss and reference gaps ------------------------------------------------------------------
 
-    def encode(self) -> list[Conditions]:
-        """Each held-out sample encoded alone (B=1): no padding depends on batching."""
+    def encode(self, parts=None) -> list[Conditions]:
+        """Each held-out sample encoded alone (B=1), once: no padding depends on batching."""
         if self.conds is None:
             ds = E2VDataset(self.cfg, self.samples)
             gen = torch.Generator().manual_seed(self.cfg.validation.seed)
             with torch.no_grad():
-                self.conds = [encode_conditions(self.parts, self.cfg, to_device(collate([ds[i]]), self.device), gen)
+                self.conds = [encode_conditions(parts or self.parts, self.cfg, to_device(collate([ds[i]]), self.device),
+                                                gen)
                               for i in range(len(ds))]
         return self.conds
 
     @torch.no_grad()
-    def losses(self, model) -> dict:
+    def losses(self, model, parts=None) -> dict:
         """Mean MSE per sigma for true / dropped / shuffled references, same noise for all three."""
         v = self.cfg.validation
-        conds = self.encode()
+        conds = self.encode(parts)
         n = len(conds)
         with_refs = self.cfg.e2v_type != "none" and n > 1
         variants = {"true": list(range(n))}
@@ -191,19 +192,19 @@ class Validator:
             return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in v.sets]
         return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in self.samples[: v.num_videos]]
 
-    def videos(self, model, step: int) -> int:
+    def videos(self, model, step: int, parts=None) -> int:
         """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip. Returns the count."""
-        v = self.cfg.validation
+        v, parts = self.cfg.validation, parts or self.parts
         inputs = self.video_inputs()
         if not inputs:
             return 0
-        latents = generate(model, self.parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
+        latents = generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
                            seed=v.seed, num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale,
                            shift=v.sample_shift, negative_prompt=v.negative_prompt, device=self.device,
                            dtype=self.dtype)
         if self.rank != 0:
             return len(inputs)
-        videos = decode(latents, self.parts.vae)
+        videos = decode(latents, parts.vae)
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         for k, ((prompt, images), video) in enumerate(zip(inputs, videos)):

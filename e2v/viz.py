@@ -32,7 +32,7 @@ import torch
 
 from e2v.conditioning import decode_latents
 from e2v.flow import x0_from_velocity
-from e2v.schema import check_cache_excludes
+from e2v.models import load_vae
 
 
 GAP = 2  # white pixels between tiles
@@ -125,13 +125,13 @@ class Visualizer:
     """`maybe_dump` writes the configured files at every `frequency`-th step (once per step, on
     rank 0). `close` waits for the background writes."""
 
-    def __init__(self, cfg, run_dir: Path, vae, *, rank: int = 0, tb=None):
-        self.cfg, self.vae, self.rank, self.tb = cfg, vae, rank, tb
+    def __init__(self, cfg, run_dir: Path, vae, *, rank: int = 0, tb=None, device="cpu"):
+        """`vae` None (a run from the cache): the VAE is loaded onto `device` for each dump."""
+        self.cfg, self.vae, self.rank, self.tb, self.device = cfg, vae, rank, tb, device
         vis = cfg.visualization
         out = Path(vis.output_dir.format(run_id=Path(run_dir).name))
         self.out = out if out.is_absolute() else Path(run_dir) / out
         self.enabled = vis.enabled and rank == 0
-        check_cache_excludes(cfg)  # the cache loads no VAE
         self.last_step = -1
         self.pool = ThreadPoolExecutor(max_workers=1) if self.enabled else None
         self.pending: list[tuple[Path, object]] = []  # (file, future) of writes not yet checked
@@ -165,9 +165,16 @@ class Visualizer:
                 "shapes": {k: list(v.shape) for k, v in tensors.items()}}
         self._write(folder / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=2)))
         decoded = {}
-        for proc in self.cfg.visualization.processors:
-            PROCESSORS[proc.type](self, proc, tensors, decoded, folder)
-        sheet = self.sheet(tensors, decoded)
+        loaded = self.vae is None  # a run from the cache: the VAE only for this dump (0.5 GB for Wan's)
+        if loaded:
+            self.vae = load_vae(self.cfg, self.device)
+        try:
+            for proc in self.cfg.visualization.processors:
+                PROCESSORS[proc.type](self, proc, tensors, decoded, folder)
+            sheet = self.sheet(tensors, decoded)
+        finally:
+            if loaded:
+                self.vae = None
         self._write(folder / "contact_sheet.png", lambda p: write_png(p, sheet))
         if self.tb is not None:
             self.tb.add_image("viz/contact_sheet", sheet, step, dataformats="HWC")

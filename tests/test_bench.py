@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, Launch, early, starts_early
-from tools.bench import STEP_PHASES
+from tools.benchlib.common import STEP_PHASES
 
 
 @starts_early("bench_check")

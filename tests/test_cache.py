@@ -292,3 +292,41 @@ for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_m
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:4] == [f"encoder guard: {c} constructed" for c in (
         "AutoencoderKLWan", "UMT5EncoderModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")]
+
+
+def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(demo_data, tiny_parts, tmp_path):
+    """With cache.enabled the encoders are not resident: validation loads them for the time it
+    runs, visualization loads the VAE for each dump. Oracle: the same Validator / Visualizer given
+    the resident encoders; the numbers and the contact sheet must be identical."""
+    from PIL import Image
+
+    from e2v.parts import Parts
+    from e2v.step import draw_flow
+    from e2v.validation import Validator, split_held_out
+    from e2v.viz import Visualizer
+
+    cfg = _cfg(demo_data, tmp_path / "cache", "cache.enabled=true", "validation.every_n_steps=2",
+               "validation.num_samples=3", "validation.num_videos=1", "validation.num_inference_steps=2",
+               "visualization.enabled=true", "visualization.frequency=1")
+    _, held = split_held_out(index_samples(cfg, verbose=False), cfg)
+    model = tiny_parts.transformer
+    resident = Validator(cfg, held, tiny_parts, tmp_path / "resident", rank=0, device="cpu", dtype=torch.float32)
+    on_demand = Validator(cfg, held, Parts(model), tmp_path / "on_demand", rank=0, device="cpu", dtype=torch.float32)
+    want, got = resident.maybe_run(model, 0), on_demand.maybe_run(model, 0)
+    assert "val/reference_gap_shuffle" in got and got == want
+    assert (tmp_path / "on_demand/samples/step_000000/00.mp4").exists()
+
+    batch = collate([E2VDataset(cfg, held)[i] for i in range(2)])
+    with torch.no_grad():
+        c = batch_conditions(batch, tiny_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
+        sigma, _, noisy = draw_flow(c, cfg.flow, torch.Generator().manual_seed(0))
+        pred = model(torch.cat([noisy, c.cond_BCTHW], 1), timestep=1000 * sigma, encoder_hidden_states=c.text_BLD,
+                     encoder_hidden_states_image=c.clip_BLD, return_dict=False)[0]
+    sheets = []
+    for name, vae in (("resident", tiny_parts.vae), ("on_demand", None)):
+        vis = Visualizer(cfg, tmp_path / name, vae, rank=0, device="cpu")
+        vis.maybe_dump(1, batch, c, noisy, pred, sigma)
+        vis.close()
+        assert vis.vae is vae  # the loaded VAE is released after the dump
+        sheets.append(np.asarray(Image.open(tmp_path / name / "visualizations/step_000001/contact_sheet.png")))
+    assert np.array_equal(sheets[0], sheets[1])

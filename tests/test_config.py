@@ -192,14 +192,3 @@ def test_validate_reads_and_never_changes_the_config():
     assert c == before
 
 
-def test_the_cache_excludes_validation_and_visualization(tmp_path):
-    """One rule (schema.check_cache_excludes), checked at load and where each would start."""
-    from e2v.viz import Visualizer
-
-    message = r"cache.enabled: training from the cache loads no VAE.*set visualization.enabled: false"
-    with pytest.raises(ConfigError, match=message):
-        load_config(raw=cfg(cache={"enabled": True}, visualization={"enabled": True}))
-    c = load_config(raw=cfg(visualization={"enabled": True}))
-    c.cache.enabled = True  # a config that skipped load_config
-    with pytest.raises(ConfigError, match=message):
-        Visualizer(c, tmp_path, None)
