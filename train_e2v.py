@@ -19,12 +19,15 @@ from pathlib import Path
 import torch
 
 from e2v import checkpoint as ckpt
+from e2v import distributed, export
 from e2v.cache import batch_conditions
 from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
-from e2v.data import distinct_over_ranks, index_samples, make_loader
+from e2v.data import index_samples, make_loader
 from e2v.device import to_device
+from e2v.comfy import check_comfy_mappable, lora_module_names
 from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
 from e2v.expand import expansion_modules, is_expanded
+from e2v.guard import NonFiniteGuard
 from e2v.models import load_parts
 from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.precision import trained_fp32_kept
@@ -80,10 +83,10 @@ def comfy_check(transformer) -> None:
     """Say at start, not after training, when the LoRA's ComfyUI copy will not be written (a target
     diffusers' Wan LoRA converter cannot place); the diffusers LoRA is exported either way."""
     try:
-        ckpt.check_comfy_mappable(ckpt.lora_module_names(transformer))
+        check_comfy_mappable(lora_module_names(transformer))
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":  # before init_distributed: the launcher's rank variable
-            print(f"[e2v] note: {e}. The export will skip {ckpt.COMFY_FILE}.")
+            print(f"[e2v] note: {e}. The export will skip {export.COMFY_FILE}.")
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
@@ -98,14 +101,6 @@ def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
         if runs:
             return runs[-1]
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def broadcast(obj, rank: int):
-    if torch.distributed.is_initialized():
-        box = [obj if rank == 0 else None]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-    return obj
 
 
 def main():
@@ -133,11 +128,11 @@ def main():
         if cfg.train.mixed_precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise SystemExit("config error: train.mixed_precision: bf16, but this GPU has no bf16 (pre-Ampere); "
                              "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
-    ckpt.init_distributed()
+    distributed.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
 
-    run_dir = Path(broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
+    run_dir = Path(distributed.broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
     run_lock = lock_run_folder(run_dir, rank)  # noqa: F841 (held until exit); a second run here stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -154,7 +149,7 @@ def main():
         check_plain_t2v_base(cfg, parts.transformer.config.in_channels)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
-    ckpt.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
+    export.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
                            exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
 
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
@@ -188,7 +183,7 @@ def main():
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
-    stop = ckpt.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
+    stop = distributed.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
     data_iter = iter(loader)
     log = Log(run_dir, rank, first_step=global_step + 1 if resume_from is not None else 0)
@@ -196,7 +191,7 @@ def main():
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
     if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))
-    guard = ckpt.NonFiniteGuard(cfg.train.skip_nonfinite, rank)
+    guard = NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
     def save(step, seen=None, rng_state=None):
         return ckpt.save_checkpoint(
@@ -251,9 +246,9 @@ def main():
             bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
             log.scalars(global_step, validator.maybe_run(engine, global_step))
             every_min = cfg.train.checkpoint_every_minutes
-            stopping = ckpt.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
+            stopping = distributed.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
             if (global_step % cfg.train.checkpoint_every == 0 or stopping
-                    or (every_min and ckpt.any_rank(time.time() - last_save > 60 * every_min))):
+                    or (every_min and distributed.any_rank(time.time() - last_save > 60 * every_min))):
                 save(global_step)
                 last_save, saved_step = time.time(), global_step
             if stopping:
@@ -278,8 +273,8 @@ def main():
     if global_step >= cfg.train.max_steps:
         if saved_step < global_step:
             save(global_step)
-        out = ckpt.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
-        skipped_total = distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
+        out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
+        skipped_total = distributed.distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
             print(f"[e2v] done: {global_step} steps. LoRA: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")

@@ -361,13 +361,3 @@ def loader_workers(cfg: Config) -> int:
         return 0
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
     return max(0, min(4, (os.cpu_count() or 1) // local_ranks - 1))
-
-
-def distinct_over_ranks(ids: set[str]) -> int:
-    """How many distinct ids all ranks hold together (a collective: every rank must call it). A bad
-    sample met by two ranks, or by two workers of one rank, counts once."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return len(ids)
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, sorted(ids))
-    return len(set().union(*gathered))

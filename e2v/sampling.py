@@ -142,7 +142,7 @@ def load_trained(transformer, lora_dir: str | Path):
     from diffusers import WanTransformer3DModel
     from diffusers.loaders import WanLoraLoaderMixin
 
-    from e2v.checkpoint import FULL_DIR, LORA_FILE, load_extra_modules
+    from e2v.export import FULL_DIR, LORA_FILE, load_extra_modules
 
     lora_dir = Path(lora_dir)
     if (lora_dir / FULL_DIR / "config.json").exists():

@@ -348,7 +348,7 @@ def frame_bucket_list(cfg: Config) -> list[int]:
 def check_plain_t2v_base(cfg: Config, in_channels: int) -> None:
     """e2v_type: none trains the transformer as plain text-to-video: its input is the 16 latent
     channels alone, so a base widened for conditions (I2V: 36) cannot take it. Checked on the meta
-    device before loading (e2v.models.preflight) and again on the loaded model (hub ids)."""
+    device before loading (e2v.plan.preflight) and again on the loaded model (hub ids)."""
     if cfg.e2v_type == "none" and in_channels != 16:
         raise ConfigError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
                           f"has {in_channels} input channels: use a 16-channel T2V base "

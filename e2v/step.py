@@ -18,6 +18,7 @@ import torch
 
 from e2v.conditioning import Conditions
 from e2v.device import randn
+from e2v.distributed import mean_over_ranks
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
 
@@ -80,20 +81,6 @@ def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, mod
     if fl.objective == "x0":
         for k, v in latent_stats(target, model_pred).items():
             stats.setdefault(f"train/{k}", []).append(v)
-
-
-def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
-    """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
-    describe 1/world of the global batch); `*_ids` keys become the number of distinct ids over all
-    ranks instead (a bad sample met by two ranks or workers counts once). A collective."""
-    if world > 1:
-        gathered = [None] * world
-        torch.distributed.all_gather_object(gathered, stats)
-        stats = {}
-        for part in gathered:
-            for k, v in part.items():
-                stats.setdefault(k, []).extend(v)
-    return {k: len(set(v)) if k.endswith("_ids") else sum(v) / len(v) for k, v in stats.items()}
 
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,

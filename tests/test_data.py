@@ -150,7 +150,7 @@ def test_bucket_counts_follow_repeat_and_weight():
 def _distinct(rank, world, port, out):
     import torch.distributed as dist
 
-    from e2v.data import distinct_over_ranks
+    from e2v.distributed import distinct_over_ranks
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     out.put((rank, distinct_over_ranks([{"a", "b"}, {"b", "c"}][rank])))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, Launch, early, launch_train, read_scalars, starts_early, wait_all
-from e2v.checkpoint import NonFiniteGuard
+from e2v.guard import NonFiniteGuard
 from e2v.config import load_config, resolve_deepspeed_config
 
 SHIPPED = sorted(p.name for p in (ROOT / "ds_configs").glob("*.json"))
@@ -151,7 +151,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", LO
 import deepspeed
 from diffusers import WanTransformer3DModel
 from deepspeed.utils import safe_get_full_fp32_param
-from e2v.checkpoint import init_distributed
+from e2v.distributed import init_distributed
 from e2v.config import load_config
 from e2v.precision import fp32_kept_params, restore_fp32_params
 from e2v.tiny import build_tiny_parts

@@ -153,7 +153,7 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
     import os
 
     import e2v.zero3_load as zero3_load
-    from e2v.checkpoint import init_distributed
+    from e2v.distributed import init_distributed
 
     tiny_parts.transformer.save_pretrained(tmp_path / "transformer")
     created = not torch.distributed.is_initialized()

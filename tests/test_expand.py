@@ -104,7 +104,7 @@ def expand_run(demo_data, tmp_path_factory):
 def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from e2v.checkpoint import load_extra_modules
+    from e2v.export import load_extra_modules
     from e2v.expand import expand_from_export, expansion_modules
     from e2v.trainable import setup_training
 

@@ -29,7 +29,7 @@ sys.path.insert(0, sys.argv[1] + "/tests")
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 from safetensors.torch import load_file
 from e2v.tiny import build_tiny_parts
-from e2v.checkpoint import load_extra_modules
+from e2v.export import load_extra_modules
 from helpers_comfy import apply_diffs, split
 
 def pipe():
@@ -151,7 +151,7 @@ def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_r
 def _tiny_lora_run(tmp_path, exclude=()):
     """A tiny LoRA model set up like a run (e2v_tiny: LoRA plus modules in full), its base modules
     saved, then 'trained' (every trainable tensor moved)."""
-    from e2v.checkpoint import export_meta, save_base_modules, trained_state
+    from e2v.export import export_meta, save_base_modules, trained_state
     from e2v.config import load_config
     from e2v.tiny import build_tiny_parts
     from e2v.trainable import setup_training
@@ -171,10 +171,10 @@ def _tiny_lora_run(tmp_path, exclude=()):
 
 def test_modules_the_base_lacks_stay_full_weights(tmp_path, capsys):
     """An expanded T2V base: the widened patch embedding cannot be a difference."""
-    from e2v.checkpoint import BASE_FILE, COMFY_EXTRA_FILE, COMFY_FILE, _read_base, write_lora_exports
+    from e2v.export import BASE_FILE, COMFY_EXTRA_FILE, COMFY_FILE, read_base, write_lora_exports
 
     lora, extra, meta = _tiny_lora_run(tmp_path, exclude=[r"^patch_embedding\."])
-    write_lora_exports(tmp_path / "lora", lora, extra, meta, base=_read_base(tmp_path / BASE_FILE))
+    write_lora_exports(tmp_path / "lora", lora, extra, meta, base=read_base(tmp_path / BASE_FILE))
     _, diffs = split(load_file(str(tmp_path / "lora" / COMFY_FILE)))
     assert not any("patch_embedding" in k for k in diffs) and "diffusion_model.head.head.diff" in diffs
     assert "diffusion_model.patch_embedding.weight" in load_file(str(tmp_path / "lora" / COMFY_EXTRA_FILE))
@@ -187,12 +187,12 @@ def test_exported_files_get_the_umask_permissions(tmp_path, umask):
     import os
     import stat
 
-    from e2v.checkpoint import BASE_FILE, _read_base, write_lora_exports
+    from e2v.export import BASE_FILE, read_base, write_lora_exports
 
     lora, extra, meta = _tiny_lora_run(tmp_path)
     old = os.umask(umask)
     try:
-        write_lora_exports(tmp_path / "lora", lora, extra, meta, base=_read_base(tmp_path / BASE_FILE))
+        write_lora_exports(tmp_path / "lora", lora, extra, meta, base=read_base(tmp_path / BASE_FILE))
         (tmp_path / "other").write_text("")  # a file the run writes with open()
     finally:
         os.umask(old)
@@ -225,7 +225,7 @@ def test_comfyui_modules_copy_maps_back_through_diffusers_conversion(zero3_offlo
 def test_every_transformer_parameter_has_an_original_wan_name():
     """All parameters of an I2V-layout transformer (norms, modulation, image embedder included):
     our diffusers -> Wan table, then diffusers' Wan -> diffusers conversion, is the identity."""
-    from e2v.checkpoint import wan_original_key
+    from e2v.comfy import wan_original_key
     from e2v.tiny import build_tiny_parts
 
     names = [n for n, _ in build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters()]
@@ -244,7 +244,7 @@ def test_lora_outside_the_blocks_loads_from_the_comfyui_copy():
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.checkpoint import check_comfy_mappable, comfy_lora, lora_module_names
+    from e2v.comfy import check_comfy_mappable, comfy_lora, lora_module_names
     from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -281,7 +281,7 @@ def test_lora_the_comfyui_copy_cannot_carry_fails_at_setup(targets, culprit):
     as a pair; no block at all: the converter needs blocks."""
     from peft import LoraConfig
 
-    from e2v.checkpoint import check_comfy_mappable, lora_module_names
+    from e2v.comfy import check_comfy_mappable, lora_module_names
     from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -311,7 +311,7 @@ def test_export_tool_rebuilds_the_same_files_offline(zero3_offload_run, tmp_path
 def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
     from diffusers import WanTransformer3DModel
 
-    from e2v.checkpoint import export_lora
+    from e2v.export import export_lora
     from e2v.config import load_config
     from e2v.tiny import build_tiny_parts
     from e2v.trainable import setup_training
@@ -351,7 +351,7 @@ def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.checkpoint import COMFY_FILE, write_lora_exports
+    from e2v.export import COMFY_FILE, write_lora_exports
     from e2v.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer

@@ -18,20 +18,20 @@ import torch
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_train, wait_all
-from e2v.checkpoint import (MANIFEST, checkpoint_problem, find_resume, load_extra_modules, prune_checkpoints,
-                            remove_stale_saves)
+from e2v.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
+from e2v.export import load_extra_modules
 from e2v.tiny import build_tiny_parts
 
 
 # The real entry point, plus one test-only step: just before the end-of-run export, every rank
 # runs the live engine's module on a fixed probe (a collective under ZeRO-3) and rank 0 saves the
-# output. train_e2v calls `ckpt.export_lora` through the module, so replacing the attribute hooks it.
+# output. train_e2v calls `export.export_lora` through the module, so replacing the attribute hooks it.
 ENGINE_PROBE_WRAPPER = r"""
 import runpy, sys, torch
 sys.path.insert(0, {root!r})
-from e2v import checkpoint
+from e2v import export
 
-real_export = checkpoint.export_lora
+real_export = export.export_lora
 
 def export_after_probe(transformer, out_dir, full_names, rank=0):
     probe = torch.load({probe!r})
@@ -41,7 +41,7 @@ def export_after_probe(transformer, out_dir, full_names, rank=0):
         torch.save(out, {out!r})
     return real_export(transformer, out_dir, full_names, rank=rank)
 
-checkpoint.export_lora = export_after_probe
+export.export_lora = export_after_probe
 runpy.run_path({train!r}, run_name="__main__")
 """
 
@@ -54,7 +54,7 @@ def _probe() -> dict:
 
 
 # The real entry point, plus one test-only gate for the interrupted run: the loop reads
-# `stop["signal"]` (what ckpt.install_stop_handlers returns) once per step, in its stop check, and
+# `stop["signal"]` (what distributed.install_stop_handlers returns) once per step, in its stop check, and
 # the check of step GATE_STEP waits (at most 120 s) until this rank has received the test's
 # SIGTERM. The test signals once step SIGNAL_AFTER is logged, so the signal lands at step
 # SIGNAL_AFTER or GATE_STEP, however slowly a loaded machine runs the test's poll; the tests
@@ -63,9 +63,9 @@ SIGNAL_AFTER, GATE_STEP = 2, 3
 STOP_GATE_WRAPPER = r"""
 import runpy, sys, time
 sys.path.insert(0, {root!r})
-from e2v import checkpoint
+from e2v import distributed
 
-real_install = checkpoint.install_stop_handlers
+real_install = distributed.install_stop_handlers
 
 
 class GatedStop(dict):
@@ -82,7 +82,7 @@ class GatedStop(dict):
         return self.inner[key]
 
 
-checkpoint.install_stop_handlers = lambda: GatedStop(real_install())
+distributed.install_stop_handlers = lambda: GatedStop(real_install())
 runpy.run_path({train!r}, run_name="__main__")
 """
 

@@ -76,7 +76,7 @@ def test_golden_losses(trained_run):
 
 def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(trained_run):
     run, _ = trained_run
-    from e2v.checkpoint import load_extra_modules
+    from e2v.export import load_extra_modules
 
     pipe = _pipe()
     with torch.no_grad():

@@ -24,7 +24,8 @@ import torch
 
 import e2v.conditioning as conditioning
 from e2v.cache import batch_conditions
-from e2v.checkpoint import NonFiniteGuard, any_rank, init_distributed
+from e2v.distributed import any_rank, init_distributed
+from e2v.guard import NonFiniteGuard
 from e2v.config import resolve_deepspeed_config
 from e2v.device import to_device
 from e2v.engine import initialize_engine, lr_lambda, prepare_for_training, step_rngs, training_dtype

@@ -1,0 +1,114 @@
+"""Every collective and process-wide hook in one place: the process group (NCCL on CUDA, gloo
+elsewhere), the small collectives the loop, the logs and the checkpoints use, and the stop
+signals. Each collective must be called by every rank, in the same order."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+
+def is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def barrier() -> None:
+    if is_distributed():
+        torch.distributed.barrier()
+
+
+def this_rank() -> int:
+    return torch.distributed.get_rank() if is_distributed() else 0
+
+
+def init_distributed() -> None:
+    """`deepspeed.init_distributed` with NCCL on CUDA, gloo elsewhere.
+
+    On the CPU accelerator DeepSpeed JIT-compiles a shared-memory op (`deepspeed_shm_comm`) at
+    every first init. Only `inference_all_reduce` uses it, never training; the compile costs ~30 s
+    on a fresh 2-core machine, and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
+    cleared when a build is killed, after which every later run waits on it forever, printing
+    nothing. So CPU runs opt out of the op (set E2V_DS_SHM_COMM=1 to keep it)."""
+    import deepspeed
+    import deepspeed.ops
+
+    cuda = torch.cuda.is_available()
+    if not cuda and os.environ.get("E2V_DS_SHM_COMM", "0") != "1":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read before the backend builds it
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if `flag` is true on any rank (a collective: all ranks must call it)."""
+    if not is_distributed():
+        return bool(flag)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"  # NCCL: CUDA only
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast(obj, rank: int):
+    if torch.distributed.is_initialized():
+        box = [obj if rank == 0 else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return obj
+
+
+def share_of_work(items: list) -> list:
+    """This rank's share of a list every rank holds in the same order."""
+    if not is_distributed():
+        return items
+    return items[torch.distributed.get_rank()::torch.distributed.get_world_size()]
+
+
+def merge_over_ranks(part: dict) -> dict:
+    """The union of every rank's dict (a collective when distributed)."""
+    if not is_distributed():
+        return part
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, part)
+    return {k: v for p in parts for k, v in p.items()}
+
+
+def mean_over_ranks(stats: dict[str, list[float]], world: int) -> dict[str, float]:
+    """Each logged value averaged over every rank's micro-batches of the step (rank 0's alone
+    describe 1/world of the global batch); `*_ids` keys become the number of distinct ids over all
+    ranks instead (a bad sample met by two ranks or workers counts once). A collective."""
+    if world > 1:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, stats)
+        stats = {}
+        for part in gathered:
+            for k, v in part.items():
+                stats.setdefault(k, []).extend(v)
+    return {k: len(set(v)) if k.endswith("_ids") else sum(v) / len(v) for k, v in stats.items()}
+
+
+def distinct_over_ranks(ids: set[str]) -> int:
+    """How many distinct ids all ranks hold together (a collective: every rank must call it). A bad
+    sample met by two ranks, or by two workers of one rank, counts once."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return len(ids)
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, sorted(ids))
+    return len(set().union(*gathered))
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM/SIGINT ask the loop to save and exit after the current step. Repeated signals
+    change nothing: the deepspeed launcher forwards the signal it gets to every rank (which
+    usually got it already from the scheduler or the terminal) and kills the ranks 30 s later,
+    so a save that takes longer is cut short and the atomic protocol falls back to the previous
+    checkpoint."""
+    stop = {"signal": None}
+
+    def handler(sig, _frame):
+        stop["signal"] = sig
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop
