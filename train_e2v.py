@@ -25,7 +25,7 @@ from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_
 from e2v.data import index_samples, make_loader
 from e2v.device import to_device
 from e2v.comfy import check_comfy_mappable, lora_module_names
-from e2v.engine import initialize_engine, prepare_for_training, step_rngs, training_dtype
+from e2v.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.expand import expansion_modules, is_expanded
 from e2v.guard import NonFiniteGuard
 from e2v.models import load_parts
@@ -103,8 +103,9 @@ def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def main():
-    args = parse_args()
+def checked_config(args):
+    """The validated config, or None after a dry run; the model-dependent checks run on the meta
+    device first, before minutes of loading."""
     try:
         cfg = load_config(args.config, args.set, check_paths=not args.dry_run)
     except ConfigError as e:
@@ -114,14 +115,17 @@ def main():
             return dry_run(cfg)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
-    try:  # model-dependent checks on the meta device, before minutes of loading
+    try:
         if knows_shape_offline(cfg):
             comfy_check(preflight(cfg)[0])
     except ValueError as e:
         raise SystemExit(f"config error: {e}")
+    return cfg
 
-    from tqdm import tqdm
 
+def start_run(cfg, args):
+    """The process group, this rank's device, and the run folder (locked against a second run,
+    the resolved config written). Returns (rank, world, device, run folder, lock)."""
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
@@ -131,65 +135,112 @@ def main():
     distributed.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
-
     run_dir = Path(distributed.broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
-    run_lock = lock_run_folder(run_dir, rank)  # noqa: F841 (held until exit); a second run here stops
+    lock = lock_run_folder(run_dir, rank)  # held until exit: a second run in this folder stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    torch.manual_seed(cfg.seed + rank)
-    rng, gen = step_rngs(cfg, rank)  # element choices and dropouts; sigmas, noise, posterior samples
+    seed_process(cfg, rank)
+    return rank, world, device, run_dir, lock
 
-    # --- models ---
-    ds_config = resolve_deepspeed_config(cfg, world, cuda)  # ZeRO-3: the transformer is partitioned at load
-    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device,  # cache: transformer only
-                       ds_config=ds_config)
+
+def build_model(cfg, run_dir: Path, rank: int, world: int, device):
+    """The parts (the transformer partitioned at load under ZeRO-3; no encoders with the cache),
+    set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
+    ds_config = resolve_deepspeed_config(cfg, world, device.type == "cuda")
+    parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)
         check_plain_t2v_base(cfg, parts.transformer.config.in_channels)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     export.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
-                           exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
+                             exclude=expansion_modules(cfg) if is_expanded(cfg) else [])
+    return parts, full_names, ds_config
 
-    excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
-    samples = index_samples(cfg, verbose=rank == 0, excluded=excluded)
-    samples, val_samples = split_held_out(samples, cfg)  # validation.num_samples ids leave training
+
+def announce(cfg, run_dir: Path, ds_config: dict, parts, full_names: list[str], samples: list, cuda: bool) -> None:
+    """Rank 0's start-up lines: the optimizer, the run folder, the model and what trains."""
+    (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
+    print(f"[e2v] optimizer: {adam_choice(cfg, ds_config, cuda)[1]}")
+    encoders = [n for n in ("vae", "text_encoder", "image_encoder") if getattr(parts, n) is not None]
+    print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
+          f"{count_params(parts.transformer) / 1e6:.2f}M params, "
+          f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
+          f"({len(full_names)} tensors in full beside the LoRA)\n[e2v] frozen encoders loaded: "
+          f"{', '.join(encoders) or 'none'}")
+    bf16_trained = trained_fp32_kept(parts.transformer) if cfg.train.mixed_precision == "bf16" else []
+    if bf16_trained:
+        print(f"[e2v] note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
+              f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
+
+
+def resume(args, run_dir: Path, engine, rng, gen, rank: int) -> tuple[int, int, Path | None]:
+    """(global step, samples seen, checkpoint) of `--resume`; (0, 0, None) for a fresh run."""
+    resume_from = ckpt.find_resume(args.resume, run_dir) if args.resume else None
+    if resume_from is None:
+        return 0, 0, None
+    state = ckpt.load_checkpoint(engine, resume_from)
+    ckpt.set_rng_state(state["rng"], rng, gen)
     if rank == 0:
-        (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
-        print(f"[e2v] optimizer: {adam_choice(cfg, ds_config, cuda)[1]}")
-        print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
-              f"{count_params(parts.transformer) / 1e6:.2f}M params, "
-              f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
-              f"({len(full_names)} tensors in full beside the LoRA)\n[e2v] frozen encoders loaded: "
-              f"{', '.join(n for n in ('vae', 'text_encoder', 'image_encoder') if getattr(parts, n) is not None) or 'none'}")
-        bf16_trained = trained_fp32_kept(parts.transformer) if cfg.train.mixed_precision == "bf16" else []
-        if bf16_trained:
-            print(f"[e2v] note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
-                  f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
+        print(f"[e2v] resumed from {resume_from} at step {state['global_step']}")
+    return state["global_step"], state["samples_seen"], resume_from
 
+
+def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, gen, guard, vis) -> dict:
+    """One optimizer step: `gradient_accumulation_steps` micro-batches, each moved to the device
+    once, conditioned (encoded or from the cache), noised, forwarded and backpropagated. A
+    micro-batch with a non-finite loss is skipped on every rank before backward. Returns what
+    the step logs: losses, per-bucket stats, sample ids, skipped ids, data-wait time, samples."""
+    out = {"losses": [], "stats": {}, "ids": [], "skipped": set(), "data_time": 0.0, "samples": 0}
+    while len(out["losses"]) < cfg.train.gradient_accumulation_steps:
+        t0 = time.perf_counter()
+        batch = to_device(next(data_iter), device)  # the one move of the micro-batch (e2v/device.py)
+        out["data_time"] += time.perf_counter() - t0
+        out["skipped"].update(sid for sid, _ in batch["skipped"])
+        out["samples"] += len(batch["id"])
+        out["ids"] += batch["id"]
+        with torch.no_grad():
+            c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
+        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen)
+        loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
+        loss_value = loss.item()  # the micro-batch's one host sync (the non-finite guard needs it)
+        if guard.bad(loss_value, "loss", step, batch["id"]):
+            continue
+        engine.backward(loss)
+        engine.step()
+        out["losses"].append(loss_value)
+        vis.maybe_dump(step, batch, c, noisy_model_input, model_pred, sigma)
+        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow)
+    return out
+
+
+def main():
+    args = parse_args()
+    cfg = checked_config(args)
+    if cfg is None:  # a dry run
+        return
+    from tqdm import tqdm
+
+    rank, world, device, run_dir, _lock = start_run(cfg, args)
+    rng, gen = step_rngs(cfg, rank)  # element choices and dropouts; sigmas, noise, posterior samples
+    parts, full_names, ds_config = build_model(cfg, run_dir, rank, world, device)
+    excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
+    samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
+    if rank == 0:
+        announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
     engine, scheduler = initialize_engine(parts, cfg, ds_config)
     dtype = training_dtype(cfg)
-
-    # --- resume ---
-    global_step, samples_seen = 0, 0
-    resume_from = ckpt.find_resume(args.resume, run_dir) if args.resume else None
-    if resume_from is not None:
-        state = ckpt.load_checkpoint(engine, resume_from)
-        global_step, samples_seen = state["global_step"], state["samples_seen"]
-        ckpt.set_rng_state(state["rng"], rng, gen)
-        if rank == 0:
-            print(f"[e2v] resumed from {resume_from} at step {global_step}")
+    global_step, samples_seen, resumed = resume(args, run_dir, engine, rng, gen, rank)
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
     stop = distributed.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
-    loader = make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen)
-    data_iter = iter(loader)
-    log = Log(run_dir, rank, first_step=global_step + 1 if resume_from is not None else 0)
+    data_iter = iter(make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen))
+    log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
-    if resume_from is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
+    if resumed is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, rank)
 
@@ -200,50 +251,29 @@ def main():
              "rng": rng_state or ckpt.rng_state(rng, gen)},
             keep_last=cfg.train.keep_last, rank=rank)
 
-    accum, fl = cfg.train.gradient_accumulation_steps, cfg.flow
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save, saved_step = time.time(), global_step
     skipped_ids: set[str] = set()  # samples that failed to load mid-run (on_bad_sample: skip)
-    # --- the loop ---
     try:
         while global_step < cfg.train.max_steps:
             if world == 1:  # what an error-time save records (only a one-process run saves on error)
                 step_start = (samples_seen, ckpt.rng_state(rng, gen))
-            t_step, t_data, step_losses, stats = time.perf_counter(), 0.0, [], {}  # stats: tag -> micro-batch values
-            step_ids, micro = [], 0
-            while micro < accum:
-                t0 = time.perf_counter()
-                batch = to_device(next(data_iter), device)  # the one move of the step (e2v/device.py)
-                t_data += time.perf_counter() - t0
-                skipped_ids.update(sid for sid, _ in batch["skipped"])
-                samples_seen += len(batch["id"])
-                step_ids += batch["id"]
-                with torch.no_grad():
-                    c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)  # encoded, or read from the cache
-                sigma, noise, noisy_model_input = draw_flow(c, fl, gen)
-                loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input,
-                                                                    cfg, dtype)
-                loss_value = loss.item()  # the step's one host sync (the non-finite guard needs it)
-                if guard.bad(loss_value, "loss", global_step + 1, batch["id"]):
-                    continue  # every rank skips this micro-batch before backward: nothing was updated
-                engine.backward(loss)
-                engine.step()
-                micro += 1
-                step_losses.append(loss_value)
-                vis.maybe_dump(global_step + 1, batch, c, noisy_model_input, model_pred, sigma)
-                add_step_stats(stats, sigma, per_sample, target, model_pred, fl)
-            global_step += 1
+            t_step = time.perf_counter()
+            stepped = train_step(engine, data_iter, parts, cfg, step=global_step + 1, device=device, dtype=dtype,
+                           rng=rng, gen=gen, guard=guard, vis=vis)
+            global_step, samples_seen = global_step + 1, samples_seen + stepped["samples"]
+            skipped_ids |= stepped["skipped"]
             step_time = time.perf_counter() - t_step
-            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, step_ids)
-            mean_loss = sum(step_losses) / len(step_losses)
+            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, stepped["ids"])
+            lr = scheduler.get_last_lr()[0]
             if global_step % cfg.train.log_every == 0:
                 log.scalars(global_step, step_scalars(
-                    cfg, world, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
-                    data_time=t_data, step_losses=step_losses, stats=stats, skipped_ids=skipped_ids,
-                    excluded=len(excluded), nonfinite=guard.skipped))
+                    cfg, world, lr=lr, grad_norm=grad_norm, step_time=step_time, data_time=stepped["data_time"],
+                    step_losses=stepped["losses"], stats=stepped["stats"], skipped_ids=skipped_ids, excluded=len(excluded),
+                    nonfinite=guard.skipped))
             bar.update(1)
-            bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
+            bar.set_postfix(loss=f"{sum(stepped['losses']) / len(stepped['losses']):.4f}", lr=f"{lr:.1e}", refresh=False)
             log.scalars(global_step, validator.maybe_run(engine, global_step))
             every_min = cfg.train.checkpoint_every_minutes
             stopping = distributed.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks

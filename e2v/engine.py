@@ -24,6 +24,11 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed * 1000 + rank
 
 
+def seed_process(cfg, rank: int) -> None:
+    """torch's global RNG of this rank (anything the libraries draw from it while loading)."""
+    torch.manual_seed(cfg.seed + rank)
+
+
 def step_rngs(cfg, rank: int) -> tuple[random.Random, torch.Generator]:
     """(element choices and dropouts, sigmas / noise / posterior samples) of one rank."""
     s = rank_seed(cfg.seed, rank)

@@ -28,7 +28,7 @@ from e2v.distributed import any_rank, init_distributed
 from e2v.guard import NonFiniteGuard
 from e2v.config import resolve_deepspeed_config
 from e2v.device import to_device
-from e2v.engine import initialize_engine, lr_lambda, prepare_for_training, step_rngs, training_dtype
+from e2v.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.models import load_parts
 from e2v.tiny import tiny_transformer_config
 from e2v.runlog import Log
@@ -62,7 +62,7 @@ def small_transformer(cfg, overrides: dict):
 def build_parts(preset: str, cfg, with_encoders: bool, device, ds_config: dict):
     """The parts train_e2v.py builds for rank 0, ready for `make_engine`; for a custom preset
     ("small") the tiny encoders with a bigger transformer."""
-    torch.manual_seed(cfg.seed)  # train_e2v.py seeds rank 0's global RNG (seed + rank) before loading
+    seed_process(cfg, 0)  # as train_e2v.py seeds rank 0 before loading
     parts = load_parts(cfg, with_encoders=with_encoders, device=device, ds_config=ds_config)
     if PRESETS.get(preset, {}).get("transformer") is not None:
         parts.transformer = small_transformer(cfg, PRESETS[preset]["transformer"])
