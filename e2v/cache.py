@@ -42,15 +42,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from e2v.conditioning import (TEXT_LEN, VAE_T, Conditions, after_frames, after_ref_frames, clip_names, condition_video,
-                              draw_choices, encode_batch, encode_clip_images, encode_text, encode_video_stats, finish_condition,
-                              image_token_shape, pad_after_latents, pad_clip_tokens, select_elements)
-from e2v.config import Config, to_dict
+from e2v.conditioning import (TEXT_LEN, Conditions, after_frames, after_ref_frames, clip_names, condition_or_zeros,
+                              condition_video, draw_choices, encode_batch, encode_clip_images, encode_text,
+                              encode_video_stats, finish_condition, image_token_shape, pad_after_latents,
+                              pad_clip_tokens, select_elements)
+from e2v.config import Config
 from e2v.device import randn
+from e2v.schema import VAE_T, cache_shaping_values
 from e2v.elements import Sample, sample_bucket
 from e2v.media import MediaError
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # 2: the config part of the fingerprint is one field per declared key
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -73,22 +75,14 @@ def _file_stamp(path: Path) -> str:
 
 def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[str, str]:
     """Every input that shapes the cached tensors, one named field each (the stale-entry error
-    names the field that changed)."""
-    d, pv = cfg.data, cfg.processors.vae
-    m = cfg.model
+    names the field that changed): the sample's files and caption, its bucket, and every config
+    field the schema declares as shaping the cache (e2v.schema.cached)."""
     fp = {
         "version": CACHE_VERSION,
         "video": _file_stamp(s.video) if s.video.exists() else f"{s.video} missing",
         "prompt": s.prompt,
-        "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]} stride={d.frame_stride} "
-                             f"video_resize={d.video_resize} reshape={d.reshape_mode}",
-        "element_config": json.dumps([to_dict(e) for e in d.elements], sort_keys=True),
-        "processors": json.dumps({"vae": {"combine": pv.combine, "default_preprocess": pv.default_preprocess,
-                                          "frame_conditioning": pv.frame_conditioning, "frame_index": pv.frame_index},
-                                  "clip": to_dict(cfg.processors.clip), "e2v_type": cfg.e2v_type}, sort_keys=True),
-        "model": json.dumps({"preset": m.preset, "pretrained": m.pretrained, "image_encoder": m.image_encoder,
-                             "tiny_seed": m.tiny_seed, "tiny_vae": m.tiny_vae}, sort_keys=True),
-        "dtype": f"cache={cfg.cache.dtype} weights={m.weight_dtype}",
+        "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]}",
+        **cache_shaping_values(cfg),
     }
     for name in sorted(s.elements):
         p = s.elements[name]
@@ -291,13 +285,12 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
 
     cond = None
     if cfg.uses_vae_condition:
-        repeat = {e.name: e.vae.repeat for e in cfg.data.elements if e.vae is not None}
         if pv.combine == "before":
             zeros = torch.zeros(z, t, h, w, device=device)  # no reference kept: zero condition (finish_condition zeroes it anyway)
             mean = torch.stack([e.get("cond_mean", zeros) for e in entries])
             std = torch.stack([e.get("cond_std", zeros) for e in entries])
             cond_lat = _posterior(mean, std, pv.sample_mode, generator)
-            ref_frames = [sum(repeat[k] for k in kept[i] if k in repeat) for i in range(b)]
+            ref_frames = [cfg.reference_frames(kept[i]) for i in range(b)]
         else:
             rows, n_lat = [], []
             for i, e in enumerate(entries):
@@ -310,9 +303,7 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
         cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
 
     latents = _posterior(lat_mean, torch.stack([e["latents_std"] for e in entries]), cd.target_sample_mode, generator)
-    cond_channels = parts.transformer.config.in_channels - z
-    if cond is None and cond_channels > 0:  # as encode_batch: condition channels read "no reference"
-        cond = latents.new_zeros(b, cond_channels, t, h, w)
+    cond = condition_or_zeros(cond, latents, parts.transformer)
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:

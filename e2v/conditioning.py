@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from e2v.device import as_pixels, module_device
+from e2v.schema import VAE_S, VAE_T
 
 TEXT_LEN = 512  # Wan's cross-attention splits image | text at the last 512 context tokens
-VAE_T, VAE_S = 4, 8  # Wan VAE: time /4 (causal: 1 + (F-1)/4), space /8
 
 
 # --- latents -----------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
                 ref_videos.append(condition_video(refs, reps, f))
             else:
                 ref_videos.append(video_BCFHW.new_zeros(1, 3, f, hh, ww))
-            ref_frames.append(sum(reps))
+            ref_frames.append(cfg.reference_frames(names))
         cond_video = torch.cat(ref_videos)
         if pv.combine == "before":
             cond_lat = encode_video(cond_video, parts.vae, sample_mode=pv.sample_mode, generator=generator)
@@ -240,15 +240,11 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     if cd.target_layout == "prepend" and ref_videos:
         rows = []
         for i in range(b):
-            n_ref = sum(batch["vae_repeats"][i][k] for k in kept[i] if k in batch["vae_refs"][i])
+            n_ref = cfg.reference_frames([k for k in kept[i] if k in batch["vae_refs"][i]])
             rows.append(torch.cat([ref_videos[i][:, :, :n_ref], video_BCFHW[i:i + 1, :, : f - n_ref]], dim=2))
         target_video = torch.cat(rows)
     latents = encode_video(target_video, parts.vae, sample_mode=cd.target_sample_mode, generator=generator)
-    cond_channels = parts.transformer.config.in_channels - latents.shape[1]
-    if cond is None and cond_channels > 0:
-        # e2v_type clip on a model with condition channels (I2V base): they read "no reference",
-        # the zero condition and zero mask that reference dropout also gives.
-        cond = latents.new_zeros(b, cond_channels, *latents.shape[2:])
+    cond = condition_or_zeros(cond, latents, parts.transformer)
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
@@ -257,6 +253,17 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     prompts = ["" if d else p for p, d in zip(batch["prompt"], cap_drop)]
     text = encode_text(prompts, parts.tokenizer, parts.text_encoder)
     return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop)
+
+
+def condition_or_zeros(cond_BCTHW: torch.Tensor | None, latents_BCTHW: torch.Tensor, transformer):
+    """The condition, or, when there is none (e2v_type clip or none) but the model has condition
+    channels (an I2V base), zeros: they read "no reference", the zero condition and zero mask that
+    reference dropout also gives. None for a model without condition channels."""
+    cond_channels = transformer.config.in_channels - latents_BCTHW.shape[1]
+    if cond_BCTHW is None and cond_channels > 0:
+        b, _, *thw = latents_BCTHW.shape
+        return latents_BCTHW.new_zeros(b, cond_channels, *thw)
+    return cond_BCTHW
 
 
 def draw_choices(element_names: list[list[str]], cfg, rng: random.Random,

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from e2v.schema import (REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError,
+from e2v.schema import (PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
                         frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
 
 
@@ -53,24 +53,24 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
     check_bounds(cfg)
     d = cfg.data
     f = d.num_frames
-    if f < 1 or (f - 1) % 4:
-        lo = (f - 1) // 4 * 4 + 1
+    if f < 1 or (f - 1) % VAE_T:
+        lo = (f - 1) // VAE_T * VAE_T + 1
         raise ConfigError(
             f"data.num_frames={f}: Wan's VAE needs 4k+1 frames (T=(F-1)/4+1 latent frames); "
             f"use {max(lo, 1)} or {lo + 4}"
         )
     for fb in d.frame_buckets:
-        if fb < 1 or (fb - 1) % 4:
+        if fb < 1 or (fb - 1) % VAE_T:
             raise ConfigError(f"data.frame_buckets: {fb} is not 4k+1")
     if len(d.resolution) != 2:
         raise ConfigError(f"data.resolution: expected [height, width], got {d.resolution}")
     for name, x in zip(("height", "width"), d.resolution):
-        if x % 16:
+        if x % PIXELS_PER_TOKEN:
             lo, hi = nearest_valid_sizes(x)
             raise ConfigError(f"data.resolution: {name} {x} is not a multiple of 16 (VAE /8, then patch 2); "
                               f"nearest valid sizes are {lo} and {hi}, or set data.resolution_policy: round")
     for res in d.resolution_buckets:
-        if len(res) != 2 or res[0] % 16 or res[1] % 16:
+        if len(res) != 2 or res[0] % PIXELS_PER_TOKEN or res[1] % PIXELS_PER_TOKEN:
             raise ConfigError(f"data.resolution_buckets: {res} must be [H, W], multiples of 16")
     pv = cfg.processors.vae
     if pv.resolution is not None and list(pv.resolution) != list(d.resolution):
@@ -134,7 +134,7 @@ def _validate_elements(cfg: Config) -> None:
         raise ConfigError(f"data.elements: vae.position values must be distinct, got {positions}")
     if cfg.e2v_type != "none" and not d.elements:
         raise ConfigError(f"e2v_type={cfg.e2v_type} needs data.elements (or set e2v_type: none)")
-    ref = cfg.reference_frames
+    ref = cfg.reference_frames()
     if ref > d.num_frames:
         raise ConfigError(f"the elements take {ref} condition frames (sum of vae.repeat) but data.num_frames is "
                           f"{d.num_frames}")

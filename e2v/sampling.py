@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.conditioning import VAE_S, VAE_T, Conditions, decode_latents, encode_batch, encode_text
+from e2v.conditioning import Conditions, decode_latents, encode_batch, encode_text
 from e2v.data import collate, element_inputs
 from e2v.device import randn, to_device
+from e2v.schema import latent_size
 from e2v.step import predict
 
 
@@ -104,8 +105,7 @@ def decode(latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
 
 
 def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
-    h, w = cfg.data.resolution
-    return (batch, vae.config.z_dim, (cfg.data.num_frames - 1) // VAE_T + 1, h // VAE_S, w // VAE_S)
+    return (batch, vae.config.z_dim, *latent_size(cfg.data.num_frames, *cfg.data.resolution))
 
 
 def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
@@ -124,11 +124,6 @@ def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None 
         negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
     return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
                    dtype=dtype)
-
-
-def reference_frames(cfg, names: list[str]) -> int:
-    """F_ref: pixel frames the given elements occupy at the start of the condition video."""
-    return sum(e.vae.repeat for e in cfg.data.elements if e.name in names and e.vae is not None)
 
 
 # --- trained weights -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ foreign formats in e2v/seed_formats.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +32,33 @@ class ConfigError(ValueError):
 
 
 def bounded(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, note: str = "",
-            **bounds: float) -> Any:
+            shapes_cache: bool = False, **bounds: float) -> Any:
     """A field with its allowed range beside it: min / max (inclusive), gt / lt (exclusive); on a
     list field each item is checked. `note` is appended to the error (why, or what 0 means)."""
     assert set(bounds) <= {"min", "max", "gt", "lt"}, bounds
-    return field(default=default, default_factory=default_factory, metadata={"bounds": bounds, "note": note})
+    return field(default=default, default_factory=default_factory,
+                 metadata={"bounds": bounds, "note": note, "shapes_cache": shapes_cache})
+
+
+def cached(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field whose value shapes the tensors tools/precompute.py stores: the cache fingerprint
+    (e2v/cache.py) holds every such field, so changing one makes the entries stale, by name."""
+    return field(default=default, default_factory=default_factory, metadata={"shapes_cache": True})
+
+
+def cache_shaping_values(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> JSON value of every field declared `cached` (or bounded with shapes_cache)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("shapes_cache"):
+            plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else (
+                [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+                if isinstance(value, list) else value)
+            out[f"{prefix}{f.name}"] = json.dumps(plain, sort_keys=True)
+        elif dataclasses.is_dataclass(value):
+            out.update(cache_shaping_values(value, f"{prefix}{f.name}."))
+    return out
 
 
 Preprocess = Literal["resize", "center_crop", "pad_white", "letterbox"]
@@ -82,13 +105,13 @@ MAX_IMAGE_PIXELS = 50_000_000
 @dataclass
 class Data:
     datasets: list[Dataset] = field(default_factory=list)
-    elements: list[Element] = field(default_factory=list)
+    elements: list[Element] = cached(default_factory=list)
     num_frames: int = 81  # F, must be 4k+1 (Wan's causal VAE: T = (F-1)/4 + 1 latent frames)
     resolution: list[int] = field(default_factory=lambda: [480, 832])  # [H, W] of the target video
     resolution_policy: Literal["error", "round"] = "error"  # sizes not a multiple of 16
-    reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = "bicubic"
-    video_resize: Literal["center_crop", "resize"] = "center_crop"  # how clips reach resolution
-    frame_stride: int = bounded(1, min=1)  # take every n-th frame of the clip
+    reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = cached("bicubic")
+    video_resize: Literal["center_crop", "resize"] = cached("center_crop")  # how clips reach resolution
+    frame_stride: int = bounded(1, min=1, shapes_cache=True)  # take every n-th frame of the clip
     # Video regression seed: each clip trains at its largest k * factor + 1 frames up to num_frames
     # (auto frame buckets in steps of factor, so a short clip trains shorter instead of failing).
     time_division_factor: Optional[int] = None
@@ -117,10 +140,10 @@ class Data:
 @dataclass
 class VAEProcessor:
     resolution: Optional[list[int]] = None  # must equal data.resolution when given (seed key)
-    combine: Literal["before", "after"] = "before"  # one VAE pass over the condition video (A2)
-    default_preprocess: Preprocess = "pad_white"
-    frame_conditioning: Literal["full", "index", "prefix", "random", "first_and_last"] = "full"
-    frame_index: int = 0
+    combine: Literal["before", "after"] = cached("before")  # one VAE pass over the condition video (A2)
+    default_preprocess: Preprocess = cached("pad_white")
+    frame_conditioning: Literal["full", "index", "prefix", "random", "first_and_last"] = cached("full")
+    frame_index: int = cached(0)
     concatenate_mask: bool = True
     sample_mode: Literal["argmax", "sample"] = "argmax"
 
@@ -134,7 +157,7 @@ class CLIPProcessor:
 @dataclass
 class Processors:
     vae: VAEProcessor = field(default_factory=VAEProcessor)
-    clip: CLIPProcessor = field(default_factory=CLIPProcessor)
+    clip: CLIPProcessor = cached(default_factory=CLIPProcessor)
 
 
 @dataclass
@@ -158,14 +181,14 @@ class LoRA:
 
 @dataclass
 class Model:
-    preset: Optional[Literal["tiny"]] = None  # random-weight parts built in code (CPU demo, tests)
-    pretrained: Optional[str] = None  # diffusers folder or hub id (Wan2.1-*-Diffusers)
+    preset: Optional[Literal["tiny"]] = cached(None)  # random-weight parts built in code (CPU demo, tests)
+    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
-    image_encoder: Optional[str] = None  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
+    image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
     training_type: Literal["lora", "full"] = "lora"
-    weight_dtype: Literal["fp32", "bf16"] = "bf16"  # frozen encoders (VAE and CLIP stay fp32 as in A2)
-    tiny_seed: int = 0
-    tiny_vae: Literal["informative", "random"] = "informative"
+    weight_dtype: Literal["fp32", "bf16"] = cached("bf16")  # frozen encoders (VAE and CLIP stay fp32 as in A2)
+    tiny_seed: int = cached(0)
+    tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
 
 
@@ -220,7 +243,7 @@ class DeepSpeed:
 class Cache:
     enabled: bool = False
     dir: Optional[str] = None  # default <data_root>/.e2v_cache (one sub-folder per dataset)
-    dtype: Literal["fp32", "bf16"] = "fp32"  # stored tensors; bf16 halves the disk, fp32 is exact
+    dtype: Literal["fp32", "bf16"] = cached("fp32")  # stored tensors; bf16 halves the disk, fp32 is exact
 
 
 @dataclass
@@ -271,7 +294,7 @@ class Visualization:
 
 @dataclass
 class Config:
-    e2v_type: Literal["dual", "vae", "clip", "none"] = "dual"
+    e2v_type: Literal["dual", "vae", "clip", "none"] = cached("dual")
     output_dir: str = "runs"
     run_id: Optional[str] = None  # default: <config name>-<timestamp>
     seed: int = 42
@@ -296,10 +319,13 @@ class Config:
     def uses_clip(self) -> bool:
         return self.e2v_type in ("dual", "clip")
 
-    @property
-    def reference_frames(self) -> int:
-        """Condition-video frames the elements take (sum of vae.repeat); 0 without a VAE stream."""
-        return sum(e.vae.repeat for e in self.data.elements if e.vae is not None) if self.uses_vae_condition else 0
+    def reference_frames(self, names=None) -> int:
+        """Condition-video frames the named elements (all of them by default) take at the start of
+        the condition video: the sum of their vae.repeat; 0 without a VAE stream. The one place
+        F_ref is counted (the mask, the prepend layout, the cache, the sampler's dropped frames)."""
+        if not self.uses_vae_condition:
+            return 0
+        return sum(e.vae.repeat for e in self.data.elements if e.vae is not None and (names is None or e.name in names))
 
     @property
     def vae_elements(self) -> list[Element]:
@@ -334,6 +360,18 @@ def nearest_valid_size(x: int, multiple: int = 16) -> int:
     return lo if x - lo <= hi - x else hi
 
 
+# Wan2.1's VAE divides time by VAE_T (causally: F pixel frames -> 1 + (F-1)/4 latent frames) and
+# space by VAE_S; the transformer then patches 2 x 2. So a frame count is 4k+1 and a side a
+# multiple of 16 pixels.
+VAE_T, VAE_S, PATCH = 4, 8, 2
+PIXELS_PER_TOKEN = VAE_S * PATCH
+
+
+def latent_size(num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+    """(T, h, w) of the latents of a num_frames x height x width clip."""
+    return (num_frames - 1) // VAE_T + 1, height // VAE_S, width // VAE_S
+
+
 def frame_bucket_list(cfg: Config) -> list[int]:
     """Allowed frame counts with auto frame buckets: data.frame_buckets, or 1 + step, 1 + 2 step, ...
     up to num_frames (step: data.time_division_factor, else 16), without counts shorter than the
@@ -342,7 +380,7 @@ def frame_bucket_list(cfg: Config) -> list[int]:
     d = cfg.data
     step = d.time_division_factor or 16
     counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
-    return sorted(f for f in set(counts) if f >= max(cfg.reference_frames, 1))
+    return sorted(f for f in set(counts) if f >= max(cfg.reference_frames(), 1))
 
 
 def check_plain_t2v_base(cfg: Config, in_channels: int) -> None:

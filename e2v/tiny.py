@@ -13,6 +13,8 @@ from diffusers import WanTransformer3DModel
 from e2v.parts import Parts, clip_image_processor
 
 TINY_CLIP_WIDTH = 32  # hidden size of the tiny CLIP vision model (the image tokens' width)
+TINY_CLIP_SIZE, TINY_CLIP_PATCH = 32, 8  # its input size and patch: 4 x 4 patches
+TINY_CLIP_TOKENS = (TINY_CLIP_SIZE // TINY_CLIP_PATCH) ** 2 + 1  # + CLS: 17 tokens per reference
 
 
 # Words the tiny tokenizer knows (demo prompts and test sentences); anything else is <unk>.
@@ -76,7 +78,7 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
         ))
         image_encoder = CLIPVisionModel(CLIPVisionConfig(
             hidden_size=TINY_CLIP_WIDTH, projection_dim=TINY_CLIP_WIDTH, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, image_size=32, patch_size=8,
+            intermediate_size=64, image_size=TINY_CLIP_SIZE, patch_size=TINY_CLIP_PATCH,
         ))
         image_processor = clip_image_processor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     for m in (text_encoder, image_encoder, vae):

@@ -88,7 +88,7 @@ def test_stale_and_missing_entries_name_sample_and_field(demo_data, tiny_parts, 
     with pytest.raises(CacheError, match="sample not_cached: no cache entry"):
         store.verify_all([other])
     res = _cfg(demo_data, tmp_path / "cache", "model.tiny_seed=1")
-    assert "'model' changed" in CacheStore(res).problem(samples[0])
+    assert "'model.tiny_seed' changed" in CacheStore(res).problem(samples[0])
 
 
 def test_uncacheable_modes_are_refused(demo_data, tmp_path):

@@ -44,10 +44,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import Config, load_config  # noqa: E402
 from e2v.expand import is_expanded  # noqa: E402
 from e2v.parts import CLIP_VIT_H  # noqa: E402
 from e2v.plan import build_meta_transformer, encoder_bytes  # noqa: E402
+from e2v.schema import PATCH, latent_size  # noqa: E402
+from e2v.tiny import TINY_CLIP_TOKENS  # noqa: E402
 from e2v.trainable import setup_training  # noqa: E402
 
 GB = 2**30
@@ -109,11 +112,10 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
 
 def tokens(cfg: Config) -> tuple[int, int]:
     """(video tokens S, context tokens C) of one sample."""
-    h, w = cfg.data.resolution
-    t = (cfg.data.num_frames - 1) // 4 + 1
+    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution)
     clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
-    per_ref = 17 if cfg.model.preset == "tiny" else CLIP_VIT_H[0]  # tiny CLIP: 32 px / patch 8 -> 16 + 1
-    return t * (h // 16) * (w // 16), 512 + per_ref * clip
+    per_ref = TINY_CLIP_TOKENS if cfg.model.preset == "tiny" else CLIP_VIT_H[0]
+    return t * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
 
 
 def activation_terms(s: int, ctx: int, c: ModelCounts) -> tuple[float, float]:

@@ -31,7 +31,7 @@ from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.media import load_image  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
 from e2v.precision import fp32_kept_params, kept_in_fp32, restore_fp32_params  # noqa: E402
-from e2v.sampling import decode, generate, load_trained, reference_frames  # noqa: E402
+from e2v.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.viz import write_mp4  # noqa: E402
 
 
@@ -126,7 +126,7 @@ def main(argv=None):
     v = cfg.validation
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
-    drop = reference_frames(cfg, list(images)) if args.drop_frames == "ref" else int(args.drop_frames)
+    drop = cfg.reference_frames(list(images)) if args.drop_frames == "ref" else int(args.drop_frames)
     single = args.out.suffix == ".mp4"
     if single and (len(prompts) > 1 or args.num_videos > 1 or args.also_base):
         raise SystemExit("--out FILE.mp4 takes one prompt and one video; give a folder for more")
