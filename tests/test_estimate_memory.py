@@ -132,15 +132,36 @@ def test_activation_formula_matches_saved_bytes(heads, head_dim, ffn, layers, fr
 
 
 def test_plans_the_14b_e2v_lora_onto_a_24_gb_gpu(capsys, monkeypatch):
-    """The README's 24 GB line: the 14B E2V config fits one 24 GB card only with ZeRO-3 offload,
-    checkpointing and activation offload (the CLI's own output)."""
-    monkeypatch.setattr(sys, "argv", ["estimate_memory.py", "--config", str(ROOT / "configs/e2v.yaml"),
-                                      "--gpus", "1", "--gpu-mem-gb", "24"])
-    em.main()
-    out = capsys.readouterr().out
-    assert "16.50B params" in out
+    """The README's 24 GB lines: online, the resident encoders (13.4 GB) leave no configuration that
+    fits; from the cache the 14B E2V config fits one 24 GB card with ZeRO-3 offload, checkpointing
+    and activation offload (the CLI's own output)."""
+    def run(*sets):
+        monkeypatch.setattr(sys, "argv", ["estimate_memory.py", "--config", str(ROOT / "configs/e2v.yaml"),
+                                          "--gpus", "1", "--gpu-mem-gb", "24", *sets])
+        em.main()
+        return capsys.readouterr().out
+
+    online = run()
+    assert "16.50B params" in online and "first that fits: none" in online
+    cached = run("--set", "cache.enabled=true")
     assert ("first that fits: deepspeed.config=ds_configs/zero3_offload.json train.gradient_checkpointing=true "
-            "train.activation_offload=true") in out
+            "train.activation_offload=true") in cached
+
+
+def test_resident_encoders_are_counted_from_their_real_configs():
+    """UMT5-XXL's encoder (5.68 B parameters, bf16), CLIP ViT-H/14's vision tower (0.63 B, fp32) and
+    the Wan VAE (0.13 B, fp32), built on the meta device; nothing with the cache, no CLIP for T2V."""
+    from e2v.config import load_config
+    from e2v.plan import encoder_bytes
+
+    cfg = load_config(ROOT / "configs/e2v.yaml", check_paths=False)
+    b = encoder_bytes(cfg)
+    assert round(b["text_encoder"] / 2 / 1e9, 2) == 5.68 and round(b["image_encoder"] / 4 / 1e9, 2) == 0.63
+    assert round(b["vae"] / 4 / 1e9, 2) == 0.13
+    assert encoder_bytes(load_config(ROOT / "configs/e2v.yaml", ["cache.enabled=true"], check_paths=False)) == {}
+    assert set(encoder_bytes(load_config(ROOT / "configs/t2v_lora.yaml", check_paths=False))) == {"vae", "text_encoder"}
+    gb = em.estimate(cfg, 1, 80)["rows"][0]["encoders_gb"]
+    assert gb == pytest.approx(sum(b.values()) / 2**30)
 
 
 def test_communication_buckets_come_from_the_ds_config():
