@@ -80,8 +80,10 @@ def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[st
         "version": CACHE_VERSION,
         "video": _file_stamp(s.video) if s.video.exists() else f"{s.video} missing",
         "prompt": s.prompt,
+        # fps only when set: by-index entries written before data.fps existed stay valid
         "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]} stride={d.frame_stride} "
-                             f"video_resize={d.video_resize} reshape={d.reshape_mode}",
+                             + (f"fps={float(d.fps)!r} " if d.fps is not None else "")
+                             + f"video_resize={d.video_resize} reshape={d.reshape_mode}",
         "element_config": json.dumps([to_dict(e) for e in d.elements], sort_keys=True),
         "processors": json.dumps({"vae": {"combine": pv.combine, "default_preprocess": pv.default_preprocess,
                                           "frame_conditioning": pv.frame_conditioning, "frame_index": pv.frame_index},
