@@ -7,7 +7,8 @@ are preprocessed here so DataLoader workers do it in parallel with the step.
 
 Buckets: every sample trains at a (F, H, W) bucket: F is `data.num_frames`, or with
 `auto_frame_buckets` the largest of `frame_buckets` the clip supports (`time_division_factor`:
-every k * factor + 1 up to num_frames); (H, W) is
+every k * factor + 1 up to num_frames), counting the clip's frames at `data.fps` when set
+(media.supported_frames, as tools/check_dataset.py does); (H, W) is
 `data.resolution`, or the `resolution_buckets` entry nearest the clip's aspect ratio. A batch
 holds one bucket, and all ranks take the same bucket at every step (the global batch is drawn
 first, then split by rank), so nothing waits on a rank with a different shape.
@@ -32,10 +33,10 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from e2v.cache import CacheStore
-from e2v.config import Config
+from e2v.config import Config, ConfigError
 from e2v.elements import Problem, Sample, discover, sample_bucket
-from e2v.media import (MediaError, TooShortError, image_to_tensor, load_image, load_video, preprocess_image,
-                       probe_video)
+from e2v.media import (MediaError, NoClockError, TooShortError, check_clock, image_to_tensor, load_image,
+                       load_video, preprocess_image, probe_video, supported_frames)
 from e2v.schema import frame_bucket_list
 
 Bucket = tuple[int, int, int]  # (F, H, W)
@@ -53,24 +54,26 @@ def uses_buckets(cfg: Config) -> bool:
 
 
 def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
-    """The clip's bucket; MediaError when the clip is too short for every frame bucket."""
+    """The clip's bucket; MediaError when the clip is too short for every frame bucket. `frames`
+    is what the clip supports: media.supported_frames (with data.fps, its samples at that rate)."""
     d = cfg.data
+    at = f" at data.fps {d.fps:g}" if d.fps is not None else ""
 
-    def span(f: int) -> int:  # source frames a count of f needs at this stride
+    def span(f: int) -> int:  # source frames (with fps: samples at that rate) a count of f needs at this stride
         return (f - 1) * d.frame_stride + 1
 
     if d.auto_frame_buckets:
         fits = [f for f in frame_bucket_list(cfg) if span(f) <= frames]
         if not fits:
             shortest = frame_bucket_list(cfg)[0]
-            raise TooShortError(f"too short: {frames} frames, the shortest frame bucket {shortest} needs {span(shortest)} "
-                             f"(frame_stride {d.frame_stride})")
+            raise TooShortError(f"too short: {frames} frames{at}, the shortest frame bucket {shortest} needs "
+                                f"{span(shortest)} (frame_stride {d.frame_stride})")
         f = fits[-1]
     else:
         f = d.num_frames
         if span(f) > frames:
-            raise TooShortError(f"too short: {frames} frames, data.num_frames {f} needs {span(f)} (frame_stride "
-                             f"{d.frame_stride}); lower num_frames or turn on data.auto_frame_buckets")
+            raise TooShortError(f"too short: {frames} frames{at}, data.num_frames {f} needs {span(f)} (frame_stride "
+                                f"{d.frame_stride}); lower num_frames or turn on data.auto_frame_buckets")
     h, w = d.resolution
     if d.resolution_buckets:  # nearest aspect ratio, in log space (2:1 and 1:2 are equally far from 1:1)
         aspect = math.log(width / height)
@@ -87,7 +90,8 @@ def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list
     def probe(s: Sample):
         try:
             info = probe_video(s.video)
-            s.bucket = choose_bucket(info.frames, info.height, info.width, cfg)
+            frames = supported_frames(s.video, info.frames, cfg.data.fps)
+            s.bucket = choose_bucket(frames, info.height, info.width, cfg)
             return None
         except TooShortError as e:
             return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
@@ -127,6 +131,16 @@ def bucket_counts(samples: list[Sample], cfg: Config) -> Counter:
 # --- indexing ----------------------------------------------------------------------------------
 
 
+def require_clocks(samples: list[Sample]) -> None:
+    """data.fps samples by time: a clip without timestamps (.npz) is a config error, not a bad
+    sample to skip (the config asks for what the files cannot give), named with its fix."""
+    for s in samples:
+        try:
+            check_clock(s.video)
+        except NoClockError as e:
+            raise ConfigError(f"sample {s.id}: {e}") from None
+
+
 def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None) -> list[Sample]:
     """Every sample of every dataset, with its bucket. Problems are reported by name: with
     on_bad_sample error they stop here, with skip the samples are left out, listed, and appended
@@ -135,6 +149,8 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     for i, ds in enumerate(cfg.data.datasets):
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
                                 cfg.data.allow_outside_root)
+        if cfg.data.fps is not None:
+            require_clocks(found)
         probs += assign_buckets(found, cfg)
         bad = {p.sample for p in probs}
         samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
@@ -206,7 +222,7 @@ class E2VDataset(torch.utils.data.Dataset):
             return self.cache.load(s)
         d = self.cfg.data
         f, h, w = sample_bucket(s, self.cfg)
-        video = load_video(s.video, f, h, w, stride=d.frame_stride,
+        video = load_video(s.video, f, h, w, stride=d.frame_stride, fps=d.fps,
                            resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
         images = {el.name: load_image(s.elements[el.name], d.max_image_pixels)
                   for el in self.elements if el.name in s.elements}

@@ -209,18 +209,77 @@ def probe_video(path: str | Path) -> VideoInfo:
     return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
 
 
-def frame_intervals(path: str | Path) -> np.ndarray:
-    """Seconds between consecutive frames, from the container's presentation timestamps; empty for
-    `.npz` (no clock) and one-frame clips. A constant-rate clip has one value throughout."""
-    path = Path(path)
-    if path.suffix == ".npz":
-        return np.zeros(0)
-    vr = _reader(path)
+class NoClockError(MediaError):
+    """data.fps asks for a clip's timestamps, and the clip (.npz frames) has none."""
+
+
+def check_clock(path: str | Path) -> None:
+    """NoClockError, naming the file and the fix, for a clip without timestamps (`.npz` frames)."""
+    if Path(path).suffix == ".npz":
+        raise NoClockError(f"{path}: .npz frames have no timestamps, so data.fps cannot sample them by time; "
+                           "remove data.fps (frames are then taken by index) or give the clip as a video file (mp4)")
+
+
+def frame_times(path: str | Path) -> np.ndarray:
+    """Presentation time (seconds) of every frame, from the container's timestamps (read from the
+    index: nothing is decoded). `.npz` frames have no clock: check_clock's error."""
+    check_clock(path)
+    return _frame_times(_reader(path), path)
+
+
+def _frame_times(vr, path) -> np.ndarray:
     try:
+        # [F, 2] (start, end); only the start is the container's: decord writes end as start + the
+        # stream's nominal frame duration, which a variable-rate clip does not keep
         starts = vr.get_frame_timestamp(list(range(len(vr))))[:, 0]
     except Exception as e:
         raise MediaError(f"cannot read the frame timestamps of {path}: {e}") from e
-    return np.diff(starts)
+    if np.any(np.diff(starts) < 0) or not np.isfinite(starts).all():
+        raise MediaError(f"{path}: frame timestamps are not increasing; re-encode the clip, e.g. "
+                         "ffmpeg -i IN -fps_mode cfr -r 16 OUT")
+    return starts
+
+
+def frame_intervals(path: str | Path) -> np.ndarray:
+    """Seconds between consecutive frames; empty for `.npz` (no clock) and one-frame clips. A
+    constant-rate clip has one value throughout."""
+    if Path(path).suffix == ".npz":
+        return np.zeros(0)
+    return np.diff(frame_times(path))
+
+
+def frames_at_rate(times: np.ndarray, fps: float) -> int:
+    """Frames a clip with these frame times gives when sampled every 1/fps seconds from its first
+    frame: the target times t_0 + k / fps up to the last frame's time plus half a period (its frame
+    is then the nearest, at most half a period off). A constant-rate clip at its own rate gives
+    all its frames; at half its rate, about half. The frame-count rule of by-time sampling, for the
+    buckets (supported_frames) and for loading (time_indices) alike."""
+    if len(times) == 0:
+        return 0
+    return int(np.floor((times[-1] - times[0]) * fps + 0.5 + 1e-9)) + 1  # 1e-9: float noise at a whole count
+
+
+def time_indices(times: np.ndarray, fps: float, num_frames: int, stride: int = 1) -> list[int]:
+    """By-time sampling: for t_k = t_0 + k * stride / fps (k < num_frames) the index of the frame
+    whose time is nearest t_k (a tie takes the earlier frame). The clip is first sampled at fps,
+    then every stride-th sample is taken, as frame_indices does by index. Frames repeat when fps is
+    above the clip's rate and are skipped when below; too short is TooShortError as by index."""
+    need = (num_frames - 1) * stride + 1
+    have = frames_at_rate(times, fps)
+    if need > have:
+        raise TooShortError(f"too short: needs {need} frames at data.fps {fps:g} (num_frames {num_frames}, stride "
+                            f"{stride}) but its {times[-1] - times[0]:.3f} s give {have}")
+    targets = times[0] + np.arange(0, need, stride) / fps
+    after = np.clip(np.searchsorted(times, targets, side="left"), 0, len(times) - 1)  # first frame at or after
+    before = np.clip(after - 1, 0, len(times) - 1)
+    return np.where(targets - times[before] <= times[after] - targets, before, after).tolist()
+
+
+def supported_frames(path: str | Path, frames: int, fps: float | None) -> int:
+    """Frames a clip of `frames` frames gives the frame-count and bucket rules (e2v/data.py's
+    choose_bucket, tools/check_dataset.py): all of them by index (data.fps null), else
+    frames_at_rate of its timestamps."""
+    return frames if fps is None else frames_at_rate(frame_times(path), fps)
 
 
 def _check_channels(frame_shape, path) -> None:
@@ -297,11 +356,15 @@ def _crop_box(hw: tuple[int, int], height: int, width: int) -> tuple[slice, slic
 
 
 def load_video(path: str | Path, num_frames: int, height: int, width: int, *, stride: int = 1,
-               resize_mode: str = "center_crop", reshape_mode: str = "bicubic") -> torch.Tensor:
-    """Decode `num_frames` frames (from the first, `stride` apart) -> uint8 video_CFHW.
-    `.npz` files hold uint8 frames [F,H,W,3] under `frames` (the T2V seed format)."""
+               fps: float | None = None, resize_mode: str = "center_crop",
+               reshape_mode: str = "bicubic") -> torch.Tensor:
+    """Decode `num_frames` frames (from the first, `stride` apart; with `fps`, by time:
+    time_indices) -> uint8 video_CFHW. `.npz` files hold uint8 frames [F,H,W,3] under `frames`
+    (the T2V seed format) and have no clock: `fps` with one is NoClockError."""
     path = Path(path)
     if path.suffix == ".npz":
+        if fps is not None:
+            check_clock(path)
         try:
             with np.load(path) as z:
                 frames = z["frames"]
@@ -313,8 +376,10 @@ def load_video(path: str | Path, num_frames: int, height: int, width: int, *, st
             raise type(e)(f"{path}: {e}") from None
         return frames_to_video(frames[idx], height, width, resize_mode, reshape_mode)
     vr = _reader(path)
+    times = None if fps is None else _frame_times(vr, path)
     try:
-        idx = frame_indices(len(vr), num_frames, stride)
+        idx = frame_indices(len(vr), num_frames, stride) if times is None else time_indices(times, fps, num_frames,
+                                                                                            stride)
         frames = vr.get_batch(idx).asnumpy()
     except MediaError as e:
         raise type(e)(f"{path}: {e}") from None

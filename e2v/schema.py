@@ -111,7 +111,11 @@ class Data:
     resolution_policy: Literal["error", "round"] = "error"  # sizes not a multiple of 16
     reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = cached("bicubic")
     video_resize: Literal["center_crop", "resize"] = cached("center_crop")  # how clips reach resolution
-    frame_stride: int = bounded(1, min=1, shapes_cache=True)  # take every n-th frame of the clip
+    # take every n-th frame of the clip (with fps: every n-th sample)
+    frame_stride: int = bounded(1, min=1, shapes_cache=True)
+    # Sample frames by time at this rate from the container's timestamps (the frame nearest each
+    # t0 + k / fps), so a variable-rate clip keeps its motion speed; null: by index. Not for .npz.
+    fps: Optional[float] = bounded(None, gt=0, note="(null samples frames by index)", shapes_cache=True)
     # Video regression seed: each clip trains at its largest k * factor + 1 frames up to num_frames
     # (auto frame buckets in steps of factor, so a short clip trains shorter instead of failing).
     time_division_factor: Optional[int] = None

@@ -187,10 +187,9 @@ class Validator:
     def video_inputs(self) -> list[tuple[str, dict]]:
         """(prompt, element images) to generate from: `validation.sets`, else the first
         `validation.num_videos` held-out samples with their own references."""
-        v = self.cfg.validation
-        if v.sets:
-            return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in v.sets]
-        return [(s.prompt, {k: load_image(p) for k, p in s.elements.items()}) for s in self.samples[: v.num_videos]]
+        v, limit = self.cfg.validation, self.cfg.data.max_image_pixels
+        chosen = v.sets or self.samples[: v.num_videos]
+        return [(s.prompt, {k: load_image(p, limit) for k, p in s.elements.items()}) for s in chosen]
 
     def videos(self, model, step: int, parts=None) -> int:
         """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip. Returns the count."""

@@ -5,8 +5,9 @@
         [--json report.json] [--contact-sheet DIR] [--workers N]
 
 Per sample: the video decodes (first, middle and last frame), its frame count fits a frame bucket
-(too short = error), its fps is near the dataset's median and constant (variable frame rate: a
-warning); its size and aspect against the target (upscaling, heavy cropping: warnings); required
+(too short = error; with data.fps, counted at that rate), its fps is near the dataset's median
+and constant (variable frame rate: a warning; with data.fps, not below that rate instead); its
+size and aspect against the target (upscaling, heavy cropping: warnings); required
 elements present and loadable, element image size (over data.max_image_pixels: error) and mode;
 empty captions and captions that are not UTF-8 (errors), duplicate captions and captions over the
 text encoder's 512 tokens (warnings: the rest is cut off); paths outside the dataset root (error
@@ -43,8 +44,8 @@ from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.data import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
 from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
-from e2v.media import (ImageTooLargeError, MediaError, TooShortError, frame_intervals, load_image,  # noqa: E402
-                       probe_video)
+from e2v.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, frame_intervals,  # noqa: E402
+                       load_image, probe_video, supported_frames)
 from e2v.models import load_tokenizer  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
@@ -110,7 +111,8 @@ def _check_sample(job: tuple) -> dict:
     except Exception as e:  # decord raises its own types on truncated streams
         add(s.video, f"cannot decode frames: {str(e).splitlines()[0][:200]}", "re-encode or replace the clip",
             "video_unreadable")
-    if frames is not None and s.video.suffix != ".npz":
+    # with data.fps frames are taken by time, so a variable rate keeps its motion speed: nothing to warn
+    if frames is not None and s.video.suffix != ".npz" and cfg.data.fps is None:
         try:
             gaps = frame_intervals(s.video)
         except MediaError as e:
@@ -118,11 +120,12 @@ def _check_sample(job: tuple) -> dict:
             add(s.video, str(e), "re-encode the clip", "video_unreadable", "warning")
         if len(gaps) and gaps.min() > 0 and gaps.max() / gaps.min() > VFR_RATIO:
             add(s.video, f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so motion "
-                "speed changes within the clip (frames are taken by index)", "re-encode at a constant rate, "
-                "e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT", "variable_fps", "warning")
+                "speed changes within the clip (frames are taken by index)", "set data.fps (frames by time), or "
+                "re-encode at a constant rate, e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT", "variable_fps", "warning")
     if info is not None:
         try:
-            f, h, w = choose_bucket(info.frames, info.height, info.width, cfg)
+            f, h, w = choose_bucket(supported_frames(s.video, info.frames, cfg.data.fps), info.height, info.width,
+                                    cfg)
             out["bucket"] = [f, h, w]
             if info.height < h or info.width < w:
                 add(s.video, f"{info.width}x{info.height} is upscaled to its {w}x{h} bucket (blurry target)",
@@ -133,6 +136,11 @@ def _check_sample(job: tuple) -> dict:
                     "of each frame", "add a data.resolution_buckets entry of this aspect", "aspect", "warning")
         except TooShortError as e:
             add(s.video, str(e), "use a longer clip, or allow shorter data.frame_buckets", "too_short")
+        except NoClockError as e:
+            problem, fix = str(e).replace(f"{s.video}: ", "").split("; ", 1)
+            add(s.video, problem, fix, "no_clock")
+        except MediaError as e:  # unreadable timestamps
+            add(s.video, str(e).replace(f"{s.video}: ", ""), "re-encode the clip", "video_unreadable")
     for name, path in s.elements.items():
         try:
             with Image.open(path) as raw:
@@ -193,13 +201,19 @@ def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int
             problems.append(Problem(s.id, s.prompt_source, f"duplicate caption (same as {group[0].id})",
                                     "describe what differs between the clips", "duplicate_caption", "warning"))
     fps = [r["fps"] for r in results if r.get("fps")]
-    if fps:
+    if cfg.data.fps is not None:  # frames by time: a faster clip loses frames evenly, a slower one repeats them
+        for r in results:
+            if r.get("fps") and cfg.data.fps / r["fps"] > FPS_RATIO:
+                problems.append(Problem(r["id"], r["video"], f"{r['fps']:.1f} fps, below data.fps {cfg.data.fps:g}: "
+                                        "frames repeat, so motion stutters", "use a clip of at least data.fps, or "
+                                        "lower data.fps", "fps_below_rate", "warning"))
+    elif fps:
         median = statistics.median(fps)
         for r in results:
             if r.get("fps") and max(r["fps"] / median, median / r["fps"]) > FPS_RATIO:
                 problems.append(Problem(r["id"], r["video"], f"{r['fps']:.1f} fps against the dataset's {median:.1f}: "
-                                        "motion plays at a different speed", "resample to the common fps or use "
-                                        "data.frame_stride per dataset", "fps_outlier", "warning"))
+                                        "motion plays at a different speed", "resample to the common fps, or set "
+                                        "data.fps (frames by time)", "fps_outlier", "warning"))
     trainable = [s for s, r in zip(samples, results) if not any(p["severity"] == "error" for p in r["problems"])]
     for s, r in zip(samples, results):
         s.bucket = tuple(r["bucket"]) if "bucket" in r else None

@@ -85,7 +85,7 @@ def read_elements(args, cfg) -> dict:
             raise SystemExit(f"--element {spec!r}: expected NAME=IMAGE, e.g. person=a.png")
         if name not in names:
             raise SystemExit(f"--element {name}: not an element of {args.config}; its elements are {sorted(names)}")
-        images[name] = load_image(path)
+        images[name] = load_image(path, cfg.data.max_image_pixels)
     if images and cfg.e2v_type == "none":
         raise SystemExit(f"{args.config} trains plain T2V (e2v_type: none): it takes no --element")
     missing = [e.name for e in cfg.data.elements if e.required and e.name not in images]

@@ -87,7 +87,8 @@ def timed_load_video(decode, phases: Phases):
     """e2v.media.load_video with a given decoder, decode and resize timed apart."""
     from e2v.media import frames_to_video
 
-    def load_video(path, num_frames, height, width, *, stride=1, resize_mode="center_crop", reshape_mode="bicubic"):
+    def load_video(path, num_frames, height, width, *, stride=1, fps=None, resize_mode="center_crop",
+                   reshape_mode="bicubic"):
         with phases("decode"):
             frames = decode(path)
         with phases("resize_to_tensor"):
