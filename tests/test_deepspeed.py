@@ -88,13 +88,16 @@ def zero2_runs(ds_runs):
 
 def test_zero2_offload_checkpointing_and_activation_offload_keep_the_losses(zero2_runs):
     """Optimizer offload runs the same torch AdamW on the same fp32 partitions, on the CPU; gradient
-    checkpointing recomputes the same ops; activation offload is a no-op without CUDA:
-    bit-identical losses and gradient norms."""
+    checkpointing recomputes the same ops; activation offload is a no-op without CUDA. The first
+    loss is bit-identical (the same forward); the gradient norm is summed over differently laid-out
+    buffers with offload (DeepSpeed's CPU copies), which moves it by an ulp (1.01261663 against
+    1.01261652 here), and clipping by that norm moves the later losses by as little: rel 1e-6."""
     plain, ckpt = zero2_runs
     assert sorted(plain) == sorted(ckpt) == [1, 2, 3, 4]
+    assert ckpt[1]["train/loss"] == plain[1]["train/loss"]
     for step in plain:
-        assert ckpt[step]["train/loss"] == plain[step]["train/loss"], step
-        assert ckpt[step]["train/grad_norm"] == plain[step]["train/grad_norm"], step
+        assert ckpt[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-6, abs=0), step
+        assert ckpt[step]["train/grad_norm"] == pytest.approx(plain[step]["train/grad_norm"], rel=1e-6, abs=0), step
 
 
 def test_zero2_and_zero3_offload_train_the_same_model(zero2_runs, zero3_offload_run):
