@@ -1,7 +1,9 @@
 """The config schema: every key a user can write is a field of the dataclasses below, its bounds
-declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks), plus the rules
-several modules need, each written once: the frame-bucket list, the 16-channel base of plain
-text-to-video, and what training from the cache rules out.
+declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whether it shapes
+the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
+modules need, each written once: the Wan VAE's strides and the latent size, the reference-frame
+count, the frame-bucket list, the 16-channel base of plain text-to-video. About 420 lines: the
+schema is one table a user reads through; splitting it would scatter the keys of one YAML.
 
 Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
 foreign formats in e2v/seed_formats.py.

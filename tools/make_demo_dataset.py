@@ -27,6 +27,10 @@ decord decodes to the same frames on every run, about 1 level (of 255) mean abso
 the rendered frames (`--verify` measures it).  4:2:0 chroma roughly triples that at 64 px (colour
 edges bleed) and OpenCV's 'mp4v' quadruples it, so neither is used.
 
+Length: one generator read top to bottom (the sample's parameters, the renderers of subject,
+object and background, the writers), about 470 lines; split across files it would need its drawing
+order kept in step by hand, which is what makes a sample depend only on the seed and its index.
+
 Idempotent: a `.generating` marker (the parameters) is written before the first sample and
 `.complete` (the same parameters) after the last, each file is written to `.tmp/` and renamed into
 place.  A complete dataset with the same parameters is left alone unless --force; a half-written
