@@ -72,8 +72,14 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
     config = WanTransformer3DModel.load_config(str(folder))
     # The weights come from the files: skip the random init (minutes for 14B), and leave the
     # training RNG where from_pretrained leaves it (it builds on the meta device, drawing nothing).
-    with torch.random.fork_rng(devices=[]), no_init_weights(), \
-            deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+    # The partitions' dtype comes from the ds_config's bf16 flag, which the training dtype sets
+    # (config.resolve_deepspeed_config): zero.Init's own `dtype` argument is misread in deepspeed
+    # 0.19 on an accelerator without fp16 (`dtype or fp16 if fp16 else bf16` makes a CPU fp32 run
+    # bf16), so it is not passed.
+    ds_bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
+    if ds_bf16 != (dtype == torch.bfloat16):
+        raise RuntimeError(f"zero3 load: the ds_config's bf16.enabled={ds_bf16} does not match the dtype {dtype}")
+    with torch.random.fork_rng(devices=[]), no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = WanTransformer3DModel.from_config(config)
     # zero.Init's tensor-constructor override also reaches the rope tables computed in __init__
     # (they come out fp32 but not equal to a plain build): rebuild them outside it, on the device

@@ -167,6 +167,9 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
         model, _ = zero3_load.load_transformer_zero3(tmp_path / "transformer", ds, torch.float32)
         buffers = dict(model.named_buffers())
         assert buffers and all(b.device == META for b in buffers.values()), {n: b.device for n, b in buffers.items()}
+        # and the partitions in the training dtype: deepspeed 0.19's zero.Init turns an fp32 `dtype`
+        # argument into bf16 on a CPU accelerator, so the load takes it from the ds_config instead
+        assert {p.ds_tensor.dtype for p in model.parameters()} == {torch.float32}
     finally:
         if created:
             torch.distributed.destroy_process_group()
