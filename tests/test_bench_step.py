@@ -17,6 +17,9 @@ import pytest
 import torch
 
 from conftest import read_scalars
+
+# It runs train_e2v.py's training loop in this process: a training run, so `make test` only.
+pytestmark = pytest.mark.train
 from tools.benchlib.common import TINY_CONFIG, Phases, config_sets, make_config
 from tools.benchlib.step import init_single_rank
 from tools.benchlib.steps import setup
