@@ -196,7 +196,8 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     enc = sum(encoder_bytes(cfg).values())
     runtime = RUNTIME_GB * GB
     train = weights + grads + optimizer + buffers + act + enc + runtime
-    whole_load = not zero3 or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None
+    whole_load = (not zero3 or cfg.model.preset == "tiny"  # the tiny preset is built whole on every rank
+                  or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
     load = (e * (pt + pf) if whole_load else weights) + enc + runtime
     per_rank = dict(weights=weights, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
                     encoders=enc, runtime=runtime)

@@ -68,12 +68,14 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def run_measured(name: str, cmd: list[str], log_dir: Path, timeout: float = 900) -> dict:
+def run_measured(name: str, cmd: list[str], log_dir: Path, timeout: float = 900, procs: int = 1) -> dict:
     """Run `cmd` in the repository root; its output goes to log_dir/<name>.log. Returns rc, wall
     time and peak memory (GiB)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if procs > 1:  # each rank's torch threads on its share of the cores: 2 x 2 threads on 2 cores thrash
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
     t0 = time.perf_counter()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)

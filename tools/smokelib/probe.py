@@ -5,10 +5,11 @@ fresh transformer read from the base folder the plain diffusers way: expand_from
 recorded shape), e2v.sampling.load_trained (diffusers' Wan LoRA loader with the adapter metadata,
 then export.load_extra_modules for the modules trained in full).
 
-Both sides run in bf16. DeepSpeed's bf16 mode casts every module to bf16, diffusers' fp32-kept
-ones included, and holds the trained values as fp32 masters, whose bf16 rounding is what the
-engine computes with; the export writes the fp32 masters. So the reload, cast to bf16 whole, has
-the engine's exact weights, and the two outputs should agree to bf16 rounding of the same ops.
+Both sides run in bf16 as the trainer sets them up: the transformer read with torch_dtype bf16
+(diffusers keeps its fp32 modules in fp32; the engine restores those after DeepSpeed's cast,
+e2v/precision.py), the trained values the bf16 rounding of the fp32 masters the export writes (the
+modules trained in full keep the bf16 dtype expansion gave them). A blanket `.to(bf16)` of the
+reload would instead round the frozen fp32 modules and move the output by about one bf16 ulp.
 The control is the untrained expanded base on the same input: the export must be far closer to the
 engine than the base is, or the check could not tell a lost LoRA from a loaded one."""
 
@@ -68,10 +69,10 @@ def check_export(t2v_folder: Path, lora_dir: Path, probe_path: Path, engine_out_
     probe = {k: v.to(dtype) if k != "timestep" else v for k, v in torch.load(probe_path).items()}
     engine = torch.load(engine_out_path).float()
     t2v = WanTransformer3DModel.from_pretrained(str(t2v_folder), subfolder="transformer", torch_dtype=dtype)
-    model = expand_from_export(t2v, lora_dir).to(dtype)
+    model = expand_from_export(t2v, lora_dir)
     with torch.no_grad():
         base = model(**probe, return_dict=False)[0].float()
-        model = load_trained(model, lora_dir).to(dtype)  # the cast DeepSpeed's bf16 mode applies
+        model = load_trained(model, lora_dir)
         exported = model(**probe, return_dict=False)[0].float()
     scale = engine.abs().max().item()
     diff, control = (exported - engine).abs().max().item(), (base - engine).abs().max().item()
