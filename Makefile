@@ -11,7 +11,7 @@ DEMO_DATA ?= demo_data
 NUM_GPUS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-fast bench check-data clean-demo
+.PHONY: install demo test test-fast bench check-data clean-demo smoke-real gpu-check
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
@@ -37,6 +37,15 @@ test-fast: install
 
 bench: install
 	$(PY) tools/bench.py
+
+# Real Wan2.1 shapes (random weights, built offline into smoke_real/) through the launcher on this
+# machine's CPU: < 20 min, < 20 GB (tools/smoke_real.py). Not part of `make test`.
+smoke-real: install
+	$(PY) tools/smoke_real.py
+
+# On a CUDA machine: the checks a GPU user runs first -> bench/RESULTS_GPU.md (tools/gpu_check.py).
+gpu-check: install
+	$(PY) tools/gpu_check.py
 
 CONFIG ?= configs/e2v_tiny.yaml
 check-data: install

@@ -174,3 +174,24 @@ def test_communication_buckets_come_from_the_ds_config():
         gather = z["stage3_prefetch_bucket_size"] if z["stage"] == 3 else z["allgather_bucket_size"]
         assert em.buffer_bytes(name, 2) == 2 * (z["reduce_bucket_size"] + gather) == 2e9
         assert em.buffer_bytes(name, 4) == 4e9
+
+
+def test_cpu_mode_puts_every_term_in_host_memory():
+    """--cpu (a run with no GPU): the node total is the ranks' larger phase (load or training) plus
+    the launcher; ZeRO-3 splits weights and optimizer over the ranks, ZeRO-2 only the optimizer.
+    tools/smoke_real.py checks the figures against measured peaks at real shapes."""
+    from e2v.config import load_config
+
+    def cpu(ds, procs):
+        cfg = load_config(str(ROOT / "configs/e2v_tiny.yaml"), [f"deepspeed.config=ds_configs/{ds}"], check_paths=False)
+        return em.estimate_cpu(cfg, procs)
+
+    z2, z2_two, z3_two = cpu("zero2_offload.json", 1), cpu("zero2_offload.json", 2), cpu("zero3.json", 2)
+    for r in (z2, z2_two, z3_two):
+        assert sum(r["per_rank_gb"].values()) == pytest.approx(r["train_per_rank_gb"])
+        peak = max(r["train_per_rank_gb"], r["load_per_rank_gb"])
+        assert r["node_total_gb"] == pytest.approx(r["procs"] * peak + em.LAUNCHER_GB)
+    assert z2_two["per_rank_gb"]["optimizer"] == pytest.approx(z2["per_rank_gb"]["optimizer"] / 2)
+    assert z2_two["per_rank_gb"]["weights"] == pytest.approx(z2["per_rank_gb"]["weights"])
+    assert z3_two["per_rank_gb"]["weights"] < z2["per_rank_gb"]["weights"]
+    assert z2["per_rank_gb"]["encoders"] > 0  # the tiny run encodes online

@@ -4,6 +4,7 @@ one fits the GPUs. Estimates, not measurements: see the formulas below.
 
     python tools/estimate_memory.py --config configs/e2v.yaml --gpus 1 --gpu-mem-gb 24
     python tools/estimate_memory.py --config configs/e2v.yaml --gpus 8 --gpu-mem-gb 80 --set data.num_frames=49
+    python tools/estimate_memory.py --config configs/e2v_t2v_1.3b.yaml --cpu --procs 2   # CPU-only run
 
 Model states follow DeepSpeed's own estimators (estimate_zero2/3_model_states_mem_needs; a test
 checks they agree for a full fine-tune), extended to frozen weights, which hold only their 16-bit
@@ -31,6 +32,17 @@ bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per elem
 context, kernels' workspaces and fragmentation. Plus the frozen encoders an online run keeps on
 every GPU (e2v.plan.encoder_bytes: UMT5-XXL in bf16 10.6 GiB, CLIP ViT-H 2.4 GiB and the VAE 0.5
 GiB in fp32), none with cache.enabled.
+
+`--cpu`: a run with no GPU (DeepSpeed's CPU accelerator), where everything is host memory, summed
+over the --procs ranks on the node. Per rank, in training: the weights (ZeRO-3: a 1/G share plus
+the working layer), gradients e P_t (ZeRO-2's 16-bit gradients) + 4 P_t/G (the fp32 partition),
+optimizer 12 P_t/G (torch's AdamW, the CPU default: fp32 master + two moments), the activations as
+above, the communication buckets as far as they fill (min(bucket, P_t) elements: an empty() bucket
+never touched is not resident), the encoders, and RUNTIME_GB of interpreter, libraries and
+allocator slack; plus LAUNCHER_GB for the launcher processes. At load the whole transformer is
+read on every rank that does not partition at load (e P per rank, before any optimizer state), so
+the peak is the larger of the load and the training figure. Checked against the peak PSS of the
+process tree by tools/smoke_real.py (real shapes, 1 and 2 ranks).
 """
 
 from __future__ import annotations
@@ -59,6 +71,8 @@ SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json
 ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
 ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
 # Short names for the released Wan2.1 transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
+RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
+LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
 KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
                 "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}
 
@@ -163,6 +177,47 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
                 load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
 
 
+def estimate_cpu(cfg: Config, procs: int) -> dict:
+    """Host memory (GiB) of a CPU-only run of `cfg` with `procs` ranks on this machine: the
+    configured ds_config and checkpointing, every term per rank and the node total (module
+    docstring, `--cpu`)."""
+    from e2v.zero3_load import zero3_load_blocker
+
+    c = count_model(cfg)
+    s, ctx = tokens(cfg)
+    e = 2 if cfg.train.mixed_precision == "bf16" else 4
+    g, pt, pf = procs, c.trainable, c.frozen
+    z = json.loads((Path(__file__).resolve().parent.parent / cfg.deepspeed.config).read_text())["zero_optimization"]
+    zero3 = z["stage"] == 3
+    weights = e * (pt + pf) / g + 4 * c.largest_layer if zero3 else e * (pt + pf)
+    grads = (e * pt / g if zero3 else e * pt) + 4 * pt / g
+    optimizer = 12 * pt / g
+    gather = z.get("stage3_prefetch_bucket_size" if zero3 else "allgather_bucket_size", 5e8)
+    buffers = e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
+    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing)
+    enc = sum(encoder_bytes(cfg).values())
+    runtime = RUNTIME_GB * GB
+    train = weights + grads + optimizer + buffers + act + enc + runtime
+    whole_load = (not zero3 or cfg.model.preset == "tiny"  # the tiny preset is built whole on every rank
+                  or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
+    load = (e * (pt + pf) if whole_load else weights) + enc + runtime
+    per_rank = dict(weights=weights, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
+                    encoders=enc, runtime=runtime)
+    return dict(procs=g, ds_config=Path(cfg.deepspeed.config).name, per_rank_gb={k: v / GB for k, v in per_rank.items()},
+                train_per_rank_gb=train / GB, load_per_rank_gb=load / GB, whole_model_at_load=whole_load,
+                node_total_gb=(g * max(train, load) + LAUNCHER_GB * GB) / GB)
+
+
+def print_cpu(cfg: Config, procs: int) -> dict:
+    r = estimate_cpu(cfg, procs)
+    terms = ", ".join(f"{k} {v:.2f}" for k, v in r["per_rank_gb"].items())
+    print(f"CPU-only run, {procs} rank(s), {r['ds_config']}, checkpointing {cfg.train.gradient_checkpointing} "
+          f"(GiB per rank): {terms}\n  training {r['train_per_rank_gb']:.2f} per rank; load "
+          f"{r['load_per_rank_gb']:.2f} per rank ({'whole transformer on every rank' if r['whole_model_at_load'] else 'partitioned at load'})"
+          f"\n  peak host memory of the run: {r['node_total_gb']:.2f} GiB (launcher included)")
+    return r
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
@@ -172,9 +227,15 @@ def main() -> None:
     p.add_argument("--gpu-mem-gb", type=float, default=24.0)
     p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan2.1 transformer instead")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--cpu", action="store_true", help="a CPU-only run: everything in host memory (--procs ranks)")
+    p.add_argument("--procs", type=int, default=1, help="with --cpu: ranks on this machine")
     args = p.parse_args()
     model = [f"model.pretrained={KNOWN_MODELS[args.model]}", "model.preset=null"] if args.model else []
     cfg = load_config(args.config, args.set + model, check_paths=False)
+    if args.cpu:
+        r = estimate_cpu(cfg, args.procs)
+        print(json.dumps(r, indent=1)) if args.json else print_cpu(cfg, args.procs)
+        return
     r = estimate(cfg, args.gpus, args.gpu_mem_gb, args.nodes)
     if args.json:
         print(json.dumps(r, indent=1))

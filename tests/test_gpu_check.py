@@ -1,0 +1,50 @@
+"""tools/gpu_check.py's logic that runs without a GPU: the immediate exit without CUDA (one line,
+nothing written) and the report written from a result dict."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_without_cuda_it_exits_at_once_with_one_line(tmp_path):
+    before = {p: p.stat().st_mtime for p in (ROOT / "bench").rglob("*gpu*")}
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/gpu_check.py")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and "no CUDA device" in lines[0], lines
+    assert {p: p.stat().st_mtime for p in (ROOT / "bench").rglob("*gpu*")} == before, "nothing written"
+
+
+FAKE = {
+    "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.1, "torch": "2.13.0", "cuda": "12.8",
+    "date_utc": "2026-01-01 00:00 UTC", "passed": False,
+    "checks": {
+        "tiny_bf16": {"passed": True, "rc": 0, "wall_s": 20.0, "losses": {1: 1.1, 2: 1.0}},
+        "e2v_1.3b": {"passed": True,
+                     "e2v_1.3b_ckpt": {"passed": True, "step_time_after_first_s": 4.25,
+                                       "max_memory_allocated_gib": 21.5, "estimate_gib": 24.0},
+                     "e2v_1.3b_nockpt": {"passed": False, "step_time_after_first_s": None,
+                                         "max_memory_allocated_gib": None, "estimate_gib": 95.0}},
+        "overhead": {"passed": False, "rc": 1, "error": "KeyError: 'overhead'"},
+        "attention": {"passed": True, "backend": "flash", "sdp_flags": {"flash": True, "math": True},
+                      "attention_kernels": ["pytorch_flash::flash_fwd_kernel"]},
+    },
+}
+
+
+def test_report_from_a_result_dict(tmp_path):
+    from tools.gpu_check import write_report
+
+    md, js = write_report(FAKE, tmp_path / "RESULTS_GPU.md", tmp_path / "results" / "gpu.json")
+    text = md.read_text()
+    assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3")
+    assert "Overall: FAILED" in text
+    assert "| on | ok | 4.25 | 21.5 | 24.0 |" in text
+    assert "| off | FAILED | - | - | 95.0 |" in text
+    assert "FAILED: KeyError: 'overhead'" in text
+    assert "Kernel used: **flash**" in text and "`pytorch_flash::flash_fwd_kernel`" in text
+    assert json.loads(js.read_text())["gpu"] == FAKE["gpu"]
