@@ -13,6 +13,9 @@ import pytest
 from conftest import ROOT, Launch, early, starts_early
 from tools.benchlib.common import STEP_PHASES
 
+# The bench check runs DeepSpeed engine steps in its child process: a training run, `make test` only.
+pytestmark = pytest.mark.train
+
 
 @starts_early("bench_check")
 def _start_check(request) -> Launch:

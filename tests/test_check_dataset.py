@@ -1,6 +1,8 @@
 """tools/check_dataset.py on a dataset with one defect per sample: it must name each defect (sample
 and kind) and nothing else, exit 1 because some would fail training, and exit 0 on a clean set."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -99,18 +101,35 @@ def defect_set(root):
     return root, expected
 
 
-def run_check(tmp_path, data, *args, config=CONFIG):
+def run_check(tmp_path, data, *args, config=CONFIG, as_process=False):
+    """tools/check_dataset.py on `data` with 2 worker processes: its main() in this process (the
+    workers fork from it, no interpreter start-up), or, `as_process`, the command itself, for the
+    exit code and output a user sees. Returns (a CompletedProcess, the JSON report or None)."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(config.replace("DATA", str(data)))
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/check_dataset.py"), "--config", str(cfg), "--json",
-                           str(report), "--workers", "2", *args], cwd=tmp_path, capture_output=True, text=True)
+    argv = ["--config", str(cfg), "--json", str(report), "--workers", "2", *args]
+    if as_process:
+        proc = subprocess.run([sys.executable, str(ROOT / "tools/check_dataset.py"), *argv], cwd=tmp_path,
+                              capture_output=True, text=True)
+    else:
+        from tools import check_dataset
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = check_dataset.main(argv)
+            except SystemExit as e:  # what the command does with it: a message on stderr, exit 1
+                code = e.code if isinstance(e.code, int) else 1
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=sys.stderr)
+        proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
     return proc, json.loads(report.read_text()) if report.exists() else None
 
 
 def test_every_defect_named_and_nothing_else(tmp_path):
     data, expected = defect_set(tmp_path / "data")
-    proc, report = run_check(tmp_path, data, "--contact-sheet", str(tmp_path / "sheets"))
+    proc, report = run_check(tmp_path, data, "--contact-sheet", str(tmp_path / "sheets"), as_process=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # some samples would fail training
     found = {(p["sample"], p["kind"]) for p in report["problems"]}
     assert found == expected, f"missing {expected - found}, unexpected {found - expected}"

@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="write a PNG per sample: references | first, middle, last frame")
     args = p.parse_args(argv)
     # file names need not be UTF-8 (bytes become surrogates): print them escaped rather than crash
-    sys.stdout.reconfigure(errors="backslashreplace")
+    if hasattr(sys.stdout, "reconfigure"):  # a real stream (not a test's StringIO)
+        sys.stdout.reconfigure(errors="backslashreplace")
     if not args.config and not args.data_root:
         p.error("give --config or --data_root")
     try:
