@@ -110,7 +110,7 @@ def test_seed_json_unknown_keys_fail_with_the_path(tmp_path, demo_data):
 
 
 def section_1_verbatim() -> dict:
-    """SEED_FORMATS.md section 1 exactly as users have it: 854 wide."""
+    """The nested seed example of docs/formats.md exactly as users have it: 854 wide."""
     raw = copy.deepcopy(NESTED)
     raw["datasets"][0]["target_resolution"] = [480, 854]
     raw["datasets"][0]["processors"]["vae"]["resolution"] = [480, 854]
