@@ -18,32 +18,13 @@ import torch
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_train, wait_all
+# The real entry point with one test-only step: before the end-of-run export every rank runs the
+# live engine on a fixed probe (a collective under ZeRO-3), rank 0 saves the output (the wrapper
+# make smoke-real uses too).
+from tools.smokelib.probe import WRAPPER as ENGINE_PROBE_WRAPPER
 from e2v.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
 from e2v.export import load_extra_modules
 from e2v.tiny import build_tiny_parts
-
-
-# The real entry point, plus one test-only step: just before the end-of-run export, every rank
-# runs the live engine's module on a fixed probe (a collective under ZeRO-3) and rank 0 saves the
-# output. train_e2v calls `export.export_lora` through the module, so replacing the attribute hooks it.
-ENGINE_PROBE_WRAPPER = r"""
-import runpy, sys, torch
-sys.path.insert(0, {root!r})
-from e2v import export
-
-real_export = export.export_lora
-
-def export_after_probe(transformer, out_dir, full_names, rank=0):
-    probe = torch.load({probe!r})
-    with torch.no_grad():
-        out = transformer(**probe, return_dict=False)[0]
-    if rank == 0:
-        torch.save(out, {out!r})
-    return real_export(transformer, out_dir, full_names, rank=rank)
-
-export.export_lora = export_after_probe
-runpy.run_path({train!r}, run_name="__main__")
-"""
 
 
 def _probe() -> dict:
