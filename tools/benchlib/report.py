@@ -184,7 +184,10 @@ def render_summary(steps: dict | None, data: dict | None) -> list[str]:
 
 
 def render(bench_dir: Path = BENCH_DIR) -> Path:
-    results = {p.stem: json.loads(p.read_text()) for p in sorted((bench_dir / "results").glob("*.json"))}
+    # this benchmark's sections only (steps*, data): results/ also holds other tools' files
+    # (smoke_real.json from tools/smoke_real.py, gpu.json from tools/gpu_check.py)
+    results = {p.stem: json.loads(p.read_text()) for p in sorted((bench_dir / "results").glob("*.json"))
+               if p.stem == "data" or p.stem.startswith("steps")}
     any_res = next(iter(results.values()), None)
     lines = ["# Benchmarks", "",
              "Written by `make bench` (`python tools/bench.py`); do not edit by hand, rerun it. Raw numbers: "
