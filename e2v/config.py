@@ -22,11 +22,8 @@ import yaml
 
 from e2v.config_checks import validate
 from e2v.device import choose_adam
-# The schema's names, re-exported: `from e2v.config import Config, Element, load_config`.
-from e2v.schema import (MAX_IMAGE_PIXELS, Cache, CLIPProcessor, Conditioning, Config, ConfigError,  # noqa: F401
-                        Data, Dataset, DeepSpeed, Element, ElementCLIP, ElementVAE, Flow, LoRA, Model, Processors,
-                        Train, VAEProcessor, Validation, ValidationSet, Visualization, VisProcessor,
-                        VIS_FORMATS, nearest_valid_size, resolve_repo_path)
+# Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
+from e2v.schema import VIS_FORMATS, Config, ConfigError, nearest_valid_size, resolve_repo_path  # noqa: F401
 from e2v.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRESSION_MARK, is_regression_seed, key_homes,
                               map_seed_json, map_seed_regression)
 

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2v.config import Config, Dataset, Element
+from e2v.schema import Config, Dataset, Element
 
 VIDEO_EXTS = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".npz")
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from e2v.config import MAX_IMAGE_PIXELS
+from e2v.schema import MAX_IMAGE_PIXELS
 
 RESAMPLE = {
     "bicubic": Image.BICUBIC,

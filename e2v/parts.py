@@ -4,6 +4,7 @@ runs the parts (conditioning, the step, validation, the tools)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,12 @@ def place_encoders(parts: Parts, device) -> Parts:
     return parts
 
 
+@functools.lru_cache(maxsize=None)
 def resolve_pretrained(name: str) -> str:
     """A hub id that is already in the local Hugging Face cache -> its snapshot folder, so every
     path that wants a local folder (the ZeRO-3 partitioned load, the dry run's config) takes it;
-    anything else unchanged (from_pretrained then downloads, outside the tests)."""
+    anything else unchanged (from_pretrained then downloads, outside the tests). Looked up once
+    per name: preflight, the plan, the load and the encoders all ask."""
     if Path(name).exists() or name.count("/") != 1:
         return name
     try:

@@ -131,7 +131,7 @@ def test_frame_bucket_counts_default_and_time_division_factor():
 
 def test_bucket_counts_follow_repeat_and_weight():
     """Oracle: one epoch of the sampler itself (the indices it draws, counted by bucket)."""
-    from e2v.config import Dataset
+    from e2v.schema import Dataset
     from e2v.data import bucket_counts, with_repeats
 
     cfg = _cfg()

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from e2v.config import Dataset, Element
+from e2v.schema import Dataset, Element
 from e2v.elements import discover, strip_caption_prefix
 
 

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from e2v.config import Flow
+from e2v.schema import Flow
 from e2v.flow import add_noise, sample_sigmas, shift_sigma, velocity_target, x0_from_velocity
 
 

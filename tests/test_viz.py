@@ -60,7 +60,7 @@ def test_predicted_latents_decode_to_the_sheet(viz_run):
 
 def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
     from e2v.conditioning import Conditions
-    from e2v.config import VisProcessor
+    from e2v.schema import VisProcessor
     from e2v.viz import Visualizer
 
     vis_cfg = SimpleNamespace(enabled=True, output_dir="vis/{run_id}", frequency=3, sheet_frames=[0, -1], processors=[
