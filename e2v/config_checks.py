@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from e2v.schema import (PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
+from e2v.schema import (PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape,
                         frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
 
 
@@ -99,6 +99,11 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                           "(expanded to 32 input channels)")
     if (cfg.model.preset is None) == (cfg.model.pretrained is None):
         raise ConfigError("model: set exactly one of model.preset (tiny) or model.pretrained (a diffusers folder)")
+    if cfg.model.tiny.head_dim % 2:
+        raise ConfigError(f"model.tiny.head_dim={cfg.model.tiny.head_dim} must be even (Wan's rope rotates pairs)")
+    if cfg.model.preset != "tiny" and cfg.model.tiny != TinyShape():
+        raise ConfigError("model.tiny sizes the tiny preset's transformer; with model.pretrained the folder's "
+                          "transformer/config.json does: remove model.tiny")
     if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
         n_vae = len(cfg.vae_elements)
         if not 0 <= pv.frame_index < n_vae:
@@ -175,6 +180,15 @@ def _validate_validation(cfg: Config) -> None:
         if unknown:
             raise ConfigError(f"validation.sets[{i}].elements: unknown element(s) {unknown}; "
                               f"data.elements names are {sorted(names)}")
+    sc = v.subject_colour
+    if sc is not None:
+        unknown = sorted({sc.subject, *([sc.background] if sc.background else []), *sc.distractors} - names)
+        if unknown:
+            raise ConfigError(f"validation.subject_colour: unknown element(s) {unknown}; data.elements names are "
+                              f"{sorted(names)}")
+        if v.sets or v.num_samples < 2 or not v.num_videos:
+            raise ConfigError("validation.subject_colour measures videos generated from held-out samples: it needs "
+                              "num_samples >= 2, num_videos >= 1 and no validation.sets (remove it, or those)")
     for i, p in enumerate(vis.processors):
         bad = [d for d in p.data if d not in VIS_DATA]
         if bad:

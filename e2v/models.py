@@ -87,8 +87,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
     False: the transformer is the meta-device model of the config (its shape, no weights)."""
     if cfg.model.preset == "tiny":
         base = "t2v" if cfg.model.base == "t2v" else "i2v"
-        parts = build_tiny_parts(cfg.model.tiny_seed, base=base,
-                                 informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
+        parts = build_tiny_parts(cfg.model.tiny_seed, base=base, informative_vae=cfg.model.tiny_vae == "informative",
+                                 with_encoders=with_encoders, shape=cfg.model.tiny)
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config)
     place_encoders(parts, device)

@@ -43,7 +43,7 @@ def transformer_config(cfg: Config) -> dict:
     """The base transformer's config without reading weights: the tiny preset, a local diffusers
     folder's transformer/config.json, or a known Wan2.1 hub id (KNOWN_WAN_CONFIGS; no download)."""
     if cfg.model.preset == "tiny":
-        return tiny_transformer_config("t2v" if cfg.model.base == "t2v" else "i2v")
+        return tiny_transformer_config("t2v" if cfg.model.base == "t2v" else "i2v", cfg.model.tiny)
     local = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json"
     if local.exists():
         return dict(WanTransformer3DModel.load_config(str(local.parent)))

@@ -186,8 +186,20 @@ class LoRA:
 
 
 @dataclass
+class TinyShape:
+    """The tiny preset's transformer size (e2v/tiny.py; its defaults are the tests' ~30k-parameter
+    model). Width = heads x head_dim; Wan's rope splits head_dim into time / height / width parts
+    of 2 * (head_dim // 6) each for height and width, so it must be even and at least 6."""
+    layers: int = bounded(2, min=1)
+    heads: int = bounded(2, min=1)
+    head_dim: int = bounded(12, min=6, note="(even: Wan's rope splits it in pairs)")
+    ffn_dim: int = bounded(32, min=1)
+
+
+@dataclass
 class Model:
     preset: Optional[Literal["tiny"]] = cached(None)  # random-weight parts built in code (CPU demo, tests)
+    tiny: TinyShape = field(default_factory=TinyShape)  # the tiny preset's transformer size
     pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
     image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
@@ -259,6 +271,16 @@ class ValidationSet:
 
 
 @dataclass
+class SubjectColour:
+    """Which elements the subject-colour metrics read (e2v/fidelity.py): data whose subject is one
+    flat colour on white, such as the demo's."""
+    subject: str  # the element whose reference holds the subject
+    # the element seen behind it, at the video's framing; none: each place's median over the frames
+    background: Optional[str] = None
+    distractors: list[str] = field(default_factory=list)  # elements in view whose colour is not the subject's
+
+
+@dataclass
 class Validation:
     every_n_steps: int = bounded(0, min=0)  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
     # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
@@ -272,6 +294,9 @@ class Validation:
     guidance_scale: float = 5.0
     sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
     negative_prompt: str = ""
+    # val/sample_reference_match|swap on the held-out videos (e2v/fidelity.py); null: off. Each swap
+    # video (sample i with sample i+1's references) is a second generation.
+    subject_colour: Optional[SubjectColour] = None
 
 
 @dataclass

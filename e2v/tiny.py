@@ -1,7 +1,8 @@
 """The tiny preset: every Wan part (transformer, VAE, UMT5 + a tokenizer made in code, CLIP vision
 + its processor) built in code with random weights, nothing downloaded. It is the real code path
 with small configs (docs/architecture.md, "Tensor contracts"), so the tests and the CPU demo run
-exactly what a 14B run does: 2 heads x 12, 2 layers, ~30k transformer parameters."""
+exactly what a 14B run does: 2 heads x 12, 2 layers, ~30k transformer parameters by default;
+`model.tiny` sizes the transformer (the demo's is 4 layers of width 128, 1.4 M)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 from e2v.parts import Parts, clip_image_processor
+from e2v.schema import TinyShape
 
 TINY_CLIP_WIDTH = 32  # hidden size of the tiny CLIP vision model (the image tokens' width)
 TINY_CLIP_SIZE, TINY_CLIP_PATCH = 32, 8  # its input size and patch: 4 x 4 patches
@@ -33,15 +35,17 @@ def seeded(seed: int):
         yield
 
 
-def tiny_transformer_config(base: str = "i2v") -> dict:
-    """2 heads x 12, 2 layers: ~30k parameters, 12 ms a step on a 2-core CPU (measured)."""
+def tiny_transformer_config(base: str = "i2v", shape: TinyShape | None = None) -> dict:
+    """By default (`model.tiny` unset) 2 heads x 12, 2 layers: ~30k parameters, 12 ms a step on a
+    2-core CPU (measured); `shape` (the config's `model.tiny`) sizes it, as the demo does."""
+    shape = shape or TinyShape()
     cfg = dict(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
-        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32,
+        patch_size=(1, 2, 2), num_attention_heads=shape.heads, attention_head_dim=shape.head_dim, in_channels=16,
+        out_channels=16, text_dim=32, freq_dim=32, ffn_dim=shape.ffn_dim, num_layers=shape.layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32,
     )
-    if base == "i2v":
-        cfg.update(in_channels=36, image_dim=TINY_CLIP_WIDTH, added_kv_proj_dim=24)
+    if base == "i2v":  # the image projections take the image embedder's output, the model's width
+        cfg.update(in_channels=36, image_dim=TINY_CLIP_WIDTH, added_kv_proj_dim=shape.heads * shape.head_dim)
     return cfg
 
 
@@ -61,13 +65,13 @@ def build_tiny_tokenizer():
 
 
 def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = True,
-                     with_encoders: bool = True) -> Parts:
+                     with_encoders: bool = True, shape: TinyShape | None = None) -> Parts:
     from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     from e2v.tiny_vae import build_tiny_vae
 
     with seeded(seed):
-        transformer = WanTransformer3DModel(**tiny_transformer_config(base))
+        transformer = WanTransformer3DModel(**tiny_transformer_config(base, shape))
         if not with_encoders:
             return Parts(transformer)
         vae = build_tiny_vae(seed, informative=informative_vae)
