@@ -257,7 +257,7 @@ def _shared_start(run_id: str, sets: tuple, gpus: int):
     def start(request):
         out = request.getfixturevalue("tmp_path_factory").mktemp(run_id)
         demo = request.getfixturevalue("demo_data")
-        return launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
+        return launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
                             f"run_id={run_id}", *sets, num_gpus=gpus), out / run_id
     return start
 

@@ -25,7 +25,7 @@ from tools.benchlib.step import init_single_rank
 from tools.benchlib.steps import setup
 
 STEPS = 2
-# The time embedder and the modulation tables frozen (e2v_tiny.yaml trains them in full): modules
+# The time embedder and the modulation tables frozen (e2v_tiny_lora.yaml trains them in full): modules
 # diffusers keeps in fp32, with random weights that a bf16 cast changes. The tiny preset's other
 # frozen kept modules (norms at 1 and 0) survive the cast, so a lost restore would go unseen.
 SETS = ["train.micro_batch_size=2", f"train.max_steps={STEPS}", "train.log_every=1",

@@ -20,7 +20,7 @@ from e2v.data import E2VDataset, collate, index_samples
 
 
 def _cfg(data, cache_dir, *sets):
-    return load_config(ROOT / "configs/e2v_tiny.yaml", [
+    return load_config(ROOT / "configs/e2v_tiny_lora.yaml", [
         f"data.datasets.0.data_root={data}", f"cache.dir={cache_dir}", "validation.every_n_steps=0",
         "visualization.enabled=false", *sets])
 
@@ -190,15 +190,15 @@ def mixed_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mixed")
     data = make_mixed_dataset(tmp / "data", n_square=3, bad_element=True)  # buckets of 4 = batch 2 x 2 ranks
     sets = (f"data.datasets.0.data_root={data}", f"output_dir={tmp / 'runs'}", f"cache.dir={tmp / 'cache'}", *MIXED)
-    enc = launch_train("configs/e2v_tiny.yaml", *sets, "run_id=encoded", num_gpus=2)  # meanwhile: precompute
+    enc = launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=encoded", num_gpus=2)  # meanwhile: precompute
     try:
-        pre = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny.yaml",
+        pre = subprocess.run([sys.executable, str(ROOT / "tools/precompute.py"), "--config", "configs/e2v_tiny_lora.yaml",
                               *[a for s in sets for a in ("--set", s)]], cwd=ROOT, capture_output=True, text=True)
         assert pre.returncode == 0, pre.stderr[-3000:]
     except BaseException:
         enc.kill()
         raise
-    cac = launch_train("configs/e2v_tiny.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2,
+    cac = launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=cached", "cache.enabled=true", num_gpus=2,
                        env=encoder_guard_env(tmp))
     enc, cac = wait_all(enc, cac)
     return tmp, pre, enc, cac
@@ -237,7 +237,7 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs)
     and precompute itself list it instead of training until the first step that draws it."""
     tmp = mixed_runs[0]
     sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", sets + ["cache.enabled=true"])
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets + ["cache.enabled=true"])
     samples = index_samples(cfg, verbose=False)
     CacheStore(cfg).verify_all(samples)  # skip: a recorded bad sample is fine
     cfg.data.on_bad_sample = "error"
@@ -250,7 +250,7 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs)
     for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
         (tmp / "data" / f).unlink()
     with pytest.raises(BadSampleError, match="sample bad: "):
-        main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), *[a for s in sets for a in ("--set", s)],
+        main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)],
               "--set", "data.on_bad_sample=error"])
 
 
@@ -259,10 +259,10 @@ def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs, capsy
 
     tmp, _, _, _ = mixed_runs
     sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
-    assert main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), *[a for s in sets for a in ("--set", s)]]) == 0
+    assert main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)]]) == 0
     assert "8 cached and valid, 0 to compute" in capsys.readouterr().out
     (tmp / "data/002.txt").write_text("a new caption")
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", sets + ["cache.enabled=true"])
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets + ["cache.enabled=true"])
     from e2v.data import make_loader
 
     with pytest.raises(CacheError, match="sample 002: .*'prompt' changed"):

@@ -122,7 +122,7 @@ def test_default_preprocess_and_per_element_overrides(demo_data):
     from e2v.data import E2VDataset, index_samples
     from e2v.media import image_to_tensor, preprocess_image
 
-    cfg = load_config("configs/e2v_tiny.yaml", [
+    cfg = load_config("configs/e2v_tiny_lora.yaml", [
         f"data.datasets.0.data_root={demo_data}", "processors.vae.default_preprocess=letterbox",
         "data.elements.1.vae.preprocess=null", "processors.clip.default_preprocess=resize",
         "data.elements.0.clip.preprocess=center_crop", "processors.clip.resolution=[40,40]"])
@@ -389,7 +389,7 @@ E2V_TYPES = {  # e2v_type -> extra --set values
 def e2v_type_runs(demo_data, tmp_path_factory) -> dict:
     """One 2-step run per e2v_type, started side by side (each is mostly start-up)."""
     out = tmp_path_factory.mktemp("e2v_types")
-    runs = {t: launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
+    runs = {t: launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
                             f"run_id={t}", f"e2v_type={t}", "train.max_steps=2", "train.checkpoint_every=2",
                             "train.micro_batch_size=2", "validation.every_n_steps=0", *E2V_TYPES[t])
             for t in sorted(E2V_TYPES)}

@@ -15,7 +15,7 @@ from e2v.media import TooShortError
 
 
 def _cfg(*sets, data="/tmp"):
-    return load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={data}", *sets])
+    return load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"data.datasets.0.data_root={data}", *sets])
 
 
 def _ranks(buckets, datasets=None, weights=(1.0,), world=2, batch=2, seed=0, start=0, steps=40):

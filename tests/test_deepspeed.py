@@ -25,7 +25,7 @@ def test_every_auto_field_is_filled_from_the_yaml(name, monkeypatch):
     import e2v.device
 
     monkeypatch.setattr(e2v.device, "deepspeed_adam_problem", lambda offload: None)  # a GPU machine that builds it
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", [f"deepspeed.config=ds_configs/{name}", "train.lr=3e-4",
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}", "train.lr=3e-4",
                                                       "train.micro_batch_size=3", "train.gradient_accumulation_steps=2",
                                                       "train.mixed_precision=bf16", "deepspeed.torch_adam=null"],
                       check_paths=False)
@@ -45,7 +45,7 @@ def test_every_auto_field_is_filled_from_the_yaml(name, monkeypatch):
     for k in offloaded:
         assert zero[k]["device"] == "cpu" and zero[k]["pin_memory"] is False
         assert gpu["zero_optimization"][k]["pin_memory"] is True
-    pinned = load_config(ROOT / "configs/e2v_tiny.yaml", [f"deepspeed.config=ds_configs/{name}",
+    pinned = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}",
                                                          "deepspeed.torch_adam=true"], check_paths=False)
     assert resolve_deepspeed_config(pinned, 1, cuda=True)["optimizer"]["params"]["torch_adam"] is True
 
@@ -60,7 +60,7 @@ def ds_runs(demo_data, tmp_path_factory) -> tuple:
     out = tmp_path_factory.mktemp("ds")
     data, sets = f"data.datasets.0.data_root={demo_data}", [
         s for s in ZERO3_OFFLOAD_RUN if not s.startswith(("deepspeed.config", "train.max_steps"))]
-    runs = {run_id: launch_train("configs/e2v_tiny.yaml", data, f"output_dir={out}", f"run_id={run_id}", *extra,
+    runs = {run_id: launch_train("configs/e2v_tiny_lora.yaml", data, f"output_dir={out}", f"run_id={run_id}", *extra,
                                  num_gpus=2)
             for run_id, extra in (
                 ("plain", ["train.max_steps=4", "train.checkpoint_every=4", *sets, "deepspeed.config=ds_configs/zero2.json"]),
@@ -170,7 +170,7 @@ tmp = tempfile.mkdtemp()
 model.save_pretrained(tmp)
 oracle = WanTransformer3DModel.from_pretrained(tmp, torch_dtype=torch.bfloat16)
 original = {n: p.detach().clone() for n, p in model.named_parameters()}
-cfg = load_config(os.path.join(sys.argv[1], "configs/e2v_tiny.yaml"), ["train.trainable=[]"], check_paths=False)
+cfg = load_config(os.path.join(sys.argv[1], "configs/e2v_tiny_lora.yaml"), ["train.trainable=[]"], check_paths=False)
 setup_training(model, cfg, expanded=False)
 initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 zero = {"stage": stage}

@@ -76,7 +76,7 @@ def test_counts_equal_the_training_setup():
     from e2v.tiny import build_tiny_parts
     from e2v.trainable import setup_training
 
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     setup_training(model, cfg, expanded=False)
     c = em.count_model(cfg)
@@ -183,7 +183,7 @@ def test_cpu_mode_puts_every_term_in_host_memory():
     from e2v.config import load_config
 
     def cpu(ds, procs):
-        cfg = load_config(str(ROOT / "configs/e2v_tiny.yaml"), [f"deepspeed.config=ds_configs/{ds}"], check_paths=False)
+        cfg = load_config(str(ROOT / "configs/e2v_tiny_lora.yaml"), [f"deepspeed.config=ds_configs/{ds}"], check_paths=False)
         return em.estimate_cpu(cfg, procs)
 
     z2, z2_two, z3_two = cpu("zero2_offload.json", 1), cpu("zero2_offload.json", 2), cpu("zero3.json", 2)

@@ -95,7 +95,7 @@ def test_expand_shipped_t2v_config_dry_run(demo_data, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def expand_run(demo_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("expand_runs")
-    run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=x",
+    run_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=x",
               "model.base=t2v", "train.max_steps=3", "train.checkpoint_every=3", "train.micro_batch_size=2",
               "validation.every_n_steps=0")
     return out / "x"

@@ -149,14 +149,14 @@ def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_r
 
 
 def _tiny_lora_run(tmp_path, exclude=()):
-    """A tiny LoRA model set up like a run (e2v_tiny: LoRA plus modules in full), its base modules
+    """A tiny LoRA model set up like a run (e2v_tiny_lora: LoRA plus modules in full), its base modules
     saved, then 'trained' (every trainable tensor moved)."""
     from e2v.export import export_meta, save_base_modules, trained_state
     from e2v.config import load_config
     from e2v.tiny import build_tiny_parts
     from e2v.trainable import setup_training
 
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     full_names = setup_training(model, cfg, expanded=False)
     save_base_modules(model, full_names, tmp_path, exclude=list(exclude))
@@ -316,7 +316,7 @@ def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
     from e2v.tiny import build_tiny_parts
     from e2v.trainable import setup_training
 
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", ["model.training_type=full"], check_paths=False)
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["model.training_type=full"], check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     full_names = setup_training(model, cfg, expanded=False)
     with torch.no_grad():
@@ -366,7 +366,7 @@ def test_unmappable_lora_target_is_named_at_start(demo_data, capsys, monkeypatch
     """Said before training (here: the dry run), not discovered at the export after it."""
     import train_e2v
 
-    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", "configs/e2v_tiny.yaml", "--dry_run",
+    monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml", "--dry_run",
                                       "--set", f"data.datasets.0.data_root={demo_data}",
                                       "--set", "lora.target_modules=[to_q,to_k,patch_embedding]"])
     train_e2v.main()

@@ -103,7 +103,7 @@ def test_image_over_max_pixels_is_refused_before_decoding(tmp_path):
 
 def test_max_image_pixels_bound_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="data.max_image_pixels=0 must be >= 1"):
-        load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={tmp_path}", "data.max_image_pixels=0"])
+        load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"data.datasets.0.data_root={tmp_path}", "data.max_image_pixels=0"])
 
 
 # --- the CLIP image processor ------------------------------------------------------------------

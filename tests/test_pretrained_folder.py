@@ -29,8 +29,8 @@ def test_pretrained_folder_trains_like_the_weights_built_in_code(pipeline_folder
     common = [f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}", "train.max_steps=3",
               "train.checkpoint_every=3", "train.micro_batch_size=2", "validation.every_n_steps=0",
               "visualization.enabled=false", "train.mixed_precision=bf16", "model.weight_dtype=fp32"]
-    _, proc = wait_all(launch_train("configs/e2v_tiny.yaml", *common, "run_id=preset"),  # side by side
-                       launch_train("configs/e2v_tiny.yaml", *common, "run_id=folder", "model.preset=null",
+    _, proc = wait_all(launch_train("configs/e2v_tiny_lora.yaml", *common, "run_id=preset"),  # side by side
+                       launch_train("configs/e2v_tiny_lora.yaml", *common, "run_id=folder", "model.preset=null",
                                     f"model.pretrained={pipeline_folder}"))
     assert "frozen encoders loaded: vae, text_encoder, image_encoder" in proc.stdout
     preset, folder = read_scalars(tmp_path / "preset"), read_scalars(tmp_path / "folder")

@@ -85,7 +85,7 @@ def interrupted(demo_data, tmp_path_factory):
     sets = (f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=r", *ZERO3_OFFLOAD_RUN,
             "train.checkpoint_every=100")
     gate = _wrapper(out / "train_with_stop_gate.py", STOP_GATE_WRAPPER, gate=GATE_STEP)
-    launch = launch_train("configs/e2v_tiny.yaml", *sets, "train.gradient_checkpointing=true", num_gpus=2, script=gate)
+    launch = launch_train("configs/e2v_tiny_lora.yaml", *sets, "train.gradient_checkpointing=true", num_gpus=2, script=gate)
     signalled, deadline = set(), time.time() + 600
     while launch.proc.poll() is None and time.time() < deadline:
         if (run / "scalars.jsonl").exists() and max(read_scalars(run), default=0) >= SIGNAL_AFTER:
@@ -127,7 +127,7 @@ def test_resume_continues_from_the_signalled_step_with_uninterrupted_losses(inte
     torch.save(_probe(), run / "probe.pt")
     wrapper = _wrapper(run / "train_with_probe.py", ENGINE_PROBE_WRAPPER, probe=str(run / "probe.pt"),
                        out=str(run / "engine_probe_out.pt"))
-    proc = launch_train("configs/e2v_tiny.yaml", *sets, num_gpus=2, extra=("--resume", "latest"),
+    proc = launch_train("configs/e2v_tiny_lora.yaml", *sets, num_gpus=2, extra=("--resume", "latest"),
                         script=wrapper).wait(check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     assert f"resumed from {signalled} at step {stopped}" in proc.stdout

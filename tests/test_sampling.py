@@ -16,7 +16,7 @@ from conftest import ROOT
 def _cfg(*sets):
     from e2v.config import load_config
 
-    return load_config(ROOT / "configs/e2v_tiny.yaml", list(sets), check_paths=False)
+    return load_config(ROOT / "configs/e2v_tiny_lora.yaml", list(sets), check_paths=False)
 
 
 def _images():
@@ -133,7 +133,7 @@ def test_bf16_sampling_keeps_diffusers_fp32_modules(tmp_path):
     assert any(t.dtype == torch.bfloat16 for t in ours.values())
 
     out = tmp_path / "bf16.mp4"  # the whole tool in bf16 on CPU
-    tool.main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set", "e2v_type=none", "--set", "model.base=t2v",
+    tool.main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), "--set", "e2v_type=none", "--set", "model.base=t2v",
                "--prompt", "a person walking", "--steps", "1", "--frames", "5", "--dtype", "bf16", "--device", "cpu",
                "--out", str(out)])
     assert iio.imread(out).shape == (5, 64, 64, 3)
@@ -229,7 +229,7 @@ def _sample_tool():
 def test_sample_py_t2v_base_without_elements(tmp_path):
     import imageio.v3 as iio
 
-    _sample_tool().main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set", "e2v_type=none",
+    _sample_tool().main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), "--set", "e2v_type=none",
                          "--set", "model.base=t2v", "--prompt", "a person walking", "--steps", "2",
                          "--num-videos", "2", "--frames", "5", "--out", str(tmp_path)])
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["000_a_person_walking_0.mp4",

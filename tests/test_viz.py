@@ -125,7 +125,7 @@ def test_config_rejects_bad_processors(bad, match):
     from e2v.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=match):
-        load_config(ROOT / "configs/e2v_tiny.yaml", [f"visualization.processors=[{json.dumps(bad)}]"], check_paths=False)
+        load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"visualization.processors=[{json.dumps(bad)}]"], check_paths=False)
 
 
 @pytest.mark.parametrize("key, value, match", [
@@ -138,8 +138,8 @@ def test_config_rejects_frames_out_of_range(key, value, match):
     from e2v.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=match):
-        load_config(ROOT / "configs/e2v_tiny.yaml", [f"{key}={value}"], check_paths=False)
-    ok = load_config(ROOT / "configs/e2v_tiny.yaml", ["visualization.sheet_frames=[-17,16]"], check_paths=False)
+        load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"{key}={value}"], check_paths=False)
+    ok = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["visualization.sheet_frames=[-17,16]"], check_paths=False)
     assert ok.visualization.sheet_frames == [-17, 16]
 
 
@@ -155,7 +155,7 @@ def test_frames_are_bounded_by_the_shortest_bucket(sets):
     from e2v.config import ConfigError, load_config
     from e2v.data import frame_bucket_list
 
-    tiny = ROOT / "configs/e2v_tiny.yaml"
+    tiny = ROOT / "configs/e2v_tiny_lora.yaml"
     short = min(frame_bucket_list(load_config(tiny, sets, check_paths=False)))
     assert load_config(tiny, sets + [f"visualization.sheet_frames=[{short - 1},-{short}]"], check_paths=False)
     for bad in (short, -short - 1):
@@ -190,7 +190,7 @@ def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_d
     from e2v.config import load_config
     from e2v.viz import to_uint8
 
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}",
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"data.datasets.0.data_root={demo_data}",
                                                        "visualization.frequency=1"])
     kept, batch = _dump(cfg, tmp_path, tiny_parts, 0.0)
     dropped, _ = _dump(cfg, tmp_path, tiny_parts, 1.0)

@@ -47,9 +47,9 @@ def load_runs(sharded_folder, demo_data, tmp_path_factory) -> tuple:
             "visualization.enabled=false", "train.mixed_precision=bf16", "model.weight_dtype=fp32",
             "model.preset=null", f"model.pretrained={sharded_folder}", "deepspeed.config=ds_configs/zero3.json"]
     new, old, fp32 = wait_all(
-        launch_train("configs/e2v_tiny.yaml", *bf16, "run_id=new", num_gpus=2),
-        launch_train("configs/e2v_tiny.yaml", *bf16, "run_id=old", "model.zero3_init=false", num_gpus=2),
-        launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
+        launch_train("configs/e2v_tiny_lora.yaml", *bf16, "run_id=new", num_gpus=2),
+        launch_train("configs/e2v_tiny_lora.yaml", *bf16, "run_id=old", "model.zero3_init=false", num_gpus=2),
+        launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}",
                      "run_id=fp32", "train.checkpoint_every=8", *ZERO3_OFFLOAD_RUN, "model.preset=null",
                      f"model.pretrained={sharded_folder}", "model.weight_dtype=fp32", num_gpus=2))
     return out, new, old, fp32
@@ -64,7 +64,7 @@ def test_bf16_zero3_load_trains_like_the_whole_model_load(load_runs):
 
 
 def test_fp32_zero3_offload_load_trains_like_the_preset(load_runs, zero3_offload_run):
-    """The shared ZeRO-3 + offload run of the tiny preset (fp32, e2v_tiny's default) is the oracle:
+    """The shared ZeRO-3 + offload run of the tiny preset (fp32, e2v_tiny_lora's default) is the oracle:
     test_pretrained_folder shows the whole-model load of this folder trains exactly like the preset
     (with the encoders in fp32, as the preset builds them)."""
     out, _, _, proc = load_runs
@@ -78,7 +78,7 @@ def test_expanded_t2v_base_falls_back_to_the_whole_model_load(tmp_path):
     from e2v.zero3_load import zero3_load_blocker
 
     (tmp_path / "transformer").mkdir()
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", ["model.preset=null", f"model.pretrained={tmp_path}",
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["model.preset=null", f"model.pretrained={tmp_path}",
                                                 "model.base=t2v"], check_paths=False)
     zero3 = {"zero_optimization": {"stage": 3}}
     assert "expanded for elements" in zero3_load_blocker(cfg, zero3)

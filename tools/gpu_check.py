@@ -1,7 +1,7 @@
 """The checks a GPU user runs first (`make gpu-check`), written to bench/RESULTS_GPU.md and
 bench/results/gpu.json with the GPU's name:
 
-  1 tiny_bf16        the demo config (configs/e2v_tiny.yaml) in bf16 on CUDA, a few steps through the launcher
+  1 tiny_bf16        the quick demo config (configs/e2v_tiny_lora.yaml) in bf16 on CUDA, a few steps through the launcher
   2 e2v_1.3b_ckpt    the real-shape Wan2.1-T2V-1.3B E2V run (configs/e2v_t2v_1.3b.yaml on the random-weight
     e2v_1.3b_nockpt  folder tools/smoke_real.py builds) at 480 x 832 x 81 under ds_configs/zero2.json, with
                      and without gradient checkpointing: step time and torch.cuda.max_memory_allocated
@@ -82,7 +82,7 @@ def check_tiny(steps: int) -> dict:
     data = WORK / "demo_data"
     subprocess.run([sys.executable, str(ROOT / "tools/make_demo_dataset.py"), str(data), "--num-samples", "8"],
                    check=True, capture_output=True)
-    return launch("tiny_bf16", "configs/e2v_tiny.yaml", [
+    return launch("tiny_bf16", "configs/e2v_tiny_lora.yaml", [
         f"data.datasets.0.data_root={data}", f"output_dir={WORK / 'runs'}", "run_id=tiny_bf16",
         "train.mixed_precision=bf16", f"train.max_steps={steps}", "validation.every_n_steps=0",
         "visualization.enabled=false", "train.log_every=1"])

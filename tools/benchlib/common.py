@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "bench"
-TINY_CONFIG = ROOT / "configs" / "e2v_tiny.yaml"
+TINY_CONFIG = ROOT / "configs" / "e2v_tiny_lora.yaml"
 GOAL_RATIO = 1.10  # the overhead goal: DeepSpeed step within 1.10x of the bare loop
 
 # The presets. "small" is the tiny preset's encoders with a bigger transformer (2 heads x 128 =
@@ -99,7 +99,7 @@ def cache_dir(preset: str) -> Path:
 
 
 def config_sets(preset: str, data_root: Path, model: str | None, extra_sets: list[str], cached: bool) -> list[str]:
-    """--set overrides of configs/e2v_tiny.yaml for one configuration; tools/precompute.py gets the
+    """--set overrides of configs/e2v_tiny_lora.yaml for one configuration; tools/precompute.py gets the
     same ones, so its cache entries match the cached run's fingerprint."""
     if preset == "model":
         sets = MODEL_OVERRIDES + [f"model.pretrained={model}"]

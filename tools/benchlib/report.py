@@ -51,7 +51,7 @@ def render_steps(res: dict, title: str) -> list[str]:
         out += [f"**{preset}**: batch {on['batch']}, {on['frames']} x {on['resolution'][0]} x {on['resolution'][1]} "
                 f"pixels -> latents {' x '.join(map(str, on['latent_shape']))}; transformer "
                 f"{on['transformer_params_M']} M params ({on['trainable_params_M']} M trainable: LoRA + the "
-                f"modules e2v_tiny.yaml trains in full); {on['phases_ms']['forward_and_loss']['n']} timed steps, "
+                f"modules e2v_tiny_lora.yaml trains in full); {on['phases_ms']['forward_and_loss']['n']} timed steps, "
                 f"torch threads {on.get('torch_threads', '?')}; {PRECISION.get(on.get('mixed_precision'), '?')}, "
                 f"gradient checkpointing {_on_off(on.get('gradient_checkpointing'))}; "
                 f"load {_load(on)} (online), {_load(ca)} (cached).", "",
