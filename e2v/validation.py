@@ -23,7 +23,11 @@ logged too (`val/reference_gap_shuffle_at_sigma_0.9`, `val/reference_gap_shuffle
 
 Generated videos come from `validation.sets` (prompt + element images), else from the first
 `validation.num_videos` held-out samples. `validation.sets` alone (num_samples 0) validates too:
-videos only, no losses.
+videos only, no losses. Held-out videos are also measured against their references
+(e2v/fidelity.py): the CLIP element similarity and its gap to another held-out sample's references,
+and with `validation.subject_colour` whether the subject's colour follows its own references
+(val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
+`samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
 
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
 """
@@ -38,14 +42,15 @@ import numpy as np
 import torch
 
 from e2v.conditioning import Conditions
-from e2v.data import E2VDataset, collate
+from e2v.data import E2VDataset, collate, element_inputs
 from e2v.device import randn, to_device
+from e2v.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.flow import add_noise, per_sample_mse
 from e2v.media import load_image
 from e2v.models import with_encoders
 from e2v.sampling import decode, encode_conditions, generate
 from e2v.step import predict, prediction_and_target
-from e2v.viz import frame_strip, write_mp4
+from e2v.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
 
 def split_held_out(samples: list, cfg) -> tuple[list, list]:
@@ -95,6 +100,8 @@ class Validator:
         self.rank, self.device, self.dtype, self.tb = rank, device, dtype, tb
         self.out = Path(run_dir) / "samples"
         self.conds: list[Conditions] | None = None
+        self.images: list[dict] | None = None  # held-out element images, loaded at the first validation
+        self.refs: list[dict] | None = None  # the same, preprocessed as conditioning takes them
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
 
@@ -110,7 +117,8 @@ class Validator:
         try:
             with with_encoders(self.parts, self.cfg, self.device) as parts:  # a cached run loads them now
                 scalars = self.losses(model, parts) if self.samples else {}
-                written = self.videos(model, step, parts)
+                written, video_scalars = self.videos(model, step, parts)
+                scalars.update(video_scalars)
         finally:
             model.train(was_training)
         if self.rank == 0:
@@ -191,18 +199,29 @@ class Validator:
         chosen = v.sets or self.samples[: v.num_videos]
         return [(s.prompt, {k: load_image(p, limit) for k, p in s.elements.items()}) for s in chosen]
 
-    def videos(self, model, step: int, parts=None) -> int:
-        """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip. Returns the count."""
+    def generate(self, model, parts, inputs: list[tuple[str, dict]]) -> torch.Tensor:
+        """Latents of (prompt, element images) pairs, with the noise of `validation.seed`: row k
+        gets the same noise in every call with as many rows."""
+        v = self.cfg.validation
+        return generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs], seed=v.seed,
+                        num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
+                        negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
+
+    def videos(self, model, step: int, parts=None) -> tuple[int, dict]:
+        """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip; for held-out videos
+        also the sheet (references | frames, and the swapped generation beside it) and the
+        fidelity scalars. Returns (videos generated, scalars)."""
         v, parts = self.cfg.validation, parts or self.parts
         inputs = self.video_inputs()
         if not inputs:
-            return 0
-        latents = generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
-                           seed=v.seed, num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale,
-                           shift=v.sample_shift, negative_prompt=v.negative_prompt, device=self.device,
-                           dtype=self.dtype)
+            return 0, {}
+        latents = self.generate(model, parts, inputs)
+        swapped = None
+        if v.subject_colour is not None:  # sample k with the references of its partner: same prompt, same noise
+            images = self.held_out_images()
+            swapped = self.generate(model, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
         if self.rank != 0:
-            return len(inputs)
+            return len(inputs), {}
         videos = decode(latents, parts.vae)
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -213,16 +232,99 @@ class Validator:
             strip = frame_strip(refs, video)
             if self.tb is not None:
                 self.tb.add_image(f"val/video_{k:02d}", strip, step, dataformats="HWC")
-        return len(inputs)
+        if v.sets:  # prompts and images without held-out peers: nothing to compare with
+            return len(inputs), {}
+        swapped = None if swapped is None else decode(swapped, parts.vae)
+        sheet = self.generated_sheet(videos, swapped)
+        write_png(folder / "sheet.png", sheet)
+        if self.tb is not None:
+            self.tb.add_image("val/generated_sheet", sheet, step, dataformats="HWC")
+        return len(inputs), self.fidelity(videos, swapped, parts)
+
+    # -- do the held-out videos follow their references (e2v/fidelity.py) -------------------------
+
+    def held_out_images(self) -> list[dict]:
+        """Every held-out sample's element images (PIL), loaded once."""
+        if self.images is None:
+            limit = self.cfg.data.max_image_pixels
+            self.images = [{k: load_image(p, limit) for k, p in s.elements.items()} for s in self.samples]
+        return self.images
+
+    def partner(self, k: int) -> int:
+        """The held-out sample whose references video k is compared with (and, swapped, made with)."""
+        return (k + 1) % len(self.samples)
+
+    def element_inputs(self) -> list[dict]:
+        """Per held-out sample, its references as conditioning takes them (data.element_inputs):
+        uint8 HWC at the video's size (`vae`) and at the CLIP resolution (`clip`); made once."""
+        if self.refs is None:
+            h, w = self.cfg.data.resolution
+            self.refs = []
+            for images in self.held_out_images():
+                inputs = element_inputs(self.cfg, images, h, w)
+                self.refs.append({"vae": {k: to_uint8(t) for k, t in inputs["vae_refs"].items()},
+                                  "clip": inputs["clip_refs"]})
+        return self.refs
+
+    def generated_sheet(self, videos: np.ndarray, swapped: np.ndarray | None) -> np.ndarray:
+        """One row per held-out video: its references (as the VAE condition takes them) | every 4th
+        frame; with the swap, then the partner's references | the frames made with them."""
+        refs = [list(r["vae"].values()) for r in self.element_inputs()]
+        rows = []
+        for k, video in enumerate(videos):
+            tiles = [frame_strip(refs[k], video)]
+            if swapped is not None:
+                spacer = np.full((video.shape[1], 3 * GAP, 3), 255, np.uint8)
+                tiles += [spacer, frame_strip(refs[self.partner(k)], swapped[k])]
+            rows.append(hstack(tiles))
+        return vstack(rows)
+
+    def fidelity(self, videos: np.ndarray, swapped: np.ndarray | None, parts) -> dict:
+        """val/element_similarity[_gap][_<element>] with the CLIP at hand (none: skipped), and with
+        `validation.subject_colour` val/sample_reference_match and (given the swapped videos)
+        val/sample_reference_swap."""
+        refs, sc, out = self.element_inputs(), self.cfg.validation.subject_colour, {}
+        partners = [self.partner(k) for k in range(len(videos))]
+        if parts.image_encoder is not None and any(r["clip"] for r in refs[: len(videos)]):
+            sims = element_similarity(list(videos), [r["clip"] for r in refs], partners, parts.image_encoder,
+                                      parts.image_processor)
+            values = torch.stack([x for own, other in sims.values() for x in (own.mean(), (own - other).nanmean())])
+            values = values.tolist()  # the one copy to the host
+            for i, name in enumerate(sims):
+                out[f"val/element_similarity_{name}"] = values[2 * i]
+                out[f"val/element_similarity_gap_{name}"] = values[2 * i + 1]
+            out["val/element_similarity"] = float(np.mean(values[0::2]))
+            out["val/element_similarity_gap"] = float(np.nanmean(values[1::2]))
+        if sc is not None:
+            images = self.held_out_images()
+            candidates = [element_colour(np.asarray(im[sc.subject])) for im in images]
+
+            def measured(video, j):  # video made with the references of held-out sample j
+                distractors = [element_colour(np.asarray(images[j][d])) for d in sc.distractors if d in images[j]]
+                return subject_colour(video, refs[j]["vae"].get(sc.background), distractors)
+
+            out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
+                                                         list(range(len(videos))))
+            if swapped is not None:
+                out["val/sample_reference_swap"] = hit_rate([measured(x, partners[k]) for k, x in enumerate(swapped)],
+                                                            candidates, partners)
+        return out
 
 
 def summary(scalars: dict, videos: int) -> str:
-    """The console line: loss, the gaps as difference and percent of the true loss, videos."""
+    """The console line: loss, the gaps as difference and percent of the true loss, what the
+    generated videos took from their references, videos."""
     parts = [f"loss {scalars['val/loss']:.4f}"] if "val/loss" in scalars else []
     for tag in ("shuffle", "drop"):
         if f"val/reference_gap_{tag}" in scalars:
             parts.append(f"{tag} gap {scalars[f'val/reference_gap_{tag}']:+.3f} "
                          f"({100 * scalars[f'val/reference_gap_{tag}_rel']:+.1f}%)")
+    if "val/sample_reference_match" in scalars:
+        parts.append(f"subject colour follows the references: match {scalars['val/sample_reference_match']:.2f}, "
+                     f"swap {scalars['val/sample_reference_swap']:.2f}")
+    if "val/element_similarity" in scalars:
+        parts.append(f"CLIP element similarity {scalars['val/element_similarity']:.3f} "
+                     f"(gap {scalars['val/element_similarity_gap']:+.3f})")
     if videos:
         parts.append(f"{videos} video(s)")
     return ", ".join(parts)

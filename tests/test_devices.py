@@ -4,8 +4,8 @@ device meta is not on the expected device cpu"), as a CPU/CUDA mix does on a GPU
 meta tensor to the CPU raises too ("Cannot copy out of meta tensor"), as a silent per-step
 device-to-host copy would cost a sync on a GPU. So each stage that runs here to the end with meta
 outputs follows the convention: online conditioning, the cached conditions, the step's forward
-and loss, validation scoring, the sampler, the visualization decode, precompute, and the rope
-tables of the ZeRO-3 partitioned load."""
+and loss, validation scoring, the sampler, the validation's CLIP element similarity, the
+visualization decode, precompute, and the rope tables of the ZeRO-3 partitioned load."""
 
 from __future__ import annotations
 
@@ -133,6 +133,20 @@ def test_visualization_decode_on_the_vae_device(meta_parts):
 
     pixels = decode_pixels(torch.randn(2, 16, 5, 4, 4), meta_parts.vae)
     assert pixels.device == META and pixels.shape == (2, 3, 17, 32, 32)
+
+
+def test_element_similarity_on_the_clip_device(meta_parts):
+    """The validation's CLIP element similarity (e2v/fidelity.py): frames and references (uint8 on
+    the host, as decoded videos and loaded images are) embedded on the encoder's device, the
+    similarities left there for one copy of the logged means."""
+    from e2v.fidelity import element_similarity
+
+    rng = np.random.default_rng(0)
+    videos = [rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    refs = [{"subject": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)} for _ in range(3)]
+    sims = element_similarity(videos, refs, [1, 2], meta_parts.image_encoder, meta_parts.image_processor)
+    own, other = sims["subject"]
+    assert own.device == META == other.device and own.shape == (2,) == other.shape
 
 
 def test_precompute_entry_on_the_encoders_device(meta_parts):

@@ -38,11 +38,20 @@ def test_logged_at_steps_and_videos_written(viz_run):
             gap = d[f"val/loss_{name}_refs"] - d["val/loss"]
             assert d[f"val/reference_gap_{tag}"] == pytest.approx(gap, rel=1e-6, abs=1e-12)
             assert d[f"val/reference_gap_{tag}_rel"] == pytest.approx(gap / d["val/loss"], rel=1e-6, abs=1e-12)
+        # the held-out videos against their references (e2v/fidelity.py; tests/test_fidelity.py checks the values)
+        assert 0 <= d["val/sample_reference_match"] <= 1 and 0 <= d["val/sample_reference_swap"] <= 1
+        for tag in ("val/element_similarity", "val/element_similarity_gap", "val/element_similarity_person",
+                    "val/element_similarity_gap_background"):
+            assert torch.isfinite(torch.tensor(d[tag])), tag
     import imageio.v3 as iio
 
     for s in val_steps:
         for k in ("00", "01"):  # validation.num_videos 2, from held-out references
             assert iio.imread(viz_run / f"samples/step_{s:06d}/{k}.mp4").shape == (17, 64, 64, 3)
+        # 2 rows: 3 references and 5 frames, a spacer, the partner's 3 references and the 5 frames made with
+        # them; 64 px tiles, 2 px gaps, a 6 px spacer
+        strip = 8 * 64 + 7 * 2
+        assert iio.imread(viz_run / f"samples/step_{s:06d}/sheet.png").shape == (2 * 64 + 2, 2 * strip + 6 + 2 * 2, 3)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +139,7 @@ def test_videos_leave_the_training_rngs_alone(trained_validator, tmp_path):
     np.random.seed(11)
     train_gen = torch.Generator().manual_seed(5)
     states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate(), train_gen.get_state())
-    assert validator.videos(parts.transformer, 9) == 2
+    assert validator.videos(parts.transformer, 9)[0] == 2
     assert (tmp_path / "step_000009/01.mp4").exists()
     assert torch.equal(torch.get_rng_state(), states[0]) and np.array_equal(np.random.get_state()[1], states[1])
     assert random.getstate() == states[2] and torch.equal(train_gen.get_state(), states[3])
@@ -143,6 +152,10 @@ def test_console_line_shows_difference_and_percent():
                "val/reference_gap_drop": -0.02, "val/reference_gap_drop_rel": -0.0192}
     assert summary(scalars, 2) == "loss 1.0400, shuffle gap +0.177 (+17.0%), drop gap -0.020 (-1.9%), 2 video(s)"
     assert summary({}, 1) == "1 video(s)"
+    followed = {"val/sample_reference_match": 5 / 6, "val/sample_reference_swap": 1.0, "val/element_similarity": 0.9512,
+                "val/element_similarity_gap": 0.0123}
+    assert summary(followed, 6) == ("subject colour follows the references: match 0.83, swap 1.00, CLIP element "
+                                    "similarity 0.951 (gap +0.012), 6 video(s)")
 
 
 def test_sets_alone_validate_with_videos_only(tiny_parts, demo_data, tmp_path):
@@ -155,12 +168,12 @@ def test_sets_alone_validate_with_videos_only(tiny_parts, demo_data, tmp_path):
     base = [f"data.datasets.0.data_root={demo_data}", "validation.every_n_steps=3", "train.max_steps=4",
             "validation.num_inference_steps=1"]
     with pytest.raises(ConfigError, match="nothing to validate"):
-        load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=0"])
+        load_config(ROOT / "configs/e2v_tiny_lora.yaml", base + ["validation.num_samples=0"])
     with pytest.raises(ConfigError, match=r"num_samples must be >= 2 \(or 0"):
-        load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=1"])
+        load_config(ROOT / "configs/e2v_tiny_lora.yaml", base + ["validation.num_samples=1"])
     sets = ('validation.sets=[{prompt: "a shape moves", elements: {person: "%s", background: "%s"}}]'
             % (demo_data / "000_person.png", demo_data / "000_background.png"))
-    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", base + ["validation.num_samples=0", sets])
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", base + ["validation.num_samples=0", sets])
     samples = index_samples(cfg, verbose=False)
     train, held_out = split_held_out(samples, cfg)
     assert held_out == [] and train == samples
