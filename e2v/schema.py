@@ -2,9 +2,9 @@
 declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whether it shapes
 the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
 modules need, each written once: the VAE's strides, latent channels and the latent size (per model,
-from its VAE config), the reference-frame count, the frame-bucket list, the base plain
-text-to-video needs. About 420 lines: the
-schema is one table a user reads through; splitting it would scatter the keys of one YAML.
+from its VAE config), the reference-frame count, the frame-bucket list, what a model's shape allows.
+About 450 lines: the schema is one table a user reads through; splitting it would scatter the keys
+of one YAML.
 
 Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
 foreign formats in e2v/seed_formats.py.
@@ -194,7 +194,7 @@ class Model:
     # random-weight parts built in code (CPU demo, tests): tiny (Wan2.1: I2V, or T2V with base t2v),
     # tiny_ti2v (Wan2.2 TI2V-5B's layout: 48-channel VAE, 16x space, no image attention)
     preset: Optional[Literal["tiny", "tiny_ti2v"]] = cached(None)
-    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*-Diffusers)
+    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*, Wan2.2-TI2V-5B-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
     image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
     training_type: Literal["lora", "full"] = "lora"
