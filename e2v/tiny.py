@@ -1,7 +1,9 @@
 """The tiny preset: every Wan part (transformer, VAE, UMT5 + a tokenizer made in code, CLIP vision
 + its processor) built in code with random weights, nothing downloaded. It is the real code path
 with small configs (docs/architecture.md, "Tensor contracts"), so the tests and the CPU demo run
-exactly what a 14B run does: 2 heads x 12, 2 layers, ~30k transformer parameters."""
+exactly what a 14B run does: 2 heads x 12, 2 layers, ~30k transformer parameters. The tiny_ti2v
+preset is Wan2.2 TI2V-5B's layout at that size: 48 channels, no image attention or CLIP, the tiny
+Wan2.2 VAE (e2v/tiny_vae22.py)."""
 
 from __future__ import annotations
 
