@@ -29,11 +29,11 @@ from e2v.engine import initialize_engine, prepare_for_training, seed_process, st
 from e2v.expand import expansion_modules, is_expanded
 from e2v.guard import NonFiniteGuard
 from e2v.models import load_parts
-from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
+from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight, vae_config
 from e2v.precision import trained_fp32_kept
 from e2v.runlock import lock_run_folder
 from e2v.runlog import Log
-from e2v.schema import check_plain_t2v_base
+from e2v.schema import check_base
 from e2v.seed_formats import map_seed_flags
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
@@ -151,7 +151,7 @@ def build_model(cfg, run_dir: Path, rank: int, world: int, device):
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)
-        check_plain_t2v_base(cfg, parts.transformer.config.in_channels)
+        check_base(cfg, parts.transformer.config, vae_config(cfg) if parts.vae is None else parts.vae.config)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     export.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences

@@ -243,6 +243,10 @@ def normalise(cfg: Config) -> None:
         d.auto_frame_buckets = True  # the factor's counts are frame buckets (schema.frame_bucket_list)
     for p in cfg.visualization.processors:
         p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
+    if cfg.conditioning.target_layout == "clean_prefix":
+        # The layout encodes each reference on its own (e2v/ti2v.py), which is what combine: after
+        # names; the cache then stores them per element, and its fingerprint tells the layouts apart.
+        cfg.processors.vae.combine = "after"
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

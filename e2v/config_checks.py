@@ -106,9 +106,10 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                               f"element at that place in vae.position order; use 0..{n_vae - 1}")
     if len(cfg.processors.clip.resolution) != 2:
         raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
-    if cfg.conditioning.target_layout == "prepend" and not cfg.uses_vae_condition:
-        raise ConfigError(f"conditioning.target_layout: prepend puts the VAE reference frames before the clip, but "
-                          f"e2v_type={cfg.e2v_type} has no VAE condition: use target_layout: overlay")
+    if cfg.conditioning.target_layout in ("prepend", "clean_prefix") and not cfg.uses_vae_condition:
+        raise ConfigError(f"conditioning.target_layout: {cfg.conditioning.target_layout} puts the VAE reference "
+                          f"frames before the clip, but e2v_type={cfg.e2v_type} has no VAE condition: use "
+                          "target_layout: overlay")
     _validate_validation(cfg)
     _validate_cache(cfg)
     ds_path = resolve_repo_path(cfg.deepspeed.config)

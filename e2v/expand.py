@@ -29,7 +29,7 @@ EXPANSION_MODULES = {
 def clip_width(parts: Parts, cfg: Config) -> int:
     if parts.image_encoder is not None:
         return parts.image_encoder.config.hidden_size
-    return TINY_CLIP_WIDTH if cfg.model.preset == "tiny" else CLIP_VIT_H[1]
+    return TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
 
 
 def is_expanded(cfg: Config) -> bool:

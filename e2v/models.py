@@ -17,7 +17,7 @@ from e2v.config import Config
 from e2v.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
 from e2v.parts import Parts, clip_image_processor, place_encoders, resolve_pretrained
 from e2v.plan import build_meta_transformer
-from e2v.tiny import build_tiny_parts, build_tiny_tokenizer
+from e2v.tiny import build_tiny_parts, build_tiny_tokenizer, tiny_base
 from e2v.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
 
 
@@ -25,7 +25,7 @@ def load_tokenizer(cfg: Config, offline: bool = True):
     """The configured prompt tokenizer without its encoder (tools/check_dataset.py counts tokens
     with it): the tiny one, or model.pretrained's tokenizer/ folder; None when that cannot be
     loaded (offline: nothing is downloaded)."""
-    if cfg.model.preset == "tiny":
+    if cfg.model.preset is not None:
         return build_tiny_tokenizer()
     from transformers import AutoTokenizer
 
@@ -85,9 +85,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
     `ds_config`: the resolved DeepSpeed config; under ZeRO-3 a pretrained transformer is
     partitioned at load. Without it (tools, tests) every part loads whole. `with_transformer`
     False: the transformer is the meta-device model of the config (its shape, no weights)."""
-    if cfg.model.preset == "tiny":
-        base = "t2v" if cfg.model.base == "t2v" else "i2v"
-        parts = build_tiny_parts(cfg.model.tiny_seed, base=base,
+    if cfg.model.preset is not None:
+        parts = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model),
                                  informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config)
@@ -103,7 +102,7 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
 
 def load_vae(cfg: Config, device) -> AutoencoderKLWan:
     """The frozen VAE alone, on `device` (fp32, as A2 runs it): what visualization decodes with."""
-    if cfg.model.preset == "tiny":  # the tiny parts are built together, seeded: the VAE equals the run's
+    if cfg.model.preset is not None:  # the tiny parts are built together, seeded: the VAE equals the run's
         return load_parts(cfg, device=device, with_transformer=False).vae
     vae = AutoencoderKLWan.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="vae",
                                            torch_dtype=torch.float32)

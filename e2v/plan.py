@@ -1,6 +1,7 @@
 """The plan without weights (`--dry_run`, the preflight checks at start): the transformer as
-training will see it, built on the meta device from its config (the tiny preset, a local
-folder's config.json, or a known Wan2.1 hub id), and the memory its training state takes."""
+training will see it, built on the meta device from its config (a tiny preset, a local
+folder's config.json, or a known Wan hub id), its VAE's config, and the memory its training state
+takes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from diffusers import WanTransformer3DModel
 from e2v.config import Config
 from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
-from e2v.schema import check_plain_t2v_base
-from e2v.tiny import TINY_CLIP_WIDTH, tiny_transformer_config
+from e2v.schema import check_base
+from e2v.tiny import TINY_CLIP_WIDTH, tiny_base, tiny_transformer_config
 from e2v.trainable import setup_training
 
 
@@ -36,14 +37,25 @@ KNOWN_WAN_CONFIGS = {
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 16},
     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
     "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
+    # Wan2.2 TI2V-5B (diffusers' conversion script, "Wan2.2-TI2V-5B"): 24 heads x 128 = 3072, 30
+    # layers, 48 latent channels in and out, no image attention; 5.0 B parameters (tests/test_wan22_ti2v.py).
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": {**_WAN_COMMON, "num_attention_heads": 24, "num_layers": 30,
+                                        "ffn_dim": 14336, "in_channels": 48, "out_channels": 48},
 }
+
+# VAE configs of the known hub ids whose VAE is not Wan2.1's (AutoencoderKLWan's defaults): the
+# Wan2.2 VAE of TI2V-5B (diffusers' conversion script, `vae22_diffusers_config`; its latents_mean /
+# std are not needed for shapes and counts): 48 channels, a 2x2 patchify then 8x: 16x space.
+WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
+                 patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16)
+KNOWN_VAE_CONFIGS = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": WAN22_VAE}
 
 
 def transformer_config(cfg: Config) -> dict:
-    """The base transformer's config without reading weights: the tiny preset, a local diffusers
-    folder's transformer/config.json, or a known Wan2.1 hub id (KNOWN_WAN_CONFIGS; no download)."""
-    if cfg.model.preset == "tiny":
-        return tiny_transformer_config("t2v" if cfg.model.base == "t2v" else "i2v")
+    """The base transformer's config without reading weights: a tiny preset, a local diffusers
+    folder's transformer/config.json, or a known Wan hub id (KNOWN_WAN_CONFIGS; no download)."""
+    if cfg.model.preset is not None:
+        return tiny_transformer_config(tiny_base(cfg.model))
     local = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json"
     if local.exists():
         return dict(WanTransformer3DModel.load_config(str(local.parent)))
@@ -53,6 +65,24 @@ def transformer_config(cfg: Config) -> dict:
                      f"transformer/config.json) nor one of {', '.join(KNOWN_WAN_CONFIGS)}")
 
 
+def vae_config(cfg: Config) -> dict:
+    """The VAE's config without loading it, the one home of "which VAE does this model have" (its
+    latent channels and strides: e2v.schema.latent_size): the tiny TI2V VAE's, a local folder's
+    vae/config.json, or a known hub id's (KNOWN_VAE_CONFIGS). Keys left out are AutoencoderKLWan's
+    defaults, the Wan2.1 VAE: the tiny Wan2.1 preset, the Wan2.1 hub ids, and a hub id that is
+    neither known nor in the local cache (its VAE is read when it loads)."""
+    if cfg.model.preset is not None:
+        from e2v.tiny_vae22 import TINY_VAE22_CONFIG
+
+        return dict(TINY_VAE22_CONFIG) if tiny_base(cfg.model) == "ti2v" else {}
+    local = Path(resolve_pretrained(cfg.model.pretrained)) / "vae" / "config.json"
+    if local.exists():
+        from diffusers import AutoencoderKLWan
+
+        return dict(AutoencoderKLWan.load_config(str(local.parent)))
+    return dict(KNOWN_VAE_CONFIGS.get(cfg.model.pretrained, {}))
+
+
 def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
     """The transformer as training will see it (expanded if the base asks for it), on the meta
     device: every shape, no memory, nothing read or downloaded."""
@@ -60,25 +90,26 @@ def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
     with torch.device("meta"):
         transformer = WanTransformer3DModel.from_config(c)
     if needs_expansion(transformer, cfg):
-        in_channels, image_dim = expansion_shape(cfg, TINY_CLIP_WIDTH if cfg.model.preset == "tiny" else CLIP_VIT_H[1])
+        width = TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
+        in_channels, image_dim = expansion_shape(cfg, width)
         transformer = expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim)
     return transformer
 
 
 def knows_shape_offline(cfg: Config) -> bool:
     """Whether transformer_config can tell the base's shape without reading weights or downloading."""
-    return (cfg.model.preset == "tiny"
+    return (cfg.model.preset is not None
             or (Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json").exists()
             or cfg.model.pretrained in KNOWN_WAN_CONFIGS)
 
 
 def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
-    """The model-dependent config checks (base vs model.base, e2v_type none on a 16-channel base,
-    train.trainable patterns, LoRA targets) on the meta device, in seconds, before any weight
-    loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a typo.
-    Returns the meta transformer set up for training and the names trained in full."""
+    """The model-dependent config checks (base vs model.base, what the model's shape allows:
+    schema.check_base, train.trainable patterns, LoRA targets) on the meta device, in seconds,
+    before any weight loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a
+    typo. Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
-    check_plain_t2v_base(cfg, transformer.config.in_channels)
+    check_base(cfg, transformer.config, vae_config(cfg))
     full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
     return transformer, full_names
 
@@ -101,9 +132,9 @@ def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
             "gradient_bytes": width * trainable, "optimizer_bytes": 12 * trainable}
 
 
-# The frozen encoders of the released Wan2.1 pipelines, for counting on the meta device without a
-# download: UMT5-XXL's encoder (google/umt5-xxl) and CLIP ViT-H/14's vision tower; the default
-# AutoencoderKLWan() is the Wan2.1 VAE.
+# The frozen encoders of the released Wan pipelines, for counting on the meta device without a
+# download: UMT5-XXL's encoder (google/umt5-xxl) and CLIP ViT-H/14's vision tower; the VAE is built
+# from vae_config (the default AutoencoderKLWan() is the Wan2.1 VAE, WAN22_VAE TI2V-5B's).
 UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
                 relative_attention_num_buckets=32, feed_forward_proj="gated-gelu")
 CLIP_VIT_H14 = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
@@ -117,17 +148,14 @@ def encoder_modules(cfg: Config) -> dict[str, torch.nn.Module]:
     from diffusers import AutoencoderKLWan
     from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
-    local = None if cfg.model.preset == "tiny" else Path(resolve_pretrained(cfg.model.pretrained))
-    if cfg.model.preset == "tiny":
+    if cfg.model.preset is not None:
         from e2v.tiny import build_tiny_parts
 
-        p = build_tiny_parts(cfg.model.tiny_seed)
+        p = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model))
         return {"vae": p.vae, "text_encoder": p.text_encoder, **({"image_encoder": p.image_encoder} if cfg.uses_clip else {})}
+    local = Path(resolve_pretrained(cfg.model.pretrained))
     with torch.device("meta"):
-        if (local / "vae" / "config.json").exists():
-            vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(local / "vae")))
-        else:
-            vae = AutoencoderKLWan()
+        vae = AutoencoderKLWan.from_config(vae_config(cfg))
         text_cfg = (UMT5Config.from_pretrained(str(local / "text_encoder")) if (local / "text_encoder").is_dir()
                     else UMT5Config(**UMT5_XXL))
         out = {"vae": vae, "text_encoder": UMT5EncoderModel(text_cfg)}

@@ -4,7 +4,9 @@
     sigma_B, noise  <- flow.sample_sigmas / randn, from the step's CPU generator, then moved
     x_t             =  (1 - sigma) x0 + sigma noise
     model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
-    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)
+                    or cat([ref_latents, x_t], frames)      (Wan2.2 TI2V's clean_prefix layout: the
+                                                             references' tokens at timestep 0, e2v/ti2v.py)
+    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)   (clip frames only)
     loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
                     or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
 
@@ -21,6 +23,7 @@ from e2v.device import randn
 from e2v.distributed import mean_over_ranks
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
+from e2v.ti2v import prefix_frames, prefix_input
 
 
 def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:
@@ -30,14 +33,19 @@ def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> t
 
 def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
             dtype: torch.dtype) -> torch.Tensor:
-    """One transformer call -> the fp32 velocity on the model input's device. The timestep stays
-    fp32 (or int64, as the sampler passes it) for the fp32 time embedder."""
+    """One transformer call -> the fp32 velocity of the clip's frames on the model input's device.
+    The timestep stays fp32 (or int64, as the sampler passes it) for the fp32 time embedder; with
+    reference frames in front (clean_prefix) it is one per token, 0 on theirs, and their
+    prediction is dropped, so the loss sees the clip's frames only."""
+    x, timestep = model_input(noisy_BCTHW, c.cond_BCTHW), timestep_B.to(noisy_BCTHW.device)
+    n_ref = prefix_frames(c.ref_latents_BCNhw)
+    if n_ref:
+        x, timestep = prefix_input(c.ref_latents_BCNhw, x, timestep)
     return model(
-        model_input(noisy_BCTHW, c.cond_BCTHW).to(dtype), timestep=timestep_B.to(noisy_BCTHW.device),
-        encoder_hidden_states=text_BLD.to(dtype),
+        x.to(dtype), timestep=timestep, encoder_hidden_states=text_BLD.to(dtype),
         encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),
         return_dict=False,
-    )[0].float()
+    )[0][:, :, n_ref:].float()
 
 
 def draw_flow(c: Conditions, fl, generator: torch.Generator):

@@ -9,9 +9,10 @@ all elements kept). Nothing touches the training RNGs, so the curve is comparabl
 two validations of the same weights give identical numbers.
 
 Reference use (README, "Look at what it learns"): at the same sigmas and
-noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens: the
-reference-dropout layout) and with the references shuffled across samples (sample i gets the
-references of sample i+1; needs >= 2 held-out samples). Logged as the plain difference and
+noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens, zero
+reference frames in the clean_prefix layout: the reference-dropout layout) and with the
+references shuffled across samples (sample i gets the references of sample i+1; needs >= 2
+held-out samples). Logged as the plain difference and
 relative to the true-reference loss:
     val/reference_gap_shuffle     = loss_shuffled - loss_true           (likewise _drop)
     val/reference_gap_shuffle_rel = (loss_shuffled - loss_true) / loss_true
@@ -45,6 +46,7 @@ from e2v.media import load_image
 from e2v.models import with_encoders
 from e2v.sampling import decode, encode_conditions, generate
 from e2v.step import predict, prediction_and_target
+from e2v.ti2v import pad_prefix
 from e2v.viz import frame_strip, write_mp4
 
 
@@ -75,15 +77,20 @@ def _stack(conds: list[Conditions]) -> Conditions:
         n = max(c.clip_BLD.shape[1] for c in conds)
         clip = torch.cat([torch.nn.functional.pad(c.clip_BLD, (0, 0, 0, n - c.clip_BLD.shape[1])) for c in conds])
     cond = None if conds[0].cond_BCTHW is None else torch.cat([c.cond_BCTHW for c in conds])
-    return Conditions(torch.cat([c.latents_BCTHW for c in conds]), torch.cat([c.text_BLD for c in conds]), cond, clip)
+    latents = torch.cat([c.latents_BCTHW for c in conds])
+    # clean_prefix reference frames: zero frames in front of fewer, as encode_batch pads a batch
+    refs = pad_prefix([[] if c.ref_latents_BCNhw is None else [c.ref_latents_BCNhw] for c in conds],
+                      [False] * len(conds), latents)
+    return Conditions(latents, torch.cat([c.text_BLD for c in conds]), cond, clip, ref_latents_BCNhw=refs)
 
 
 def _with_references(c: Conditions, refs: Conditions | None) -> Conditions:
     """c's target and prompt with the references of `refs` (None: references dropped)."""
     if refs is None:
         return replace(c, cond_BCTHW=None if c.cond_BCTHW is None else torch.zeros_like(c.cond_BCTHW),
-                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD))
-    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD)
+                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD),
+                       ref_latents_BCNhw=None if c.ref_latents_BCNhw is None else torch.zeros_like(c.ref_latents_BCNhw))
+    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD, ref_latents_BCNhw=refs.ref_latents_BCNhw)
 
 
 class Validator:

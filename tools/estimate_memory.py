@@ -18,8 +18,10 @@ n per node, N nodes, L the largest layer (params of one module), bytes per 16-bi
 
 Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context tokens
 (512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16):
-  one block      A = 24.2 S D + 2 S F + 4 C D
-  outside blocks O = 2.3 S D + 3.4 C D + 267 S
+  one block      A = 24.2 S D + 2 S F + 4 C D        (+ 5.5 S D with per-token timesteps)
+  outside blocks O = 2.3 S D + 3.4 C D + 267 S       (+ 11 S D with per-token timesteps)
+(Per-token timesteps: the clean_prefix layout of Wan2.2 TI2V, whose S also counts the reference
+frames in front of the clip.)
   no checkpointing              e B (K A + O)
   gradient checkpointing        e B (K S D + O + A)   (block inputs kept, one block recomputed)
   + activation_offload          e B (O + A) on the GPU, e B K S D in pinned CPU RAM
@@ -60,8 +62,9 @@ from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import Config, load_config  # noqa: E402
 from e2v.expand import is_expanded  # noqa: E402
 from e2v.parts import CLIP_VIT_H  # noqa: E402
-from e2v.plan import build_meta_transformer, encoder_bytes  # noqa: E402
+from e2v.plan import build_meta_transformer, encoder_bytes, vae_config  # noqa: E402
 from e2v.schema import PATCH, latent_size  # noqa: E402
+from e2v.ti2v import prefix_frames_of  # noqa: E402
 from e2v.tiny import TINY_CLIP_TOKENS  # noqa: E402
 from e2v.trainable import setup_training  # noqa: E402
 
@@ -70,11 +73,14 @@ OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
 ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
 ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
-# Short names for the released Wan2.1 transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
+# Per-token timesteps (the clean_prefix layout, e2v/ti2v.py): the time embedding and each block's
+# modulation are per token instead of per sample: A += 5.5 S D, O += 11 S D (fitted like the rest).
+ACT_PER_TOKEN_TIME = (5.5, 11.0)
+# Short names for the released Wan transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
 KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
-                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}
+                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "ti2v-5b": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
 
 
 @dataclass
@@ -125,24 +131,33 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
 
 
 def tokens(cfg: Config) -> tuple[int, int]:
-    """(video tokens S, context tokens C) of one sample."""
-    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution)
+    """(video tokens S, context tokens C) of one sample: the clip's latent frames under the model's
+    VAE (16x space for Wan2.2's), plus, in the clean_prefix layout, the reference frames in front."""
+    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution, vae_config(cfg))
     clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
-    per_ref = TINY_CLIP_TOKENS if cfg.model.preset == "tiny" else CLIP_VIT_H[0]
-    return t * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
+    per_ref = TINY_CLIP_TOKENS if cfg.model.preset is not None else CLIP_VIT_H[0]
+    return (t + prefix_frames_of(cfg)) * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
 
 
-def activation_terms(s: int, ctx: int, c: ModelCounts) -> tuple[float, float]:
-    """(A, O): elements saved for backward by one block and outside the blocks, per sample."""
+def per_token_time(cfg: Config) -> bool:
+    """Whether the model gets one timestep per token: the clean_prefix layout's reference frames."""
+    return prefix_frames_of(cfg) > 0
+
+
+def activation_terms(s: int, ctx: int, c: ModelCounts, per_token_time: bool = False) -> tuple[float, float]:
+    """(A, O): elements saved for backward by one block and outside the blocks, per sample;
+    per_token_time: one timestep per token (the clean_prefix layout)."""
     a, b, cc = ACT_BLOCK
     d, f, g = ACT_OUTSIDE
-    return a * s * c.width + b * s * c.ffn + cc * ctx * c.width, d * s * c.width + f * ctx * c.width + g * s
+    ta, to = ACT_PER_TOKEN_TIME if per_token_time else (0.0, 0.0)
+    return ((a + ta) * s * c.width + b * s * c.ffn + cc * ctx * c.width,
+            (d + to) * s * c.width + f * ctx * c.width + g * s)
 
 
 def activation_bytes(s: int, ctx: int, c: ModelCounts, batch: int, elem_bytes: int, checkpointing: bool,
-                     offload: bool = False) -> tuple[float, float]:
+                     offload: bool = False, per_token_time: bool = False) -> tuple[float, float]:
     """(bytes on the GPU, bytes moved to CPU RAM) of the activations saved for backward."""
-    block, outside = activation_terms(s, ctx, c)
+    block, outside = activation_terms(s, ctx, c, per_token_time)
     if not checkpointing:
         return elem_bytes * batch * (c.layers * block + outside), 0.0
     boundaries = elem_bytes * batch * c.layers * s * c.width
@@ -159,7 +174,8 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     for ds_name in SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
         for ckpt, off in ((False, False), (True, False), (True, True)):
-            act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off)
+            act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off,
+                                                per_token_time(cfg))
             buffers = buffer_bytes(ds_name, e)
             gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + encoders + OVERHEAD_GB * GB
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
@@ -194,11 +210,12 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     optimizer = 12 * pt / g
     gather = z.get("stage3_prefetch_bucket_size" if zero3 else "allgather_bucket_size", 5e8)
     buffers = e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
-    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing)
+    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing,
+                              per_token_time=per_token_time(cfg))
     enc = sum(encoder_bytes(cfg).values())
     runtime = RUNTIME_GB * GB
     train = weights + grads + optimizer + buffers + act + enc + runtime
-    whole_load = (not zero3 or cfg.model.preset == "tiny"  # the tiny preset is built whole on every rank
+    whole_load = (not zero3 or cfg.model.preset is not None  # a tiny preset is built whole on every rank
                   or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
     load = (e * (pt + pf) if whole_load else weights) + enc + runtime
     per_rank = dict(weights=weights, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
@@ -225,7 +242,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=1, help="GPUs per node")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpu-mem-gb", type=float, default=24.0)
-    p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan2.1 transformer instead")
+    p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan transformer instead")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--cpu", action="store_true", help="a CPU-only run: everything in host memory (--procs ranks)")
     p.add_argument("--procs", type=int, default=1, help="with --cpu: ranks on this machine")
