@@ -10,6 +10,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
+from e2v.context_parallel import check_heads
 from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
 from e2v.schema import check_plain_t2v_base
@@ -74,11 +75,12 @@ def knows_shape_offline(cfg: Config) -> bool:
 
 def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     """The model-dependent config checks (base vs model.base, e2v_type none on a 16-channel base,
-    train.trainable patterns, LoRA targets) on the meta device, in seconds, before any weight
+    heads vs parallel.ulysses_degree, train.trainable patterns, LoRA targets) on the meta device, in seconds, before any weight
     loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a typo.
     Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
     check_plain_t2v_base(cfg, transformer.config.in_channels)
+    check_heads(cfg, transformer.config.num_attention_heads)
     full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
     return transformer, full_names
 
