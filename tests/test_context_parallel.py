@@ -17,7 +17,6 @@ the session that has no context parallelism:
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -94,7 +93,6 @@ def test_context_parallel_zero3_takes_deepspeeds_all_reduce_path():
 def spawned(tmp_path_factory) -> list[dict]:
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from helpers_context_parallel import worker
 
     out = tmp_path_factory.mktemp("cp_spawn")
