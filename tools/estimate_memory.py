@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2v.config import Config, load_config  # noqa: E402
 from e2v.context_parallel import check_heads, layout  # noqa: E402
 from e2v.expand import is_expanded  # noqa: E402
-from e2v.plan import (ACT_BLOCK, ACT_OUTSIDE, activation_bytes, activation_terms, build_meta_transformer,  # noqa: E402,F401
+from e2v.plan import (activation_bytes, activation_terms, build_meta_transformer,  # noqa: E402,F401
                       encoder_bytes, exchange_bytes, tokens)
 from e2v.trainable import setup_training  # noqa: E402
 
