@@ -18,6 +18,7 @@ the session that has no context parallelism:
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -142,6 +143,35 @@ def test_context_parallel_activation_formula_matches_saved_bytes_per_rank(spawne
         for m in measured:
             assert gpu == pytest.approx(m, rel=0.2), (ck, m, gpu)
             assert m < 0.8 * whole, (ck, m, whole)
+
+
+def test_context_parallel_estimate_and_dry_run_divide_the_activations():
+    """tools/estimate_memory.py and the dry run's plan use the context-parallel degree: the
+    activations per GPU are the formula's at cp = U x R (which the test above holds to measured
+    bytes), below the unsplit figure, and the exchange's buffers are added to the buffers."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import estimate_memory as em
+
+    from e2v.config import resolve_deepspeed_config
+    from e2v.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens
+
+    plain, split = _cfg(), _cfg("parallel.ulysses_degree=2")
+    a, b = em.estimate(plain, 2, 80), em.estimate(split, 2, 80)
+    c = em.count_model(split)
+    s, ctx = tokens(split)
+    assert (s, b["context_parallel"], a["context_parallel"]) == (80, 2, 1)
+    for ra, rb in zip(a["rows"], b["rows"]):
+        gib = 2**30
+        ck, off = rb["gradient_checkpointing"], rb["activation_offload"]
+        assert rb["activations_gb"] * gib == pytest.approx(activation_bytes(s, ctx, c, 4, 4, ck, off, cp=2)[0])
+        assert rb["activations_gb"] < ra["activations_gb"]
+        assert (rb["buffers_gb"] - ra["buffers_gb"]) * gib == pytest.approx(exchange_bytes(s, c, 4, 4, 2, 1))
+    with pytest.raises(ValueError, match="2 ranks per context-parallel group, but 3 processes"):
+        em.estimate(split, 3, 80)
+    transformer, full = preflight(split)
+    plan = describe_plan(transformer, split, resolve_deepspeed_config(split, 1, False), full)
+    assert "activations per GPU (estimate)" in plan and "for 80 video tokens, 40 per GPU over 2 context-parallel" in plan
+    assert "exchange buffers" in plan
 
 
 # --- training runs --------------------------------------------------------------------------------
