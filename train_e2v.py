@@ -22,6 +22,7 @@ from e2v import checkpoint as ckpt
 from e2v import distributed, export
 from e2v.cache import batch_conditions
 from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
+from e2v.context_parallel import check_heads, layout
 from e2v.data import index_samples, make_loader
 from e2v.device import to_device
 from e2v.comfy import check_comfy_mappable, lora_module_names
@@ -124,8 +125,9 @@ def checked_config(args):
 
 
 def start_run(cfg, args):
-    """The process group, this rank's device, and the run folder (locked against a second run,
-    the resolved config written). Returns (rank, world, device, run folder, lock)."""
+    """The process group, this rank's place in it (data- and context-parallel: e2v.context_parallel),
+    its device, and the run folder (locked against a second run, the resolved config written).
+    Returns (rank, world, layout, device, run folder, lock)."""
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
@@ -134,24 +136,32 @@ def start_run(cfg, args):
                              "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
     distributed.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        lay = layout(cfg, rank, world)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
     run_dir = Path(distributed.broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
     lock = lock_run_folder(run_dir, rank)  # held until exit: a second run in this folder stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    seed_process(cfg, rank)
-    return rank, world, device, run_dir, lock
+        if lay.enabled:
+            print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
+                  f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")
+    seed_process(cfg, lay.dp_rank)  # a context-parallel group draws as its data-parallel rank
+    return rank, world, lay, device, run_dir, lock
 
 
-def build_model(cfg, run_dir: Path, rank: int, world: int, device):
+def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
     """The parts (the transformer partitioned at load under ZeRO-3; no encoders with the cache),
     set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
-    ds_config = resolve_deepspeed_config(cfg, world, device.type == "cuda")
+    ds_config = resolve_deepspeed_config(cfg, data_parallel, device.type == "cuda")
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)
         check_base(cfg, parts.transformer.config, vae_config(cfg) if parts.vae is None else parts.vae.config)
+        check_heads(cfg, parts.transformer.config.num_attention_heads)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     export.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
@@ -222,21 +232,21 @@ def main():
         return
     from tqdm import tqdm
 
-    rank, world, device, run_dir, _lock = start_run(cfg, args)
-    rng, gen = step_rngs(cfg, rank)  # element choices and dropouts; sigmas, noise, posterior samples
-    parts, full_names, ds_config = build_model(cfg, run_dir, rank, world, device)
+    rank, world, lay, device, run_dir, _lock = start_run(cfg, args)
+    rng, gen = step_rngs(cfg, lay.dp_rank)  # element choices and dropouts; sigmas, noise, posterior samples
+    parts, full_names, ds_config = build_model(cfg, run_dir, rank, lay.dp_size, device)
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
     samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
     if rank == 0:
         announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
-    engine, scheduler = initialize_engine(parts, cfg, ds_config)
+    engine, scheduler = initialize_engine(parts, cfg, ds_config, lay)
     dtype = training_dtype(cfg)
     global_step, samples_seen, resumed = resume(args, run_dir, engine, rng, gen, rank)
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
     stop = distributed.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
-    data_iter = iter(make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen))
+    data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
     log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
@@ -271,7 +281,7 @@ def main():
                 log.scalars(global_step, step_scalars(
                     cfg, world, lr=lr, grad_norm=grad_norm, step_time=step_time, data_time=stepped["data_time"],
                     step_losses=stepped["losses"], stats=stepped["stats"], skipped_ids=skipped_ids, excluded=len(excluded),
-                    nonfinite=guard.skipped))
+                    nonfinite=guard.skipped, data_parallel=lay.dp_size))
             bar.update(1)
             bar.set_postfix(loss=f"{sum(stepped['losses']) / len(stepped['losses']):.4f}", lr=f"{lr:.1e}", refresh=False)
             log.scalars(global_step, validator.maybe_run(engine, global_step))

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from e2v.schema import (PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
-                        frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
+from e2v.schema import (PATCH, PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
+                        frame_bucket_list, latent_size, nearest_valid_sizes, resolve_repo_path)
 
 
 def _bound_problem(value: float, bounds: dict) -> str | None:
@@ -112,6 +112,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                           "target_layout: overlay")
     _validate_validation(cfg)
     _validate_cache(cfg)
+    _validate_parallel(cfg)
     ds_path = resolve_repo_path(cfg.deepspeed.config)
     if not ds_path.exists():
         raise ConfigError(
@@ -159,6 +160,31 @@ def _validate_cache(cfg: Config) -> None:
     if cfg.conditioning.target_layout == "prepend":
         raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
                           "references chosen each step; use target_layout: overlay or cache.enabled: false")
+
+
+def _validate_parallel(cfg: Config) -> None:
+    """Context parallelism splits the video tokens of every clip evenly over ulysses x ring ranks,
+    so every shape the run can meet (each frame bucket at each resolution bucket, and the
+    validation videos at data.num_frames x data.resolution) must divide. The heads (a model
+    property) and the world size (a launch property) are checked at start: e2v.context_parallel."""
+    p = cfg.parallel
+    degree = p.ulysses_degree * p.ring_degree
+    if degree == 1:
+        return
+    d = cfg.data
+    frames = set(frame_bucket_list(cfg) if d.auto_frame_buckets else []) | {d.num_frames}
+    for f in sorted(frames):
+        for h, w in d.resolution_buckets or [d.resolution]:
+            t, lh, lw = latent_size(f, h, w)
+            n = t * (lh // PATCH) * (lw // PATCH)
+            if n % degree:
+                fits = [k for k in range(2, 17) if n % k == 0]
+                raise ConfigError(
+                    f"parallel: ulysses_degree {p.ulysses_degree} x ring_degree {p.ring_degree} = {degree} ranks "
+                    f"share each clip's video tokens evenly, but {f} frames at {h} x {w} make {n} tokens "
+                    f"({t} latent frames x {lh // PATCH} x {lw // PATCH}), not a multiple of {degree}: use a degree "
+                    f"that divides {n} ({', '.join(map(str, fits)) or 'none up to 16'}) or change data.num_frames / "
+                    "data.resolution / the buckets")
 
 
 def _validate_validation(cfg: Config) -> None:

@@ -5,12 +5,14 @@ takes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
+from e2v.context_parallel import check_heads
 from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
 from e2v.schema import check_base
@@ -105,13 +107,98 @@ def knows_shape_offline(cfg: Config) -> bool:
 
 def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     """The model-dependent config checks (base vs model.base, what the model's shape allows:
-    schema.check_base, train.trainable patterns, LoRA targets) on the meta device, in seconds,
+    schema.check_base, heads vs parallel.ulysses_degree, train.trainable patterns, LoRA targets) on the meta device, in seconds,
     before any weight loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a
     typo. Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
     check_base(cfg, transformer.config, vae_config(cfg))
+    check_heads(cfg, transformer.config.num_attention_heads)
     full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
     return transformer, full_names
+
+
+# --- activations ----------------------------------------------------------------------------------
+# Elements autograd keeps for backward per sample (the formula's fit and its checks:
+# tools/estimate_memory.py's docstring). S video tokens, C context tokens, D width, F FFN width,
+# K layers, P = ulysses x ring ranks sharing the tokens (docs/context_parallel.md):
+#   one block            A = (a S D + b S F) / P + c C D      (the context's keys / values are whole on every rank)
+#   outside the blocks   O = d S D / P + f C D + g S           (patch embedding, rope tables and the gathered output stay whole)
+#   checkpointing keeps the block inputs: S D (K / P + 1 - 1/P) (the first block's input is split inside it)
+ACT_BLOCK = (24.2, 2.0, 4.0)
+ACT_OUTSIDE = (2.3, 3.4, 267.0)
+# Per-token timesteps (the clean_prefix layout, e2v/ti2v.py): the time embedding and each block's
+# modulation are per token instead of per sample: A += 5.5 S D, O += 11 S D (fitted like the rest).
+ACT_PER_TOKEN_TIME = (5.5, 11.0)
+OUT_PER_TOKEN = 64  # proj_out's outputs per token: 16 latent channels x the 1 x 2 x 2 patch
+
+
+def tokens(cfg: Config) -> tuple[int, int]:
+    """(video tokens S, context tokens C) of one data.num_frames x data.resolution sample: the
+    clip's latent frames under the model's VAE (16x space for Wan2.2's), plus, in the clean_prefix
+    layout, the reference frames in front."""
+    from e2v.conditioning import TEXT_LEN
+    from e2v.schema import PATCH, latent_size
+    from e2v.ti2v import prefix_frames_of
+    from e2v.tiny import TINY_CLIP_TOKENS
+
+    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution, vae_config(cfg))
+    clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
+    per_ref = TINY_CLIP_TOKENS if cfg.model.preset is not None else CLIP_VIT_H[0]
+    return (t + prefix_frames_of(cfg)) * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
+
+
+def per_token_time(cfg: Config) -> bool:
+    """Whether the model gets one timestep per token: the clean_prefix layout's reference frames."""
+    from e2v.ti2v import prefix_frames_of
+
+    return prefix_frames_of(cfg) > 0
+
+
+def activation_terms(s: int, ctx: int, c, cp: int = 1, per_token_time: bool = False) -> tuple[float, float]:
+    """(A, O): elements saved for backward by one block and outside the blocks, per sample, on one
+    of the `cp` ranks that share its tokens; per_token_time: one timestep per token (the
+    clean_prefix layout). `c`: anything with .width, .ffn (tools/estimate_memory's ModelCounts,
+    `model_shape`)."""
+    a, b, cc = ACT_BLOCK
+    d, f, g = ACT_OUTSIDE
+    ta, to = ACT_PER_TOKEN_TIME if per_token_time else (0.0, 0.0)
+    return (((a + ta) * s * c.width + b * s * c.ffn) / cp + cc * ctx * c.width,
+            (d + to) * s * c.width / cp + f * ctx * c.width + g * s)
+
+
+def activation_bytes(s: int, ctx: int, c, batch: int, elem_bytes: int, checkpointing: bool,
+                     offload: bool = False, cp: int = 1, per_token_time: bool = False) -> tuple[float, float]:
+    """(bytes on the GPU, bytes moved to CPU RAM) of the activations saved for backward, per rank."""
+    block, outside = activation_terms(s, ctx, c, cp, per_token_time)
+    if not checkpointing:
+        return elem_bytes * batch * (c.layers * block + outside), 0.0
+    boundaries = elem_bytes * batch * s * c.width * (c.layers / cp + 1 - 1 / cp)
+    gpu = elem_bytes * batch * (outside + block)
+    return (gpu, boundaries) if offload else (gpu + boundaries, 0.0)
+
+
+def exchange_bytes(s: int, c, batch: int, elem_bytes: int, ulysses: int = 1, ring: int = 1) -> float:
+    """Transient buffers of the context-parallel exchange, per rank: Ulysses' all-to-all holds a
+    send and a receive copy of one of q, k, v or the output at a time (2 S D / P); ring attention
+    gathers the keys and values of its head shard over the whole sequence (2 S D / U); the gathered
+    prediction is whole on every rank (S x 64)."""
+    if ulysses * ring == 1:
+        return 0.0
+    d = c.width
+    elements = (2 * s * d / (ulysses * ring) if ulysses > 1 else 0) + (2 * s * d / ulysses if ring > 1 else 0)
+    return elem_bytes * batch * (elements + OUT_PER_TOKEN * s)
+
+
+@dataclass
+class ModelShape:
+    width: int
+    ffn: int
+    layers: int
+
+
+def model_shape(transformer: torch.nn.Module) -> ModelShape:
+    c = transformer.config
+    return ModelShape(c.num_attention_heads * c.attention_head_dim, c.ffn_dim, c.num_layers)
 
 
 def count_params(module: torch.nn.Module, trainable_only: bool = False) -> int:
@@ -200,6 +287,25 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
         f"optimizer {plan['optimizer_bytes'] / gib:9.2f} GiB (fp32 master + AdamW moments, 12 B per trained param)",
         f"frozen encoders: {encoders}",
         f"weights, gradients and optimizer are totals over all GPUs, sharded by ZeRO-{zero.get('stage', 0)}"
-        f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}; "
-        "activations not included (tools/estimate_memory.py)",
+        f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}",
+        activation_line(transformer, cfg),
     ])
+
+
+def activation_line(transformer: torch.nn.Module, cfg: Config) -> str:
+    """The plan's activations per GPU at data.num_frames x data.resolution: an estimate
+    (the formula above; tools/estimate_memory.py for every ds_config and GPU size)."""
+    p, t, gib = cfg.parallel, cfg.train, 1024 ** 3
+    s, ctx = tokens(cfg)
+    e = 2 if t.mixed_precision == "bf16" else 4
+    cp = p.ulysses_degree * p.ring_degree
+    shape = model_shape(transformer)
+    gpu, moved = activation_bytes(s, ctx, shape, t.micro_batch_size, e, t.gradient_checkpointing,
+                                  t.activation_offload, cp)
+    split = (f", {s // cp} per GPU over {cp} context-parallel ranks (ulysses {p.ulysses_degree} x ring "
+             f"{p.ring_degree}) + {exchange_bytes(s, shape, t.micro_batch_size, e, p.ulysses_degree, p.ring_degree) / gib:.2f} "
+             "GiB exchange buffers" if cp > 1 else "")
+    return (f"activations per GPU (estimate): {gpu / gib:.2f} GiB"
+            f"{f' + {moved / gib:.2f} GiB in CPU RAM (activation_offload)' if moved else ''} for {s} video tokens"
+            f"{split}, micro batch {t.micro_batch_size}, checkpointing {'on' if t.gradient_checkpointing else 'off'} "
+            "(tools/estimate_memory.py)")

@@ -252,6 +252,15 @@ class DeepSpeed:
 
 
 @dataclass
+class Parallel:
+    # Context parallelism (docs/context_parallel.md): one sample's video tokens split over
+    # ulysses_degree x ring_degree ranks, which see the same micro-batch; the launched processes
+    # form world / (U x R) data-parallel groups. 1 x 1: plain data parallelism.
+    ulysses_degree: int = bounded(1, min=1, note="(DeepSpeed Ulysses: must divide the attention heads)")
+    ring_degree: int = bounded(1, min=1, note="(ring attention over the Ulysses head shards)")
+
+
+@dataclass
 class Cache:
     enabled: bool = False
     dir: Optional[str] = None  # default <data_root>/.e2v_cache (one sub-folder per dataset)
@@ -318,6 +327,7 @@ class Config:
     flow: Flow = field(default_factory=Flow)
     train: Train = field(default_factory=Train)
     deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
+    parallel: Parallel = field(default_factory=Parallel)
     cache: Cache = field(default_factory=Cache)
     validation: Validation = field(default_factory=Validation)
     visualization: Visualization = field(default_factory=Visualization)

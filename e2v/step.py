@@ -92,13 +92,18 @@ def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, mod
 
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
-                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int) -> dict:
-    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
+                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int,
+                 data_parallel: int | None = None) -> dict:
+    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective).
+    `data_parallel`: the ranks that load distinct micro-batches (world / the context-parallel
+    degree; default world). The ranks of a context-parallel group log the same loss, so the mean
+    over all ranks is still the mean over the global batch."""
     ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
+    samples = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * (data_parallel or world)
     return {
         "train/lr": lr, "train/grad_norm": grad_norm,
         "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
-        "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
+        "perf/samples_per_s": samples / step_time,
         "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
         "train/nonfinite_skipped": nonfinite, **ranks,
     }

@@ -17,18 +17,23 @@ n per node, N nodes, L the largest layer (params of one module), bytes per 16-bi
 (6 = 16-bit + fp32 gradient, 12 = fp32 master + Adam's two moments; 1.5 is DeepSpeed's buffer factor.)
 
 Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context tokens
-(512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16):
-  one block      A = 24.2 S D + 2 S F + 4 C D        (+ 5.5 S D with per-token timesteps)
-  outside blocks O = 2.3 S D + 3.4 C D + 267 S       (+ 11 S D with per-token timesteps)
+(512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16),
+P = parallel.ulysses_degree x ring_degree ranks sharing each sample's tokens (1 without context
+parallelism; docs/context_parallel.md); the formula lives in e2v/plan.py, which the dry run shares:
+  one block      A = (24.2 S D + 2 S F) / P + 4 C D      (+ 5.5 S D / P with per-token timesteps)
+  outside blocks O = 2.3 S D / P + 3.4 C D + 267 S      (+ 11 S D / P with per-token timesteps)
 (Per-token timesteps: the clean_prefix layout of Wan2.2 TI2V, whose S also counts the reference
 frames in front of the clip.)
   no checkpointing              e B (K A + O)
-  gradient checkpointing        e B (K S D + O + A)   (block inputs kept, one block recomputed)
-  + activation_offload          e B (O + A) on the GPU, e B K S D in pinned CPU RAM
+  gradient checkpointing        e B (S D (K/P + 1 - 1/P) + O + A)   (block inputs kept, one block recomputed)
+  + activation_offload          e B (O + A) on the GPU, the block inputs in pinned CPU RAM
 The coefficients are fitted to the bytes autograd saves for backward in diffusers'
 WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
-small models against the formula, within 20%). On GPUs, flash attention saves the same O(S)
-tensors. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
+small models against the formula, within 20%, and tests/test_context_parallel.py a rank of a
+Ulysses-2 group). On GPUs, flash attention saves the same O(S) tensors. With P > 1, plus the
+exchange's transient buffers (e2v.plan.exchange_bytes): 2 S D / P for Ulysses' all-to-all, 2 S D / U
+for ring attention's gathered keys and values, S x 64 for the gathered prediction; they are added
+to the "bufs" column. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
 bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per element each
 (5e8 elements in the shipped configs: 2 GB in bf16), and a fixed 2 GB per GPU for the CUDA
 context, kernels' workspaces and fragmentation. Plus the frozen encoders an online run keeps on
@@ -58,24 +63,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import Config, load_config  # noqa: E402
+from e2v.context_parallel import check_heads, layout  # noqa: E402
 from e2v.expand import is_expanded  # noqa: E402
-from e2v.parts import CLIP_VIT_H  # noqa: E402
-from e2v.plan import build_meta_transformer, encoder_bytes, vae_config  # noqa: E402
-from e2v.schema import PATCH, latent_size  # noqa: E402
-from e2v.ti2v import prefix_frames_of  # noqa: E402
-from e2v.tiny import TINY_CLIP_TOKENS  # noqa: E402
+from e2v.plan import (activation_bytes, activation_terms, build_meta_transformer,  # noqa: E402,F401
+                      encoder_bytes, exchange_bytes, per_token_time, tokens)
 from e2v.trainable import setup_training  # noqa: E402
 
 GB = 2**30
 OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
-ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
-ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
-# Per-token timesteps (the clean_prefix layout, e2v/ti2v.py): the time embedding and each block's
-# modulation are per token instead of per sample: A += 5.5 S D, O += 11 S D (fitted like the rest).
-ACT_PER_TOKEN_TIME = (5.5, 11.0)
 # Short names for the released Wan transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
@@ -97,6 +94,7 @@ def count_model(cfg: Config) -> ModelCounts:
     """Exact counts of the transformer as training builds it (expansion, LoRA, train.trainable),
     on the meta device: no memory, nothing downloaded."""
     model = build_meta_transformer(cfg)
+    check_heads(cfg, model.config.num_attention_heads)
     setup_training(model, cfg, expanded=is_expanded(cfg))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -130,53 +128,21 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
     return elem_bytes * (z.get("reduce_bucket_size", 5e8) + gather)
 
 
-def tokens(cfg: Config) -> tuple[int, int]:
-    """(video tokens S, context tokens C) of one sample: the clip's latent frames under the model's
-    VAE (16x space for Wan2.2's), plus, in the clean_prefix layout, the reference frames in front."""
-    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution, vae_config(cfg))
-    clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
-    per_ref = TINY_CLIP_TOKENS if cfg.model.preset is not None else CLIP_VIT_H[0]
-    return (t + prefix_frames_of(cfg)) * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
-
-
-def per_token_time(cfg: Config) -> bool:
-    """Whether the model gets one timestep per token: the clean_prefix layout's reference frames."""
-    return prefix_frames_of(cfg) > 0
-
-
-def activation_terms(s: int, ctx: int, c: ModelCounts, per_token_time: bool = False) -> tuple[float, float]:
-    """(A, O): elements saved for backward by one block and outside the blocks, per sample;
-    per_token_time: one timestep per token (the clean_prefix layout)."""
-    a, b, cc = ACT_BLOCK
-    d, f, g = ACT_OUTSIDE
-    ta, to = ACT_PER_TOKEN_TIME if per_token_time else (0.0, 0.0)
-    return ((a + ta) * s * c.width + b * s * c.ffn + cc * ctx * c.width,
-            (d + to) * s * c.width + f * ctx * c.width + g * s)
-
-
-def activation_bytes(s: int, ctx: int, c: ModelCounts, batch: int, elem_bytes: int, checkpointing: bool,
-                     offload: bool = False, per_token_time: bool = False) -> tuple[float, float]:
-    """(bytes on the GPU, bytes moved to CPU RAM) of the activations saved for backward."""
-    block, outside = activation_terms(s, ctx, c, per_token_time)
-    if not checkpointing:
-        return elem_bytes * batch * (c.layers * block + outside), 0.0
-    boundaries = elem_bytes * batch * c.layers * s * c.width
-    gpu = elem_bytes * batch * (outside + block)
-    return (gpu, boundaries) if offload else (gpu + boundaries, 0.0)
-
-
 def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     counts = count_model(cfg)
     s, ctx = tokens(cfg)
     e = 2 if cfg.train.mixed_precision == "bf16" else 4
+    lay = layout(cfg, 0, gpus * nodes)  # the GPUs must hold whole context-parallel groups
+    u, r = lay.ulysses, lay.ring
+    batch = cfg.train.micro_batch_size
     encoders = sum(encoder_bytes(cfg).values())  # resident on every GPU unless the cache replaces them
     rows = []
     for ds_name in SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
         for ckpt, off in ((False, False), (True, False), (True, True)):
-            act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off,
-                                                per_token_time(cfg))
-            buffers = buffer_bytes(ds_name, e)
+            act_gpu, act_cpu = activation_bytes(s, ctx, counts, batch, e, ckpt, off, cp=u * r,
+                                                per_token_time=per_token_time(cfg))
+            buffers = buffer_bytes(ds_name, e) + exchange_bytes(s, counts, batch, e, u, r)
             gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + encoders + OVERHEAD_GB * GB
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
                              params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
@@ -189,7 +155,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     # Cheapest that fits: least offloading first (faster), checkpointing only when needed.
     best = next((r for r in rows if r["fits"]), None)
     return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
-                video_tokens=s, context_tokens=ctx, rows=rows, configured=configured, best=best,
+                video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
                 load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
 
 
@@ -209,8 +175,11 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     grads = (e * pt / g if zero3 else e * pt) + 4 * pt / g
     optimizer = 12 * pt / g
     gather = z.get("stage3_prefetch_bucket_size" if zero3 else "allgather_bucket_size", 5e8)
-    buffers = e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
-    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing,
+    lay = layout(cfg, 0, g)
+    u, r = lay.ulysses, lay.ring
+    buffers = (e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
+               + exchange_bytes(s, c, cfg.train.micro_batch_size, e, u, r))
+    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing, cp=u * r,
                               per_token_time=per_token_time(cfg))
     enc = sum(encoder_bytes(cfg).values())
     runtime = RUNTIME_GB * GB
@@ -258,9 +227,11 @@ def main() -> None:
         print(json.dumps(r, indent=1))
         return
     h, w = cfg.data.resolution
+    cp_note = f"(context parallel: {r['context_parallel']} ranks share each sample's tokens) " if r["context_parallel"] > 1 else ""
     print(f"{args.config}: {(r['trainable'] + r['frozen']) / 1e9:.2f}B params ({r['trainable'] / 1e6:.1f}M trainable), "
           f"{h}x{w}x{cfg.data.num_frames}, micro batch {cfg.train.micro_batch_size}, {r['video_tokens']} video + "
           f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
+          f"{cp_note}"
           f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
     print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
           f"{'bufs':>5s} {'encod':>6s} {'total':>7s} {'CPU':>7s}  fits")
