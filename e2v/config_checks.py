@@ -171,11 +171,13 @@ def _validate_parallel(cfg: Config) -> None:
     degree = p.ulysses_degree * p.ring_degree
     if degree == 1:
         return
-    d = cfg.data
+    from e2v.plan import vae_config  # the model's VAE strides (plan loads after this module)
+
+    d, vae = cfg.data, vae_config(cfg)
     frames = set(frame_bucket_list(cfg) if d.auto_frame_buckets else []) | {d.num_frames}
     for f in sorted(frames):
         for h, w in d.resolution_buckets or [d.resolution]:
-            t, lh, lw = latent_size(f, h, w)
+            t, lh, lw = latent_size(f, h, w, vae)
             n = t * (lh // PATCH) * (lw // PATCH)
             if n % degree:
                 fits = [k for k in range(2, 17) if n % k == 0]
