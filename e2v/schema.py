@@ -187,7 +187,8 @@ class LoRA:
 
 @dataclass
 class Model:
-    preset: Optional[Literal["tiny"]] = cached(None)  # random-weight parts built in code (CPU demo, tests)
+    # random-weight parts built in code (CPU demo, tests): tiny (Wan2.1), tiny_wan22_a14b (two experts)
+    preset: Optional[Literal["tiny", "tiny_wan22_a14b"]] = cached(None)
     pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
     image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
@@ -196,6 +197,9 @@ class Model:
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+    # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
+    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/experts.py).
+    expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
 
 
 @dataclass

@@ -30,7 +30,7 @@ LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "condition
 
 
 def load_vae(cfg):
-    if cfg.model.preset == "tiny":
+    if cfg.model.preset is not None:  # every tiny preset has the tiny VAE
         from e2v.tiny_vae import build_tiny_vae
 
         return build_tiny_vae(cfg.model.tiny_seed, informative=cfg.model.tiny_vae == "informative").eval()

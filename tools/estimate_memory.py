@@ -128,7 +128,7 @@ def tokens(cfg: Config) -> tuple[int, int]:
     """(video tokens S, context tokens C) of one sample."""
     t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution)
     clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
-    per_ref = TINY_CLIP_TOKENS if cfg.model.preset == "tiny" else CLIP_VIT_H[0]
+    per_ref = TINY_CLIP_TOKENS if cfg.model.preset is not None else CLIP_VIT_H[0]
     return t * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
 
 
@@ -198,7 +198,7 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     enc = sum(encoder_bytes(cfg).values())
     runtime = RUNTIME_GB * GB
     train = weights + grads + optimizer + buffers + act + enc + runtime
-    whole_load = (not zero3 or cfg.model.preset == "tiny"  # the tiny preset is built whole on every rank
+    whole_load = (not zero3 or cfg.model.preset is not None  # the tiny preset is built whole on every rank
                   or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
     load = (e * (pt + pf) if whole_load else weights) + enc + runtime
     per_rank = dict(weights=weights, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
