@@ -203,7 +203,8 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
         out["ids"] += batch["id"]
         with torch.no_grad():
             c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
-        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_sigma_range(cfg, gen))
+        expert_range = expert_sigma_range(cfg, step, len(out["losses"]))  # Wan2.2's experts: one per micro-batch
+        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range)
         loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
         loss_value = loss.item()  # the micro-batch's one host sync (the non-finite guard needs it)
         if guard.bad(loss_value, "loss", step, batch["id"]):

@@ -7,8 +7,8 @@ the training draw, the module that holds the experts, validation and the sampler
 - `high_noise` / `low_noise`: only that expert is loaded and trained, and sigmas are drawn from its
   timesteps alone (the usual way to fit 14B on one GPU);
 - `both`: one module holds both experts (`TwoExperts`, the module DeepSpeed wraps); each
-  micro-batch first picks an expert, with the probability its timesteps have under `flow:`, then
-  draws its sigmas from that expert's range, so over many micro-batches the sigmas follow the
+  micro-batch first picks an expert (the same on every rank), with the probability its timesteps
+  have under `flow:`, then draws its sigmas from that expert's range, so over many micro-batches the sigmas follow the
   unrestricted distribution. The expert a micro-batch does not use gets a zero gradient (under
   AdamW it still moves by its momentum, as any parameter with a zero gradient does). Weights,
   gradients and optimizer state are twice one expert's.
@@ -26,6 +26,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from e2v.schema import Config, ConfigError
@@ -103,11 +104,14 @@ def sigma_range(expert: str, boundary: float) -> tuple[float, float]:
     return 0.0, torch.nextafter(edge, down).item()
 
 
-def expert_sigma_range(cfg: Config, generator: torch.Generator) -> tuple[float, float] | None:
+def expert_sigma_range(cfg: Config, step: int, micro_batch: int) -> tuple[float, float] | None:
     """The sigma range of one micro-batch's draw (flow.sample_sigmas): None for a one-transformer
     base; the trained expert's range; with `both`, one expert's, picked with the probability its
-    range has under `flow:` (one draw from the step's generator), so that the mixture is the
-    unrestricted distribution."""
+    range has under `flow:`, so that the mixture is the unrestricted distribution. The pick is the
+    same on every rank (a ZeRO-3 forward gathers one expert's parameters on all ranks together,
+    and one expert's gradients are reduced together: ranks on different experts would hang), so
+    it comes from (seed, step, micro-batch) alone, not from a rank's stream; a resumed run picks
+    as the uninterrupted one did."""
     experts, boundary = trained_experts(cfg), boundary_ratio(cfg)
     if not experts:
         return None
@@ -119,7 +123,8 @@ def expert_sigma_range(cfg: Config, generator: torch.Generator) -> tuple[float, 
     mass = {e: sigma_mass(*sigma_range(e, boundary), mode=fl.sigma_sampling, shift=fl.shift, logit_mean=fl.logit_mean,
                           logit_std=fl.logit_std, timestep_list=fl.denoising_step_list) for e in EXPERTS}
     p_high = mass["high_noise"] / (mass["high_noise"] + mass["low_noise"])
-    return sigma_range("high_noise" if torch.rand(1, generator=generator).item() < p_high else "low_noise", boundary)
+    pick = np.random.default_rng([cfg.seed, step, micro_batch]).random()
+    return sigma_range("high_noise" if pick < p_high else "low_noise", boundary)
 
 
 def trains_sigma(cfg: Config, sigma: float) -> bool:

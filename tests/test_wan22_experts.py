@@ -148,8 +148,8 @@ def test_wan22_sigma_draw_per_expert_and_both(flow):
     for expert in EXPERTS:
         cfg = _cfg(*TINY, f"model.expert={expert}", *flow)
         gen = torch.Generator().manual_seed(1)
-        sigmas = torch.cat([sample_sigmas(4, generator=gen, **kw, sigma_range=expert_sigma_range(cfg, gen))
-                            for _ in range(n // 4)])
+        sigmas = torch.cat([sample_sigmas(4, generator=gen, **kw, sigma_range=expert_sigma_range(cfg, 1, i))
+                            for i in range(n // 4)])
         assert {expert_for(1000 * s.view(1), 0.9) for s in sigmas} == {expert}
         lo, hi = sigma_range(expert, 0.9)
         inside = unrestricted[(unrestricted >= lo) & (unrestricted <= hi)]
@@ -160,7 +160,8 @@ def test_wan22_sigma_draw_per_expert_and_both(flow):
 
     cfg = _cfg(*TINY, "model.expert=both", *flow)
     gen = torch.Generator().manual_seed(2)
-    batches = [sample_sigmas(4, generator=gen, **kw, sigma_range=expert_sigma_range(cfg, gen)) for _ in range(n)]
+    batches = [sample_sigmas(4, generator=gen, **kw, sigma_range=expert_sigma_range(cfg, i // 4, i % 4))
+               for i in range(n)]
     sides = [expert_for(1000 * b, 0.9) for b in batches]  # raises if a micro-batch straddled the boundary
     assert set(sides) == set(EXPERTS)
     mixed = torch.cat(batches)
