@@ -1,4 +1,4 @@
-"""Train Wan2.1 to make video from elements (SkyReels-A2 style), or plain T2V / video regression.
+"""Train Wan (2.1, 2.2-I2V-A14B) to make video from elements (SkyReels-A2 style), or plain T2V / video regression.
 
     deepspeed train_e2v.py --config configs/e2v.yaml [--set train.lr=5e-5 ...] [--resume latest]
 
@@ -28,6 +28,7 @@ from e2v.device import to_device
 from e2v.comfy import check_comfy_mappable, lora_module_names
 from e2v.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.expand import expansion_modules, is_expanded
+from e2v.experts import boundary_ratio, expert_sigma_range
 from e2v.guard import NonFiniteGuard
 from e2v.models import load_parts
 from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight, vae_config
@@ -212,7 +213,8 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
         out["ids"] += batch["id"]
         with torch.no_grad():
             c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
-        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen)
+        expert_range = expert_sigma_range(cfg, step, len(out["losses"]))  # Wan2.2's experts: one per micro-batch
+        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range)
         loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
         loss_value = loss.item()  # the micro-batch's one host sync (the non-finite guard needs it)
         if guard.bad(loss_value, "loss", step, batch["id"]):
@@ -221,7 +223,7 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
         engine.step()
         out["losses"].append(loss_value)
         vis.maybe_dump(step, batch, c, noisy_model_input, model_pred, sigma)
-        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow)
+        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow, boundary_ratio(cfg))
     return out
 
 

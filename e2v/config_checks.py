@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from e2v.experts import check_expert_config
 from e2v.schema import (PATCH, PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
                         frame_bucket_list, latent_size, nearest_valid_sizes, resolve_repo_path)
 
@@ -99,6 +100,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                           "(expanded to 32 input channels)")
     if (cfg.model.preset is None) == (cfg.model.pretrained is None):
         raise ConfigError("model: set exactly one of model.preset (tiny) or model.pretrained (a diffusers folder)")
+    check_expert_config(cfg)
     if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
         n_vae = len(cfg.vae_elements)
         if not 0 <= pv.frame_index < n_vae:

@@ -14,6 +14,7 @@ from diffusers import WanTransformer3DModel
 from e2v.config import Config
 from e2v.context_parallel import check_heads
 from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
+from e2v.experts import SUBFOLDERS, TwoExperts, boundary_ratio, range_text, trained_experts
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
 from e2v.schema import check_base
 from e2v.tiny import TINY_CLIP_WIDTH, tiny_base, tiny_transformer_config
@@ -43,6 +44,9 @@ KNOWN_WAN_CONFIGS = {
     # layers, 48 latent channels in and out, no image attention; 5.0 B parameters (tests/test_wan22_ti2v.py).
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": {**_WAN_COMMON, "num_attention_heads": 24, "num_layers": 30,
                                         "ffn_dim": 14336, "in_channels": 48, "out_channels": 48},
+    # Each of the two experts (transformer/, transformer_2/): the 14B shape with the I2V input channels
+    # and no image attention (diffusers' conversion script, "Wan2.2-I2V-14B-720p"); 14.29 B parameters.
+    "Wan-AI/Wan2.2-I2V-A14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 36},
 }
 
 # VAE configs of the known hub ids whose VAE is not Wan2.1's (AutoencoderKLWan's defaults): the
@@ -53,12 +57,14 @@ WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True,
 KNOWN_VAE_CONFIGS = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": WAN22_VAE}
 
 
-def transformer_config(cfg: Config) -> dict:
-    """The base transformer's config without reading weights: a tiny preset, a local diffusers
-    folder's transformer/config.json, or a known Wan hub id (KNOWN_WAN_CONFIGS; no download)."""
+def transformer_config(cfg: Config, expert: str = "high_noise") -> dict:
+    """The base transformer's config without reading weights: the tiny preset, a local diffusers
+    folder's transformer/config.json (a Wan2.2 expert's subfolder), or a known hub id
+    (KNOWN_WAN_CONFIGS; no download)."""
     if cfg.model.preset is not None:
-        return tiny_transformer_config(tiny_base(cfg.model))
-    local = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer" / "config.json"
+        two = boundary_ratio(cfg) is not None
+        return tiny_transformer_config("i2v_a14b" if two else tiny_base(cfg.model))
+    local = Path(resolve_pretrained(cfg.model.pretrained)) / SUBFOLDERS[expert] / "config.json"
     if local.exists():
         return dict(WanTransformer3DModel.load_config(str(local.parent)))
     if cfg.model.pretrained in KNOWN_WAN_CONFIGS:
@@ -86,16 +92,22 @@ def vae_config(cfg: Config) -> dict:
 
 
 def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
-    """The transformer as training will see it (expanded if the base asks for it), on the meta
-    device: every shape, no memory, nothing read or downloaded."""
-    c = {k: v for k, v in transformer_config(cfg).items() if not k.startswith("_")}
-    with torch.device("meta"):
-        transformer = WanTransformer3DModel.from_config(c)
-    if needs_expansion(transformer, cfg):
-        width = TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
-        in_channels, image_dim = expansion_shape(cfg, width)
-        transformer = expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim)
-    return transformer
+    """The transformer as training will see it (expanded if the base asks for it; a TwoExperts of
+    the experts the run trains for a two-expert base), on the meta device: every shape, no memory,
+    nothing read or downloaded."""
+    width = TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
+
+    def build(expert: str) -> WanTransformer3DModel:
+        c = {k: v for k, v in transformer_config(cfg, expert).items() if not k.startswith("_")}
+        with torch.device("meta"):
+            transformer = WanTransformer3DModel.from_config(c)
+        if needs_expansion(transformer, cfg):
+            in_channels, image_dim = expansion_shape(cfg, width, transformer.config.in_channels)
+            transformer = expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim)
+        return transformer
+
+    experts = trained_experts(cfg)
+    return TwoExperts({e: build(e) for e in experts}, boundary_ratio(cfg)) if experts else build("high_noise")
 
 
 def knows_shape_offline(cfg: Config) -> bool:
@@ -279,7 +291,8 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
     return "\n".join([
         f"transformer: {c.num_layers} layers x {c.num_attention_heads} heads x {c.attention_head_dim}, "
         f"in_channels {c.in_channels}, image attention {'yes' if c.added_kv_proj_dim else 'no'}"
-        f"{' (expanded from a T2V base)' if is_expanded(cfg) else ''}",
+        f"{(' (expanded from a T2V base)' if cfg.model.base == 't2v' else ' (added, zero-initialised)') if is_expanded(cfg) else ''}",
+        *([describe_experts(cfg)] if trained_experts(cfg) else []),
         f"params {plan['params'] / 1e9:.3f} B, trainable {plan['trainable_params'] / 1e6:.2f} M "
         f"({cfg.model.training_type}; {len(full_names)} tensors in full beside the LoRA)",
         f"weights   {plan['weights_bytes'] / gib:9.2f} GiB ({cfg.train.mixed_precision})",
@@ -309,3 +322,14 @@ def activation_line(transformer: torch.nn.Module, cfg: Config) -> str:
             f"{f' + {moved / gib:.2f} GiB in CPU RAM (activation_offload)' if moved else ''} for {s} video tokens"
             f"{split}, micro batch {t.micro_batch_size}, checkpointing {'on' if t.gradient_checkpointing else 'off'} "
             "(tools/estimate_memory.py)")
+def describe_experts(cfg: Config) -> str:
+    """The --dry_run line of a two-expert base: what trains, what that costs, what validation loads."""
+    boundary = boundary_ratio(cfg)
+    if cfg.model.expert == "both":
+        return (f"experts: both trained in one module (high_noise for timesteps >= {boundary * 1000:g}, low_noise "
+                "below; each micro-batch picks one): params, weights, gradients and optimizer below are twice one "
+                "expert's")
+    other = "low_noise" if cfg.model.expert == "high_noise" else "high_noise"
+    return (f"experts: {cfg.model.expert} alone ({range_text(cfg.model.expert, boundary)}); {other} is not loaded for training, but validation videos load its base "
+            "weights for the time they run (once more the weights below: set validation.num_videos: 0 where "
+            "they do not fit)")

@@ -136,13 +136,23 @@ def load_trained(transformer, lora_dir: str | Path):
     """A run's `lora/` folder into a plain transformer: the diffusers LoRA (with its adapter
     metadata, so alpha is right) through diffusers' own Wan loader, then the modules trained in
     full beside it (checkpoint.load_extra_modules). A full fine-tune's `lora/transformer/` folder
-    replaces the transformer. Returns the transformer to use."""
+    replaces the transformer. Wan2.2's experts (a TwoExperts): each expert from its folder
+    (`lora/high_noise/`, `lora/low_noise/`); an expert the run did not train stays the base.
+    Returns the transformer to use."""
     from diffusers import WanTransformer3DModel
     from diffusers.loaders import WanLoraLoaderMixin
 
+    from e2v.experts import TwoExperts
     from e2v.export import FULL_DIR, LORA_FILE, load_extra_modules
 
     lora_dir = Path(lora_dir)
+    if isinstance(transformer, TwoExperts):
+        found = {name: e for name, e in transformer.experts.items() if (lora_dir / name).is_dir()}
+        if not found:
+            raise FileNotFoundError(f"--lora {lora_dir}: no {' or '.join(transformer.experts)} folder: pass the "
+                                    "lora/ folder of a run on a two-expert base")
+        return TwoExperts({**transformer.experts, **{name: load_trained(e, lora_dir / name) for name, e in found.items()}},
+                          transformer.boundary_ratio)
     if (lora_dir / FULL_DIR / "config.json").exists():
         return WanTransformer3DModel.from_pretrained(str(lora_dir / FULL_DIR), torch_dtype=torch.float32)
     if not (lora_dir / LORA_FILE).exists():

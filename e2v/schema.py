@@ -192,9 +192,10 @@ class LoRA:
 @dataclass
 class Model:
     # random-weight parts built in code (CPU demo, tests): tiny (Wan2.1: I2V, or T2V with base t2v),
-    # tiny_ti2v (Wan2.2 TI2V-5B's layout: 48-channel VAE, 16x space, no image attention)
-    preset: Optional[Literal["tiny", "tiny_ti2v"]] = cached(None)
-    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*, Wan2.2-TI2V-5B-Diffusers)
+    # tiny_ti2v (Wan2.2 TI2V-5B's layout: 48-channel VAE, 16x space, no image attention),
+    # tiny_wan22_a14b (Wan2.2 I2V-A14B's two experts)
+    preset: Optional[Literal["tiny", "tiny_ti2v", "tiny_wan22_a14b"]] = cached(None)
+    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*, Wan2.2-*-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
     image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
     training_type: Literal["lora", "full"] = "lora"
@@ -202,6 +203,9 @@ class Model:
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+    # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
+    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/experts.py).
+    expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
 
 
 @dataclass

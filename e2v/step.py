@@ -21,6 +21,7 @@ import torch
 from e2v.conditioning import Conditions
 from e2v.device import randn
 from e2v.distributed import mean_over_ranks
+from e2v.experts import expert_for
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
 from e2v.ti2v import prefix_frames, prefix_input
@@ -48,13 +49,14 @@ def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Condi
     )[0][:, :, n_ref:].float()
 
 
-def draw_flow(c: Conditions, fl, generator: torch.Generator):
-    """Flow matching's draw for one micro-batch: sigma_B (per sample) and the noise, from the CPU
-    generator and moved to the latents' device, and x_t."""
+def draw_flow(c: Conditions, fl, generator: torch.Generator, sigma_range: tuple[float, float] | None = None):
+    """Flow matching's draw for one micro-batch: sigma_B (per sample; within `sigma_range` when
+    given: a Wan2.2 expert's, experts.expert_sigma_range) and the noise, from the CPU generator and
+    moved to the latents' device, and x_t."""
     latents = c.latents_BCTHW
     sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
                           logit_mean=fl.logit_mean, logit_std=fl.logit_std,
-                          timestep_list=fl.denoising_step_list).to(latents.device)
+                          timestep_list=fl.denoising_step_list, sigma_range=sigma_range).to(latents.device)
     noise = randn(latents.shape, generator, latents.device)
     return sigma, noise, add_noise(latents, noise, sigma)
 
@@ -81,11 +83,15 @@ def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dty
 # --- what a step logs --------------------------------------------------------------------------
 
 
-def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
+def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl,
+                   boundary: float | None = None) -> None:
     """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
-    is weak) and, for video regression, the latent statistics."""
+    is weak), for a two-expert base (`boundary`: its boundary_ratio) the loss by expert
+    (`train/loss_high_noise`), and, for video regression, the latent statistics."""
     for s, l in zip(sigma.tolist(), per_sample.tolist()):
         stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+    if boundary is not None:
+        stats.setdefault(f"train/loss_{expert_for(1000 * sigma, boundary)}", []).extend(per_sample.tolist())
     if fl.objective == "x0":
         for k, v in latent_stats(target, model_pred).items():
             stats.setdefault(f"train/{k}", []).append(v)

@@ -55,7 +55,20 @@ def tiny_transformer_config(base: str = "i2v") -> dict:
         cfg.update(in_channels=36, image_dim=TINY_CLIP_WIDTH, added_kv_proj_dim=24)
     elif base == "ti2v":
         cfg.update(in_channels=48, out_channels=48)
+    elif base == "i2v_a14b":  # a Wan2.2 I2V-A14B expert: the I2V input channels, no image attention
+        cfg.update(in_channels=36)
     return cfg
+
+
+def build_tiny_experts(seed: int, names) -> dict[str, WanTransformer3DModel]:
+    """The tiny two-expert preset's experts (e2v/experts.py), each from its own seed, so either one
+    is the same whether it is built alone or with the other."""
+    experts = {}
+    for k, name in enumerate(("high_noise", "low_noise")):
+        if name in names:
+            with seeded(seed + 1000 * (k + 1)):
+                experts[name] = WanTransformer3DModel(**tiny_transformer_config("i2v_a14b"))
+    return experts
 
 
 def build_tiny_tokenizer():

@@ -26,6 +26,10 @@ Generated videos come from `validation.sets` (prompt + element images), else fro
 `validation.num_videos` held-out samples. `validation.sets` alone (num_samples 0) validates too:
 videos only, no losses.
 
+Wan2.2's two experts (e2v/experts.py): each sigma is scored by its expert; a run that trains one
+expert scores only that expert's sigmas, and its videos take the other expert's base weights for
+the other timesteps, switched at the boundary as diffusers' pipeline switches.
+
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
 """
 
@@ -43,7 +47,8 @@ from e2v.data import E2VDataset, collate
 from e2v.device import randn, to_device
 from e2v.flow import add_noise, per_sample_mse
 from e2v.media import load_image
-from e2v.models import with_encoders
+from e2v.experts import trains_sigma
+from e2v.models import with_all_experts, with_encoders
 from e2v.sampling import decode, encode_conditions, generate
 from e2v.step import predict, prediction_and_target
 from e2v.ti2v import pad_prefix
@@ -148,20 +153,24 @@ class Validator:
         if with_refs:
             variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
         totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
-        for si, sigma in enumerate(v.sigmas):
-            per_variant = self.per_sample_losses(model, conds, variants, float(sigma), seed=v.seed * 1000 + si)
+        # A run that trains one Wan2.2 expert scores only that expert's sigmas (experts.trains_sigma);
+        # each keeps its noise seed, so its numbers match a run that scores them all.
+        sigmas = [(si, float(s)) for si, s in enumerate(v.sigmas) if trains_sigma(self.cfg, s)]
+        for si, sigma in sigmas:
+            per_variant = self.per_sample_losses(model, conds, variants, sigma, seed=v.seed * 1000 + si)
             for name, per_sample in per_variant.items():
                 totals[name].append(sum(per_sample.tolist()) / n)  # the scalars come back here, once per sigma
+        scored = [s for _, s in sigmas]
         true = totals["true"]
         out = {"val/loss": sum(true) / len(true)}
-        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(v.sigmas, true)})
+        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(scored, true)})
         if with_refs:
             for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):
                 mean = sum(totals[name]) / len(true)
                 out[f"val/loss_{name}_refs"] = mean
                 out[f"val/reference_gap_{tag}"] = mean - out["val/loss"]
                 out[f"val/reference_gap_{tag}_rel"] = (mean - out["val/loss"]) / out["val/loss"]
-                for s, l, t in zip(v.sigmas, totals[name], true):
+                for s, l, t in zip(scored, totals[name], true):
                     out[f"val/reference_gap_{tag}_at_sigma_{s:g}"] = l - t
                     out[f"val/reference_gap_{tag}_rel_at_sigma_{s:g}"] = (l - t) / t
         return out
@@ -204,10 +213,11 @@ class Validator:
         inputs = self.video_inputs()
         if not inputs:
             return 0
-        latents = generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
-                           seed=v.seed, num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale,
-                           shift=v.sample_shift, negative_prompt=v.negative_prompt, device=self.device,
-                           dtype=self.dtype)
+        with with_all_experts(model, parts, self.cfg, self.device, self.dtype) as full:  # Wan2.2: the other expert
+            latents = generate(full, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs],
+                               seed=v.seed, num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale,
+                               shift=v.sample_shift, negative_prompt=v.negative_prompt, device=self.device,
+                               dtype=self.dtype)
         if self.rank != 0:
             return len(inputs)
         videos = decode(latents, parts.vae)
