@@ -5,13 +5,15 @@ wrapper alone and the whole tiny transformer, Ulysses 2 and ring 2 (with gradien
 against the same computation on the whole sequence; the activation formula against the bytes a
 rank of a Ulysses-2 group saves for backward.
 
-Training runs (`deepspeed train_e2v.py`, started side by side with the session), each compared
-with a run of the session that has no context parallelism (so they cost 2 launches, not 4):
+Training runs (`deepspeed train_e2v.py`, started with the session), each compared with a run of the
+session that has no context parallelism (so the baselines cost nothing here):
   u2       2 processes, Ulysses 2, the viz run's training settings (its held-out split, checkpoints,
            export; validation losses at steps 0 and 4, no videos or visualizations, which leave the
            training alone)                                          = viz_run, 1 process
   dp2_r2   4 processes, 2 data-parallel groups x ring 2, the ZeRO-3 + offload run's settings, its
            first 3 steps                                            = zero3_offload_run, 2 processes
+  resumed  2 processes, Ulysses 2, resumed from u2's step-2 checkpoint (after u2)
+                                                                    = u2's and viz_run's steps 3, 4
 Ulysses with several data-parallel groups takes the same groups and reduction as ring (the group is
 the context-parallel group either way); the in-process tests cover both exchanges.
 """
@@ -171,8 +173,8 @@ def test_context_parallel_estimate_and_dry_run_divide_the_activations():
         em.estimate(split, 3, 80)
     transformer, full = preflight(split)
     plan = describe_plan(transformer, split, resolve_deepspeed_config(split, 1, False), full)
-    assert "activations per GPU (estimate)" in plan and "for 80 video tokens, 40 per GPU over 2 context-parallel" in plan
-    assert "exchange buffers" in plan
+    assert "activations per GPU (estimate)" in plan and "exchange buffers" in plan
+    assert "for 80 video tokens, 40 per GPU over 2 context-parallel" in plan
 
 
 # --- training runs --------------------------------------------------------------------------------
@@ -202,7 +204,13 @@ def _start_cp_runs(request):
 @pytest.fixture(scope="module")
 def cp_runs(request) -> dict:
     out, runs = early("cp_runs", request)
-    return {"out": out, **dict(zip(runs, wait_all(*runs.values())))}
+    done = {"u2": runs["u2"].wait()}
+    resumed = launch_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={request.getfixturevalue('demo_data')}",
+                           f"output_dir={out}", "run_id=resumed", *LEAN_VIZ_RUN, "parallel.ulysses_degree=2",
+                           num_gpus=2, env={"OMP_NUM_THREADS": "1"},
+                           extra=("--resume", str(out / "u2" / "checkpoints" / "step_000002")))
+    done["dp2_r2"], done["resumed"] = wait_all(runs["dp2_r2"], resumed)
+    return {"out": out, **done}
 
 
 def _close(a: dict, b: dict, steps, keys=("train/loss", "train/grad_norm")) -> None:
@@ -247,3 +255,16 @@ def test_context_parallel_dp_x_cp_run_equals_data_parallel_run(cp_runs, zero3_of
     out = cp_runs["dp2_r2"].stdout
     assert "context parallel: 4 processes = 2 data-parallel group(s) x 1 Ulysses x 2 ring" in out
     assert (cp_runs["out"] / "dp2_r2" / "lora" / "pytorch_lora_weights.safetensors").exists()
+
+
+def test_context_parallel_resume_continues_with_the_uninterrupted_losses(cp_runs, viz_run):
+    """A context-parallel run resumed from the Ulysses run's step-2 checkpoint (each rank's ZeRO
+    partition and RNG states, the sampler offset of its data-parallel rank) continues with that
+    run's losses and gradient norms at steps 3 and 4, and the 1-process run's validation losses."""
+    resumed, u2, one = (read_scalars(cp_runs["out"] / "resumed"), read_scalars(cp_runs["out"] / "u2"),
+                        read_scalars(viz_run))
+    assert "resumed from" in cp_runs["resumed"].stdout
+    assert sorted(s for s in resumed if "train/loss" in resumed[s]) == [3, 4]
+    _close(resumed, u2, [3, 4])
+    _close(resumed, one, [3, 4])
+    _close(resumed, one, [4], keys=[k for k in one[4] if k.startswith("val/loss")])
