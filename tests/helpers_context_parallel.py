@@ -148,8 +148,8 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     from e2v.distributed import init_distributed
 
+    torch.set_num_threads(1)  # two ranks on a 2-core machine: a thread per core each would spin against the other
     init_distributed()
-    torch.set_num_threads(1)
     result = {
         "attention_ulysses": attention_alone(2, 1, rank),
         "attention_ring": attention_alone(1, 2, rank),
