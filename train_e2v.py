@@ -1,4 +1,4 @@
-"""Train Wan2.1 to make video from elements (SkyReels-A2 style), or plain T2V / video regression.
+"""Train Wan (2.1, 2.2-I2V-A14B) to make video from elements (SkyReels-A2 style), or plain T2V / video regression.
 
     deepspeed train_e2v.py --config configs/e2v.yaml [--set train.lr=5e-5 ...] [--resume latest]
 
@@ -22,18 +22,20 @@ from e2v import checkpoint as ckpt
 from e2v import distributed, export
 from e2v.cache import batch_conditions
 from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
+from e2v.context_parallel import check_heads, layout
 from e2v.data import index_samples, make_loader
 from e2v.device import to_device
 from e2v.comfy import check_comfy_mappable, lora_module_names
 from e2v.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.expand import expansion_modules, is_expanded
+from e2v.experts import boundary_ratio, expert_sigma_range
 from e2v.guard import NonFiniteGuard
 from e2v.models import load_parts
-from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
+from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight, vae_config
 from e2v.precision import trained_fp32_kept
 from e2v.runlock import lock_run_folder
 from e2v.runlog import Log
-from e2v.schema import check_plain_t2v_base
+from e2v.schema import check_base
 from e2v.seed_formats import map_seed_flags
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.validation import Validator, split_held_out
@@ -124,8 +126,9 @@ def checked_config(args):
 
 
 def start_run(cfg, args):
-    """The process group, this rank's device, and the run folder (locked against a second run,
-    the resolved config written). Returns (rank, world, device, run folder, lock)."""
+    """The process group, this rank's place in it (data- and context-parallel: e2v.context_parallel),
+    its device, and the run folder (locked against a second run, the resolved config written).
+    Returns (rank, world, layout, device, run folder, lock)."""
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
@@ -134,24 +137,32 @@ def start_run(cfg, args):
                              "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
     distributed.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        lay = layout(cfg, rank, world)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
     run_dir = Path(distributed.broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
     lock = lock_run_folder(run_dir, rank)  # held until exit: a second run in this folder stops
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    seed_process(cfg, rank)
-    return rank, world, device, run_dir, lock
+        if lay.enabled:
+            print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
+                  f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")
+    seed_process(cfg, lay.dp_rank)  # a context-parallel group draws as its data-parallel rank
+    return rank, world, lay, device, run_dir, lock
 
 
-def build_model(cfg, run_dir: Path, rank: int, world: int, device):
+def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
     """The parts (the transformer partitioned at load under ZeRO-3; no encoders with the cache),
     set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
-    ds_config = resolve_deepspeed_config(cfg, world, device.type == "cuda")
+    ds_config = resolve_deepspeed_config(cfg, data_parallel, device.type == "cuda")
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)
-        check_plain_t2v_base(cfg, parts.transformer.config.in_channels)
+        check_base(cfg, parts.transformer.config, vae_config(cfg) if parts.vae is None else parts.vae.config)
+        check_heads(cfg, parts.transformer.config.num_attention_heads)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     export.save_base_modules(parts.transformer, full_names, run_dir, rank,  # the ComfyUI export's differences
@@ -202,7 +213,8 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
         out["ids"] += batch["id"]
         with torch.no_grad():
             c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
-        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen)
+        expert_range = expert_sigma_range(cfg, step, len(out["losses"]))  # Wan2.2's experts: one per micro-batch
+        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range)
         loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
         loss_value = loss.item()  # the micro-batch's one host sync (the non-finite guard needs it)
         if guard.bad(loss_value, "loss", step, batch["id"]):
@@ -211,7 +223,7 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
         engine.step()
         out["losses"].append(loss_value)
         vis.maybe_dump(step, batch, c, noisy_model_input, model_pred, sigma)
-        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow)
+        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow, boundary_ratio(cfg))
     return out
 
 
@@ -222,21 +234,21 @@ def main():
         return
     from tqdm import tqdm
 
-    rank, world, device, run_dir, _lock = start_run(cfg, args)
-    rng, gen = step_rngs(cfg, rank)  # element choices and dropouts; sigmas, noise, posterior samples
-    parts, full_names, ds_config = build_model(cfg, run_dir, rank, world, device)
+    rank, world, lay, device, run_dir, _lock = start_run(cfg, args)
+    rng, gen = step_rngs(cfg, lay.dp_rank)  # element choices and dropouts; sigmas, noise, posterior samples
+    parts, full_names, ds_config = build_model(cfg, run_dir, rank, lay.dp_size, device)
     excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
     samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
     if rank == 0:
         announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
-    engine, scheduler = initialize_engine(parts, cfg, ds_config)
+    engine, scheduler = initialize_engine(parts, cfg, ds_config, lay)
     dtype = training_dtype(cfg)
     global_step, samples_seen, resumed = resume(args, run_dir, engine, rng, gen, rank)
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
     stop = distributed.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
-    data_iter = iter(make_loader(cfg, samples, rank=rank, world=world, start_sample=samples_seen))
+    data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
     log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
     validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
@@ -271,7 +283,7 @@ def main():
                 log.scalars(global_step, step_scalars(
                     cfg, world, lr=lr, grad_norm=grad_norm, step_time=step_time, data_time=stepped["data_time"],
                     step_losses=stepped["losses"], stats=stepped["stats"], skipped_ids=skipped_ids, excluded=len(excluded),
-                    nonfinite=guard.skipped))
+                    nonfinite=guard.skipped, data_parallel=lay.dp_size))
             bar.update(1)
             bar.set_postfix(loss=f"{sum(stepped['losses']) / len(stepped['losses']):.4f}", lr=f"{lr:.1e}", refresh=False)
             log.scalars(global_step, validator.maybe_run(engine, global_step))

@@ -12,7 +12,8 @@ before anything random happens:
                                              elements the mode keeps (full / index / first_and_last
                                              keep a fixed set, so one encode per sample is exact)
     vae.<element>.mean / .std    [16,t,h,w]  combine after: each element encoded on its own; any
-                                             mode, the random subset is assembled per step
+                                             mode, the random subset is assembled per step (also
+                                             the clean_prefix layout's references, e2v/ti2v.py)
 and, in the safetensors metadata, the fingerprint (`fp.<field>`) and the element names. Not
 cacheable (config.py refuses at start): combine before with prefix / random (the condition video
 depends on the choice of the step) and target_layout prepend. `<root>/_shared.safetensors` holds
@@ -49,6 +50,7 @@ from e2v.conditioning import (TEXT_LEN, Conditions, after_frames, after_ref_fram
 from e2v.config import Config
 from e2v.device import randn
 from e2v.schema import VAE_T, cache_shaping_values
+from e2v.ti2v import pad_prefix
 from e2v.elements import Sample, sample_bucket
 from e2v.media import MediaError
 
@@ -283,8 +285,11 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
     device = lat_mean.device
     f = VAE_T * (t - 1) + 1
 
-    cond = None
-    if cfg.uses_vae_condition:
+    cond, ref_chunks = None, None
+    if cfg.uses_vae_condition and cd.target_layout == "clean_prefix":  # combine: after entries (config.normalise)
+        ref_chunks = [[_posterior(e[f"vae.{k}.mean"][None], e[f"vae.{k}.std"][None], pv.sample_mode, generator)
+                       for k in kept[i] if f"vae.{k}.mean" in e] for i, e in enumerate(entries)]
+    elif cfg.uses_vae_condition:
         if pv.combine == "before":
             zeros = torch.zeros(z, t, h, w, device=device)  # no reference kept: zero condition (finish_condition zeroes it anyway)
             mean = torch.stack([e.get("cond_mean", zeros) for e in entries])
@@ -304,6 +309,7 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
 
     latents = _posterior(lat_mean, torch.stack([e["latents_std"] for e in entries]), cd.target_sample_mode, generator)
     cond = condition_or_zeros(cond, latents, parts.transformer)
+    ref_latents = None if ref_chunks is None else pad_prefix(ref_chunks, ref_drop, latents)
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:
@@ -320,7 +326,7 @@ def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random
     for i, e in enumerate(entries):
         row = empty if cap_drop[i] else e["text"]
         text[i, : row.shape[0]] = row
-    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop)
+    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop, ref_latents)
 
 
 def batch_conditions(batch: dict, parts, cfg: Config, *, rng: random.Random,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from e2v.distributed import barrier, is_distributed, merge_over_ranks, share_of_work, this_rank
+from e2v.experts import split_names, split_state
 from e2v.export import BASE_FILE, FULL_DIR, export_dtype, read_base, export_meta, save_full, write_lora_exports
 from e2v.integrity import HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine, weights_only_zero_to_fp32
 
@@ -311,12 +312,15 @@ def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
 def export_checkpoint(path: Path, out_dir: Path) -> Path:
     """The same files export_lora writes at the end of a run, from a checkpoint folder."""
     state, meta = state_from_checkpoint(path)
-    if meta["training_type"] == "full":
-        out = Path(out_dir) / FULL_DIR
-        save_full({k: v.to(export_dtype(k)) for k, v in state.items()}, meta["transformer_config"], out)
-        return out
-    lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in state.items() if "lora_" in k}
-    extra = {n.replace(".base_layer", ""): state[n] for n in meta["full_names"]}
-    base = read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
-    write_lora_exports(Path(out_dir), lora, extra, meta, base=base)
-    return Path(out_dir)
+    all_base = read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
+    out = Path(out_dir)
+    for expert in meta.get("experts") or [""]:  # Wan2.2's experts: one folder each, plain names
+        folder, st = out / expert if expert else out, split_state(state, expert)
+        if meta["training_type"] == "full":
+            save_full({k: v.to(export_dtype(k)) for k, v in st.items()}, meta["transformer_config"], folder / FULL_DIR)
+            out = out if expert else folder / FULL_DIR
+            continue
+        lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in st.items() if "lora_" in k}
+        extra = {n.replace(".base_layer", ""): st[n] for n in split_names(meta["full_names"], expert)}
+        write_lora_exports(folder, lora, extra, meta, base=split_state(all_base, expert))
+    return out

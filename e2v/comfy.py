@@ -8,6 +8,8 @@ import re
 
 import torch
 
+from e2v.experts import plain_name
+
 
 def comfy_diffs(extra: dict, base: dict) -> tuple[dict, list[str]]:
     """ComfyUI's full-weight differences for the trained modules the base model has (same name and
@@ -102,8 +104,10 @@ def comfy_lora(lora: dict, alpha: float) -> dict:
 
 
 def lora_module_names(transformer: torch.nn.Module) -> list[str]:
-    """Names of the modules peft wrapped with a LoRA (`blocks.0.attn1.to_q`, ...)."""
-    return [n for n, m in transformer.named_modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
+    """Names of the modules peft wrapped with a LoRA (`blocks.0.attn1.to_q`, ...); a Wan2.2 expert's
+    without its prefix (each expert's ComfyUI file has the plain names)."""
+    names = [plain_name(n) for n, m in transformer.named_modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
+    return list(dict.fromkeys(names))
 
 
 def check_comfy_mappable(lora_target_names: list[str]) -> None:

@@ -6,9 +6,11 @@ the padding latents depend on the references), the Wan I2V mask, `cat([mask, lat
 CLIP pathway: each reference -> CLIPImageProcessor -> vision `hidden_states[-2]` (penultimate,
 CLS kept) -> 257 tokens; concatenated along tokens. Text: UMT5 last hidden state, zeroed after
 each prompt's length, padded to exactly 512 (Wan takes the LAST 512 context tokens as text).
+Wan2.2 TI2V (`target_layout: clean_prefix`): each reference encoded alone, its latent frames
+placed before the clip's instead of in condition channels (e2v/ti2v.py).
 
-Legend: B batch, F pixel frames, T = (F-1)/4+1 latent frames, H/W pixels, h/w = H/8, W/8 latent
-size, N references, L tokens, D width.
+Legend: B batch, F pixel frames, T = (F-1)/4+1 latent frames, H/W pixels, h/w = H/s, W/s latent
+size (s the VAE's stride: 8 for Wan2.1's, 16 for Wan2.2's), N references, L tokens, D width.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 import torch
 
 from e2v.device import as_pixels, module_device
-from e2v.schema import VAE_S, VAE_T
+from e2v.schema import VAE_T, latent_size
+from e2v.ti2v import pad_prefix
 
 TEXT_LEN = 512  # Wan's cross-attention splits image | text at the last 512 context tokens
 
@@ -60,7 +63,7 @@ def _vae_input(video_BCFHW: torch.Tensor, vae) -> torch.Tensor:
 
 def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pixels -> normalised latents [B,16,T,h,w] on the VAE's device (posterior mean, or a sample
+    """Pixels -> normalised latents [B,C,T,h,w] on the VAE's device (posterior mean, or a sample
     drawn from the CPU `generator` and moved, as diffusers' randn_tensor does)."""
     dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     z = dist.sample(generator) if sample_mode == "sample" else dist.mode()
@@ -69,7 +72,7 @@ def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
 
 @torch.no_grad()
 def decode_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
-    """Normalised latents (16 channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
+    """Normalised latents (the VAE's C channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
     [-1, 1]; callers clamp as their output needs)."""
     z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
     return vae.decode(z, return_dict=False)[0].float()
@@ -199,6 +202,7 @@ class Conditions:
     kept: list[list[str]] | None = None  # element names each sample was conditioned on
     ref_dropped: list[bool] | None = None
     caption_dropped: list[bool] | None = None
+    ref_latents_BCNhw: torch.Tensor | None = None  # clean_prefix: [B,C,N,h,w] frames before the clip (e2v/ti2v.py)
 
 
 def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torch.Generator | None = None,
@@ -213,10 +217,13 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
     b, _, f, hh, ww = video_BCFHW.shape
     kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
 
-    # VAE condition, one encode for the whole batch (each sample's own layout).
-    cond = None
+    # VAE condition, one encode for the whole batch (each sample's own layout); or, in the
+    # clean_prefix layout (Wan2.2 TI2V), each reference encoded alone, in front of the clip.
+    cond, ref_latents = None, None
     ref_videos = []
-    if cfg.uses_vae_condition:
+    if cfg.uses_vae_condition and cd.target_layout == "clean_prefix":
+        ref_latents = _encode_each_reference(batch, kept, parts.vae, pv.sample_mode, generator)
+    elif cfg.uses_vae_condition:
         ref_frames = []
         for i in range(b):
             names = [k for k in kept[i] if k in batch["vae_refs"][i]]
@@ -245,6 +252,8 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
         target_video = torch.cat(rows)
     latents = encode_video(target_video, parts.vae, sample_mode=cd.target_sample_mode, generator=generator)
     cond = condition_or_zeros(cond, latents, parts.transformer)
+    if ref_latents is not None:
+        ref_latents = pad_prefix(ref_latents, ref_drop, latents)
 
     clip = None
     if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
@@ -252,7 +261,7 @@ def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torc
 
     prompts = ["" if d else p for p, d in zip(batch["prompt"], cap_drop)]
     text = encode_text(prompts, parts.tokenizer, parts.text_encoder)
-    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop)
+    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop, ref_latents)
 
 
 def condition_or_zeros(cond_BCTHW: torch.Tensor | None, latents_BCTHW: torch.Tensor, transformer):
@@ -333,24 +342,31 @@ def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: in
     return torch.stack(rows)
 
 
-def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Tensor, list[int]]:
-    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
-    latents concatenated in time and zero-padded in latent space to T. Returns the latents and,
-    per sample, how many latent frames hold references."""
-    t = (f - 1) // VAE_T + 1
-    rows, ref_latent_frames = [], []
+def _encode_each_reference(batch, kept, vae, sample_mode, generator) -> list[list[torch.Tensor]]:
+    """Per sample, each kept VAE reference encoded on its own (position order), with its repeat as
+    `after_frames` gives it: [1,C,t_k,h,w] latents each (t_k = 1 for repeat <= 4)."""
+    rows = []
     for i, names in enumerate(kept):
         chunks = []
         for k in names:
             if k not in batch["vae_refs"][i]:
                 continue
             n = batch["vae_repeats"][i][k]
-            frames = after_frames(n)
             ref = batch["vae_refs"][i][k].view(1, 3, 1, *batch["vae_refs"][i][k].shape[-2:])
-            chunks.append(encode_video(ref.expand(-1, -1, frames, -1, -1), vae, sample_mode=sample_mode,
+            chunks.append(encode_video(ref.expand(-1, -1, after_frames(n), -1, -1), vae, sample_mode=sample_mode,
                                        generator=generator))
-        hh, ww = batch["video"].shape[-2:]
-        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, hh // VAE_S, ww // VAE_S, vae.device)
+        rows.append(chunks)
+    return rows
+
+
+def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Tensor, list[int]]:
+    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
+    latents concatenated in time and zero-padded in latent space to T. Returns the latents and,
+    per sample, how many latent frames hold references."""
+    t, h, w = latent_size(f, *batch["video"].shape[-2:], vae.config)
+    rows, ref_latent_frames = [], []
+    for chunks in _encode_each_reference(batch, kept, vae, sample_mode, generator):
+        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, h, w, vae.device)
         ref_latent_frames.append(n_lat)
         rows.append(row)
     return torch.cat(rows), ref_latent_frames

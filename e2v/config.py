@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from e2v import context_parallel
 from e2v.config_checks import validate
 from e2v.device import choose_adam
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
@@ -243,6 +244,10 @@ def normalise(cfg: Config) -> None:
         d.auto_frame_buckets = True  # the factor's counts are frame buckets (schema.frame_bucket_list)
     for p in cfg.visualization.processors:
         p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
+    if cfg.conditioning.target_layout == "clean_prefix":
+        # The layout encodes each reference on its own (e2v/ti2v.py), which is what combine: after
+        # names; the cache then stores them per element, and its fingerprint tells the layouts apart.
+        cfg.processors.vae.combine = "after"
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -259,7 +264,8 @@ def adam_choice(cfg: Config, ds_config: dict, cuda: bool) -> tuple[bool, str]:
 
 
 def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
-    """Fill the "auto" fields of the chosen ds_configs/*.json from the YAML.
+    """Fill the "auto" fields of the chosen ds_configs/*.json from the YAML. `world_size`: the
+    data-parallel ranks (under context parallelism, the processes / its degree).
 
     The LR schedule is not DeepSpeed's (its WarmupLR forbids 0 warmup steps and starts at lr 0);
     train_e2v.py passes a torch LambdaLR, which DeepSpeed checkpoints with the engine.
@@ -295,6 +301,6 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
     if torch_adam and cuda and not offload and "optimizer" in ds:
         ds["optimizer"].setdefault("params", {})["fused"] = True  # torch's one-kernel AdamW on the GPU
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
-    return ds
+    return context_parallel.zero_settings(cfg, ds)
 
 

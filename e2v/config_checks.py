@@ -10,8 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from e2v.schema import (PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape,
-                        frame_bucket_list, nearest_valid_sizes, resolve_repo_path)
+from e2v.experts import check_expert_config
+from e2v.schema import (PATCH, PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
+                        TinyShape, frame_bucket_list, latent_size, nearest_valid_sizes, resolve_repo_path)
 
 
 def _bound_problem(value: float, bounds: dict) -> str | None:
@@ -101,9 +102,10 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         raise ConfigError("model: set exactly one of model.preset (tiny) or model.pretrained (a diffusers folder)")
     if cfg.model.tiny.head_dim % 2:
         raise ConfigError(f"model.tiny.head_dim={cfg.model.tiny.head_dim} must be even (Wan's rope rotates pairs)")
-    if cfg.model.preset != "tiny" and cfg.model.tiny != TinyShape():
-        raise ConfigError("model.tiny sizes the tiny preset's transformer; with model.pretrained the folder's "
+    if cfg.model.preset is None and cfg.model.tiny != TinyShape():
+        raise ConfigError("model.tiny sizes a tiny preset's transformer; with model.pretrained the folder's "
                           "transformer/config.json does: remove model.tiny")
+    check_expert_config(cfg)
     if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
         n_vae = len(cfg.vae_elements)
         if not 0 <= pv.frame_index < n_vae:
@@ -111,11 +113,13 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                               f"element at that place in vae.position order; use 0..{n_vae - 1}")
     if len(cfg.processors.clip.resolution) != 2:
         raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
-    if cfg.conditioning.target_layout == "prepend" and not cfg.uses_vae_condition:
-        raise ConfigError(f"conditioning.target_layout: prepend puts the VAE reference frames before the clip, but "
-                          f"e2v_type={cfg.e2v_type} has no VAE condition: use target_layout: overlay")
+    if cfg.conditioning.target_layout in ("prepend", "clean_prefix") and not cfg.uses_vae_condition:
+        raise ConfigError(f"conditioning.target_layout: {cfg.conditioning.target_layout} puts the VAE reference "
+                          f"frames before the clip, but e2v_type={cfg.e2v_type} has no VAE condition: use "
+                          "target_layout: overlay")
     _validate_validation(cfg)
     _validate_cache(cfg)
+    _validate_parallel(cfg)
     ds_path = resolve_repo_path(cfg.deepspeed.config)
     if not ds_path.exists():
         raise ConfigError(
@@ -163,6 +167,33 @@ def _validate_cache(cfg: Config) -> None:
     if cfg.conditioning.target_layout == "prepend":
         raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
                           "references chosen each step; use target_layout: overlay or cache.enabled: false")
+
+
+def _validate_parallel(cfg: Config) -> None:
+    """Context parallelism splits the video tokens of every clip evenly over ulysses x ring ranks,
+    so every shape the run can meet (each frame bucket at each resolution bucket, and the
+    validation videos at data.num_frames x data.resolution) must divide. The heads (a model
+    property) and the world size (a launch property) are checked at start: e2v.context_parallel."""
+    p = cfg.parallel
+    degree = p.ulysses_degree * p.ring_degree
+    if degree == 1:
+        return
+    from e2v.plan import vae_config  # the model's VAE strides (plan loads after this module)
+
+    d, vae = cfg.data, vae_config(cfg)
+    frames = set(frame_bucket_list(cfg) if d.auto_frame_buckets else []) | {d.num_frames}
+    for f in sorted(frames):
+        for h, w in d.resolution_buckets or [d.resolution]:
+            t, lh, lw = latent_size(f, h, w, vae)
+            n = t * (lh // PATCH) * (lw // PATCH)
+            if n % degree:
+                fits = [k for k in range(2, 17) if n % k == 0]
+                raise ConfigError(
+                    f"parallel: ulysses_degree {p.ulysses_degree} x ring_degree {p.ring_degree} = {degree} ranks "
+                    f"share each clip's video tokens evenly, but {f} frames at {h} x {w} make {n} tokens "
+                    f"({t} latent frames x {lh // PATCH} x {lw // PATCH}), not a multiple of {degree}: use a degree "
+                    f"that divides {n} ({', '.join(map(str, fits)) or 'none up to 16'}) or change data.num_frames / "
+                    "data.resolution / the buckets")
 
 
 def _validate_validation(cfg: Config) -> None:

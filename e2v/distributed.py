@@ -40,6 +40,18 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
 
 
+def context_parallel_mesh(data_parallel: int, ring: int, ulysses: int):
+    """The process groups of context parallelism (e2v/context_parallel.py): a device mesh with
+    dimensions (dp, ring, ulysses), so that rank = (dp * ring + r) * ulysses + u and the ranks of
+    one context-parallel group are consecutive, plus a group of every rank (DeepSpeed reduces and
+    partitions over it). A collective: every rank calls it, once."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = init_device_mesh(device, (data_parallel, ring, ulysses), mesh_dim_names=("dp", "ring", "ulysses"))
+    return mesh, torch.distributed.new_group(list(range(torch.distributed.get_world_size())))
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank if `flag` is true on any rank (a collective: all ranks must call it)."""
     if not is_distributed():

@@ -4,7 +4,9 @@ optimizer DeepSpeed can build here, and the fp32 modules kept through `deepspeed
 
 Seeds: `seed * 1000 + rank` drives each rank's discrete choices (`random.Random`) and its draws
 (a CPU `torch.Generator`: sigmas, noise, posterior samples); `seed` alone initialises the LoRA,
-so every rank starts from the same adapter whatever loading drew.
+so every rank starts from the same adapter whatever loading drew. Under context parallelism the
+rank here is the data-parallel rank (`context_parallel.Layout.dp_rank`): the ranks that share a
+sample share its streams.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 
 import torch
 
+from e2v import context_parallel
 from e2v.expand import is_expanded
 from e2v.precision import fp32_kept_params, restore_fp32_params
 from e2v.trainable import setup_training
@@ -69,16 +72,19 @@ def prepare_for_training(parts, cfg) -> list[str]:
     return full_names
 
 
-def initialize_engine(parts, cfg, ds_config: dict):
+def initialize_engine(parts, cfg, ds_config: dict, layout: context_parallel.Layout | None = None):
     """deepspeed.initialize on the transformer with the YAML's LR schedule (a torch LambdaLR,
     checkpointed with the engine). DeepSpeed's bf16 mode casts every parameter, including the
-    modules diffusers keeps in fp32: their exact fp32 values are put back afterwards."""
+    modules diffusers keeps in fp32: their exact fp32 values are put back afterwards. With a
+    context-parallel `layout` the transformer is made context-parallel first and DeepSpeed gets
+    its groups (gradients averaged over the data-parallel groups, ZeRO over every rank)."""
     import deepspeed
 
+    mpu = context_parallel.enable(parts.transformer, cfg, layout) if layout is not None and layout.enabled else None
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
     kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)
     engine, _, _, scheduler = deepspeed.initialize(
-        model=parts.transformer, model_parameters=params, config=ds_config,
+        model=parts.transformer, model_parameters=params, config=ds_config, mpu=mpu,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
     )
     restore_fp32_params(parts.transformer, kept_fp32)

@@ -1,6 +1,7 @@
 """T2V -> E2V expansion: a 16-channel text-to-video transformer widened to take element conditions
 (condition channels in the patch embedding, image cross-attention), initialised so that its
-output at step 0 equals the base's; the new modules train in full."""
+output at step 0 equals the base's; the new modules train in full. Wan2.2-I2V-A14B's experts have
+the condition channels but no image attention: the CLIP pathway adds only that, the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
+from e2v.experts import boundary_ratio
 from e2v.parts import CLIP_VIT_H, Parts
 from e2v.tiny import TINY_CLIP_WIDTH, seeded
 
@@ -29,17 +31,29 @@ EXPANSION_MODULES = {
 def clip_width(parts: Parts, cfg: Config) -> int:
     if parts.image_encoder is not None:
         return parts.image_encoder.config.hidden_size
-    return TINY_CLIP_WIDTH if cfg.model.preset == "tiny" else CLIP_VIT_H[1]
+    return TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
+
+
+def added_pathways(cfg: Config) -> list[str]:
+    """The pathways (EXPANSION_MODULES keys) the base lacks and expansion adds: those e2v_type uses
+    on a T2V base (model.base: t2v); image attention alone on a two-expert Wan2.2 base with the CLIP
+    pathway. Known from the config, before any weight loads."""
+    if cfg.e2v_type == "none":
+        return []
+    if cfg.model.base == "t2v":
+        return (["vae"] if cfg.uses_vae_condition else []) + (["clip"] if cfg.uses_clip else [])
+    return ["clip"] if cfg.uses_clip and boundary_ratio(cfg) is not None else []
 
 
 def is_expanded(cfg: Config) -> bool:
-    """A T2V base that load_parts widened for elements (its new modules train in full)."""
-    return cfg.model.base == "t2v" and cfg.e2v_type != "none"
+    """A base that load_parts widened for elements (its new modules train in full)."""
+    return bool(added_pathways(cfg))
 
 
 def needs_expansion(transformer: WanTransformer3DModel, cfg: Config) -> bool:
-    """A 16-channel T2V transformer asked to take element conditions. The base is stated in the
-    config (model.base), never guessed, so what trains in full is known before any weight loads."""
+    """A 16-channel T2V transformer asked to take element conditions, or a Wan2.2 expert asked to
+    take CLIP tokens. The base is stated in the config (model.base), never guessed, so what trains
+    in full is known before any weight loads."""
     t2v = transformer.config.in_channels == 16 and transformer.config.added_kv_proj_dim is None
     if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":
         raise ValueError(f"model: {cfg.model.pretrained or cfg.model.preset} is a text-to-video transformer "
@@ -48,19 +62,24 @@ def needs_expansion(transformer: WanTransformer3DModel, cfg: Config) -> bool:
     if not t2v and cfg.model.base == "t2v":
         raise ValueError(f"model.base: t2v, but {cfg.model.pretrained or cfg.model.preset} already has "
                          f"{transformer.config.in_channels} input channels / image attention: set model.base: i2v")
-    return t2v and cfg.e2v_type != "none"
+    if t2v:
+        return cfg.e2v_type != "none"
+    return "clip" in added_pathways(cfg) and transformer.config.added_kv_proj_dim is None
 
 
-def expansion_shape(cfg: Config, image_width: int) -> tuple[int, int | None]:
-    """(input channels, image width or None) a T2V base is expanded to, per e2v_type: the VAE
-    pathway adds 20 channels (16 without the mask), the CLIP pathway adds image cross-attention."""
-    cond = (20 if cfg.processors.vae.concatenate_mask else 16) if cfg.uses_vae_condition else 0
-    return 16 + cond, image_width if cfg.uses_clip else None
+def expansion_shape(cfg: Config, image_width: int, in_channels: int = 16) -> tuple[int, int | None]:
+    """(input channels, image width or None) a base of `in_channels` is expanded to, per e2v_type:
+    on a T2V base the VAE pathway adds 20 channels (16 without the mask); the CLIP pathway adds
+    image cross-attention."""
+    added = added_pathways(cfg)
+    if "vae" in added:
+        in_channels += 20 if cfg.processors.vae.concatenate_mask else 16
+    return in_channels, image_width if "clip" in added else None
 
 
 def expansion_modules(cfg: Config) -> list[str]:
     """Name patterns of the modules expansion added for this e2v_type (they train in full)."""
-    return (EXPANSION_MODULES["vae"] if cfg.uses_vae_condition else []) + (EXPANSION_MODULES["clip"] if cfg.uses_clip else [])
+    return [pattern for pathway in added_pathways(cfg) for pattern in EXPANSION_MODULES[pathway]]
 
 
 def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int | None = 1280,

@@ -1,6 +1,7 @@
 """Exports that load in plain diffusers (and ComfyUI) with no DeepSpeed: the LoRA with its adapter
 metadata, a ComfyUI copy with the trained modules as differences, the modules trained in full
-beside it, the model shape; or (a full fine-tune) the whole transformer. Under ZeRO every rank
+beside it, the model shape; or (a full fine-tune) the whole transformer. Wan2.2's experts: the
+same files in one folder per expert. Under ZeRO every rank
 takes part in the gathers and rank 0 alone keeps and writes the copies."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from e2v.comfy import check_comfy_mappable, comfy_diffs, comfy_lora, wan_original_key
+from e2v.experts import each_expert, plain_name, split_names, split_state
 from e2v.integrity import usual_permissions
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
@@ -84,15 +86,19 @@ def _full_fp32(param: torch.nn.Parameter, keep: bool = True) -> torch.Tensor | N
 
 def export_meta(transformer: torch.nn.Module) -> dict:
     """Everything an offline export needs besides the weights: the transformer config, the LoRA
-    adapter config, and which parameters train in full (all of them for a full fine-tune)."""
-    peft = getattr(transformer, "peft_config", None)
+    adapter config, which parameters train in full (all of them for a full fine-tune), and the
+    Wan2.2 experts the model holds (each exported to its own folder; [] for one transformer)."""
+    experts = each_expert(transformer)
+    first = experts[0][1]  # two experts share the shape, the adapter config and the training type
+    peft = getattr(first, "peft_config", None)
     trainable = [n for n, p in transformer.named_parameters() if p.requires_grad]
-    config = {k: v for k, v in dict(transformer.config).items() if not k.startswith("_")}
+    config = {k: v for k, v in dict(first.config).items() if not k.startswith("_")}
     return {
         "transformer_config": config,
-        "lora": peft[_adapter_name(transformer)].to_dict() if peft else None,
+        "lora": peft[_adapter_name(first)].to_dict() if peft else None,
         "full_names": [n for n in trainable if "lora_" not in n],
         "training_type": "lora" if peft else "full",
+        "experts": [name for name, _ in experts if name],
     }
 
 
@@ -105,10 +111,10 @@ def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_d
     one at a time (gathered under ZeRO-3: a collective); rank 0 holds them until written."""
     from safetensors.torch import save_file
 
-    if not getattr(transformer, "peft_config", None):  # a full fine-tune exports the whole model
+    if not getattr(each_expert(transformer)[0][1], "peft_config", None):  # a full fine-tune exports the whole model
         return None
     named = dict(transformer.named_parameters())
-    names = [n for n in full_names if not any(re.search(p, n) for p in exclude)]
+    names = [n for n in full_names if not any(re.search(p, plain_name(n)) for p in exclude)]
     base = {}
     for n in names:
         value = _full_fp32(named[n], keep=rank == 0)  # every rank takes part in the gather; rank 0 keeps the copy
@@ -138,15 +144,23 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     alpha = r), a ComfyUI file (the LoRA plus the fully-trained modules as differences from the
     base weights the run saved beside `out_dir`), the fully-trained modules and the model shape.
     Full fine-tune: the transformer in bf16 (fp32 where diffusers keeps fp32) via save_pretrained
-    in `<out_dir>/transformer`.
-    Collective under ZeRO: every rank calls it, rank 0 writes."""
-    meta = export_meta(transformer)
-    if meta["training_type"] == "full":
-        return export_full(transformer, Path(out_dir) / FULL_DIR, rank=rank)
-    lora, extra = trained_state(transformer, full_names, keep=rank == 0)
-    if rank == 0:
-        write_lora_exports(Path(out_dir), lora, extra, meta, base=read_base(Path(out_dir).parent / BASE_FILE))
-    return Path(out_dir)
+    in `<out_dir>/transformer`. Wan2.2's experts: the same files for each expert the model holds,
+    in `<out_dir>/high_noise/` and `<out_dir>/low_noise/`, under the plain transformer names (the
+    low-noise LoRA loads with `load_lora_weights(..., load_into_transformer_2=True)`).
+    Collective under ZeRO: every rank calls it, rank 0 writes. Returns the folder written."""
+    base = read_base(Path(out_dir).parent / BASE_FILE) if rank == 0 else {}
+    out = Path(out_dir)
+    for expert, module in each_expert(transformer):
+        folder = out / expert if expert else out
+        meta = export_meta(module)
+        if meta["training_type"] == "full":
+            written = export_full(module, folder / FULL_DIR, rank=rank)
+            out = out if expert else written
+            continue
+        lora, extra = trained_state(module, split_names(full_names, expert), keep=rank == 0)
+        if rank == 0:
+            write_lora_exports(folder, lora, extra, meta, base=split_state(base, expert))
+    return out
 
 
 def export_dtype(name: str) -> torch.dtype:

@@ -9,30 +9,71 @@ T latent frames, h/w latent size.
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+SIGMA_MIN, SIGMA_MAX = 1e-4, 1.0 - 1e-4  # the draw's ends: sigma=0 makes the x0 objective trivial, 1 is pure noise
 
 
 def shift_sigma(u: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * u / (1 + (shift - 1) * u)
 
 
+def unshift_sigma(sigma: float, shift: float) -> float:
+    """The inverse of shift_sigma: the u that the shift takes to `sigma`."""
+    return sigma / (shift - (shift - 1) * sigma)
+
+
 def sample_sigmas(batch: int, *, generator: torch.Generator, mode: str = "uniform", shift: float = 5.0,
                   logit_mean: float = 0.0, logit_std: float = 1.0,
-                  timestep_list: list[float] | None = None) -> torch.Tensor:
+                  timestep_list: list[float] | None = None,
+                  sigma_range: tuple[float, float] | None = None) -> torch.Tensor:
     """sigma_B in (0, 1). `timestep_list` (0..1000) restricts training to those timesteps: the video
     regression seed trains only at its `denoising_step_list`, unshifted (they are already schedule
-    points)."""
+    points). `sigma_range` (lo, hi), both inclusive: the same distribution conditioned on that range
+    (one Wan2.2 expert's timesteps, e2v/experts.py), drawn by inverting its CDF, so its shape within
+    the range is kept and each sample costs one draw, as without a range."""
     if timestep_list:
-        idx = torch.randint(len(timestep_list), (batch,), generator=generator)
-        return torch.tensor(timestep_list, dtype=torch.float32)[idx] / 1000.0
+        sigmas = torch.tensor(timestep_list, dtype=torch.float32) / 1000.0
+        if sigma_range is not None:
+            sigmas = sigmas[(sigmas >= sigma_range[0]) & (sigmas <= sigma_range[1])]
+            if not len(sigmas):
+                raise ValueError(f"flow.denoising_step_list: no timestep in the sigma range {sigma_range}")
+        return sigmas[torch.randint(len(sigmas), (batch,), generator=generator)]
+    lo, hi = sigma_range or (0.0, 1.0)
+    u_lo, u_hi = unshift_sigma(lo, shift), unshift_sigma(hi, shift)
     if mode == "uniform":
-        u = torch.rand(batch, generator=generator)
+        u = u_lo + (u_hi - u_lo) * torch.rand(batch, generator=generator)
     elif mode == "logit_normal":
-        u = torch.sigmoid(logit_mean + logit_std * torch.randn(batch, generator=generator))
+        if sigma_range is None:
+            u = torch.sigmoid(logit_mean + logit_std * torch.randn(batch, generator=generator))
+        else:  # the normal's CDF between the range's ends, inverted (float64: the tails are thin)
+            p_lo, p_hi = (_normal_cdf(v, logit_mean, logit_std) for v in (u_lo, u_hi))
+            p = p_lo + (p_hi - p_lo) * torch.rand(batch, generator=generator, dtype=torch.float64)
+            u = torch.sigmoid(logit_mean + logit_std * torch.special.ndtri(p)).float()
     else:
         raise ValueError(f"flow.sigma_sampling: unknown mode {mode!r}")
-    # keep away from the exact ends: sigma=0 makes the x0 objective trivial, sigma=1 pure noise.
-    return shift_sigma(u, shift).clamp(1e-4, 1.0 - 1e-4)
+    return shift_sigma(u, shift).clamp(max(SIGMA_MIN, lo), min(SIGMA_MAX, hi))
+
+
+def _normal_cdf(u: float, mean: float, std: float) -> torch.Tensor:
+    """P(sigmoid(mean + std * z) <= u) for a standard normal z."""
+    logit = math.log(u / (1 - u)) if 0 < u < 1 else (-math.inf if u <= 0 else math.inf)
+    return torch.special.ndtr(torch.tensor((logit - mean) / std, dtype=torch.float64))
+
+
+def sigma_mass(lo: float, hi: float, *, mode: str = "uniform", shift: float = 5.0, logit_mean: float = 0.0,
+               logit_std: float = 1.0, timestep_list: list[float] | None = None) -> float:
+    """The probability sample_sigmas (without a range) gives a sigma in [lo, hi]."""
+    if timestep_list:
+        sigmas = torch.tensor(timestep_list, dtype=torch.float32) / 1000.0
+        return ((sigmas >= lo) & (sigmas <= hi)).float().mean().item()
+    u_lo, u_hi = unshift_sigma(lo, shift), unshift_sigma(hi, shift)
+    if mode == "uniform":
+        return u_hi - u_lo
+    return (_normal_cdf(u_hi, logit_mean, logit_std) - _normal_cdf(u_lo, logit_mean, logit_std)).item()
 
 
 def _expand(sigma_B: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 modulation tables, the norms, the rope tables); DeepSpeed's bf16 mode casts every parameter. One
 name rule decides which those are (kept_in_fp32), and their exact fp32 values are taken before
 `deepspeed.initialize` and put back after it (e2v/engine.py), by the export (e2v/export.py)
-and by sampling (tools/sample.py)."""
+and by inference (`to_inference_dtype`: tools/sample.py, and the base Wan2.2 expert validation
+loads)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,21 @@ def restore_fp32_params(transformer: torch.nn.Module, saved: dict[str, torch.Ten
             part.data = shard
             p.data = value.to(p.device) if p.data.numel() else torch.empty(0, dtype=torch.float32, device=p.device)
     return len(saved)
+
+
+def to_inference_dtype(model, device: str, dtype: torch.dtype):
+    """The transformer on `device` in `dtype`, except the modules diffusers keeps in fp32 (Wan's
+    `_keep_in_fp32_modules`: time embedder, scale_shift_table, norms): a plain `.to(bf16)` would
+    round them, while from_pretrained(torch_dtype=bf16) and training (restore_fp32_params) keep
+    them fp32. The copies are exact: taken before the cast. Frozen first: fp32_kept_params lists
+    frozen parameters only, and a full fine-tune's transformer comes back trainable. The rope
+    tables are buffers, which fp32_kept_params leaves out (DeepSpeed does not cast buffers), so
+    they are kept here by the same name rule."""
+    model.eval().requires_grad_(False)
+    kept = fp32_kept_params(model)
+    buffers = {n: b.float().clone() for n, b in model.named_buffers() if b.is_floating_point() and kept_in_fp32(n)}
+    model.to(device, dtype)
+    restore_fp32_params(model, kept)
+    for name, value in buffers.items():
+        model.get_buffer(name).data = value.to(device)
+    return model

@@ -4,10 +4,11 @@ UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 s
 text-only classifier-free guidance: the unconditional pass uses the negative prompt with the SAME
 image tokens and VAE condition (docs/conditioning.md, "Inference"). The conditions come from
 `conditioning.encode_batch` on a batch shaped exactly like data.py's, so inference sees the
-layouts training saw (element order, repeats, mask, zero-padded CLIP blocks), for any number of
-elements, and for a T2V base (`e2v_type: none`: no condition, no image tokens).
+layouts training saw (element order, repeats, mask, zero-padded CLIP blocks, or Wan2.2 TI2V's
+clean reference frames in front), for any number of elements, and for a T2V base (`e2v_type:
+none`: no condition, no image tokens).
 
-Legend: B batch, C latent channels (16), T latent frames, h/w latent size, F pixel frames,
+Legend: B batch, C latent channels (16; 48 for the Wan2.2 VAE), T latent frames, h/w latent size, F pixel frames,
 H/W pixels, L tokens, D width.
 """
 
@@ -105,13 +106,15 @@ def decode(latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
 
 
 def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
-    return (batch, vae.config.z_dim, *latent_size(cfg.data.num_frames, *cfg.data.resolution))
+    """The clip's latents under this VAE: [B,C,T,h,w] (the clean_prefix layout's reference frames
+    are conditions, not sampled)."""
+    return (batch, vae.config.z_dim, *latent_size(cfg.data.num_frames, *cfg.data.resolution, vae.config))
 
 
 def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
              num_steps: int = 50, guidance_scale: float = 5.0, shift: float = 8.0, negative_prompt: str = "",
              device="cpu", dtype=torch.float32) -> torch.Tensor:
-    """Prompts (+ one dict of element images per prompt) -> clean latents [B,16,T,h,w].
+    """Prompts (+ one dict of element images per prompt) -> clean latents [B,C,T,h,w] of the clip.
 
     The noise is drawn first, then the conditions are encoded with the same generator: A2's order,
     so a `sample_mode: sample` posterior matches its pipeline bit for bit."""
@@ -133,13 +136,23 @@ def load_trained(transformer, lora_dir: str | Path):
     """A run's `lora/` folder into a plain transformer: the diffusers LoRA (with its adapter
     metadata, so alpha is right) through diffusers' own Wan loader, then the modules trained in
     full beside it (checkpoint.load_extra_modules). A full fine-tune's `lora/transformer/` folder
-    replaces the transformer. Returns the transformer to use."""
+    replaces the transformer. Wan2.2's experts (a TwoExperts): each expert from its folder
+    (`lora/high_noise/`, `lora/low_noise/`); an expert the run did not train stays the base.
+    Returns the transformer to use."""
     from diffusers import WanTransformer3DModel
     from diffusers.loaders import WanLoraLoaderMixin
 
+    from e2v.experts import TwoExperts
     from e2v.export import FULL_DIR, LORA_FILE, load_extra_modules
 
     lora_dir = Path(lora_dir)
+    if isinstance(transformer, TwoExperts):
+        found = {name: e for name, e in transformer.experts.items() if (lora_dir / name).is_dir()}
+        if not found:
+            raise FileNotFoundError(f"--lora {lora_dir}: no {' or '.join(transformer.experts)} folder: pass the "
+                                    "lora/ folder of a run on a two-expert base")
+        return TwoExperts({**transformer.experts, **{name: load_trained(e, lora_dir / name) for name, e in found.items()}},
+                          transformer.boundary_ratio)
     if (lora_dir / FULL_DIR / "config.json").exists():
         return WanTransformer3DModel.from_pretrained(str(lora_dir / FULL_DIR), torch_dtype=torch.float32)
     if not (lora_dir / LORA_FILE).exists():

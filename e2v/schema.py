@@ -1,9 +1,10 @@
 """The config schema: every key a user can write is a field of the dataclasses below, its bounds
 declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whether it shapes
 the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
-modules need, each written once: the Wan VAE's strides and the latent size, the reference-frame
-count, the frame-bucket list, the 16-channel base of plain text-to-video. About 420 lines: the
-schema is one table a user reads through; splitting it would scatter the keys of one YAML.
+modules need, each written once: the VAE's strides, latent channels and the latent size (per model,
+from its VAE config), the reference-frame count, the frame-bucket list, what a model's shape allows.
+About 450 lines: the schema is one table a user reads through; splitting it would scatter the keys
+of one YAML.
 
 Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
 foreign formats in e2v/seed_formats.py.
@@ -170,7 +171,10 @@ class Processors:
 class Conditioning:
     reference_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.1 (drops all: zero cond, zero mask, zero CLIP tokens)
     caption_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.3 (empty-prompt embedding)
-    target_layout: Literal["overlay", "prepend"] = "overlay"
+    # overlay: the target is the clip; prepend: reference frames then the clip (docs/conditioning.md);
+    # clean_prefix (Wan2.2 TI2V): each reference a clean latent frame before the clip's, timestep 0,
+    # the loss on the clip's frames only (e2v/ti2v.py)
+    target_layout: Literal["overlay", "prepend", "clean_prefix"] = "overlay"
     target_sample_mode: Literal["argmax", "sample"] = "argmax"  # target latents: mean or sample
 
 
@@ -198,9 +202,12 @@ class TinyShape:
 
 @dataclass
 class Model:
-    preset: Optional[Literal["tiny"]] = cached(None)  # random-weight parts built in code (CPU demo, tests)
-    tiny: TinyShape = field(default_factory=TinyShape)  # the tiny preset's transformer size
-    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*-Diffusers)
+    # random-weight parts built in code (CPU demo, tests): tiny (Wan2.1: I2V, or T2V with base t2v),
+    # tiny_ti2v (Wan2.2 TI2V-5B's layout: 48-channel VAE, 16x space, no image attention),
+    # tiny_wan22_a14b (Wan2.2 I2V-A14B's two experts)
+    preset: Optional[Literal["tiny", "tiny_ti2v", "tiny_wan22_a14b"]] = cached(None)
+    tiny: TinyShape = field(default_factory=TinyShape)  # a tiny preset's transformer size
+    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*, Wan2.2-*-Diffusers)
     base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
     image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
     training_type: Literal["lora", "full"] = "lora"
@@ -208,6 +215,9 @@ class Model:
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+    # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
+    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/experts.py).
+    expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
 
 
 @dataclass
@@ -255,6 +265,15 @@ class DeepSpeed:
     # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
     # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
     torch_adam: Optional[bool] = None
+
+
+@dataclass
+class Parallel:
+    # Context parallelism (docs/context_parallel.md): one sample's video tokens split over
+    # ulysses_degree x ring_degree ranks, which see the same micro-batch; the launched processes
+    # form world / (U x R) data-parallel groups. 1 x 1: plain data parallelism.
+    ulysses_degree: int = bounded(1, min=1, note="(DeepSpeed Ulysses: must divide the attention heads)")
+    ring_degree: int = bounded(1, min=1, note="(ring attention over the Ulysses head shards)")
 
 
 @dataclass
@@ -337,6 +356,7 @@ class Config:
     flow: Flow = field(default_factory=Flow)
     train: Train = field(default_factory=Train)
     deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
+    parallel: Parallel = field(default_factory=Parallel)
     cache: Cache = field(default_factory=Cache)
     validation: Validation = field(default_factory=Validation)
     visualization: Visualization = field(default_factory=Visualization)
@@ -352,9 +372,10 @@ class Config:
 
     def reference_frames(self, names=None) -> int:
         """Condition-video frames the named elements (all of them by default) take at the start of
-        the condition video: the sum of their vae.repeat; 0 without a VAE stream. The one place
-        F_ref is counted (the mask, the prepend layout, the cache, the sampler's dropped frames)."""
-        if not self.uses_vae_condition:
+        the condition video: the sum of their vae.repeat; 0 without a VAE stream, and 0 in the
+        clean_prefix layout (the references are latent frames of their own, before the clip). The
+        one place F_ref is counted (the mask, the prepend layout, the cache, the sampler's dropped frames)."""
+        if not self.uses_vae_condition or self.conditioning.target_layout == "clean_prefix":
             return 0
         return sum(e.vae.repeat for e in self.data.elements if e.vae is not None and (names is None or e.name in names))
 
@@ -391,16 +412,30 @@ def nearest_valid_size(x: int, multiple: int = 16) -> int:
     return lo if x - lo <= hi - x else hi
 
 
-# Wan2.1's VAE divides time by VAE_T (causally: F pixel frames -> 1 + (F-1)/4 latent frames) and
-# space by VAE_S; the transformer then patches 2 x 2. So a frame count is 4k+1 and a side a
-# multiple of 16 pixels.
-VAE_T, VAE_S, PATCH = 4, 8, 2
-PIXELS_PER_TOKEN = VAE_S * PATCH
+# Every Wan VAE divides time by VAE_T (causally: F pixel frames -> 1 + (F-1)/4 latent frames), and
+# every Wan transformer patches 2 x 2. Space is per VAE: Wan2.1's divides by 8, Wan2.2's (TI2V-5B)
+# by 16 (a 2x2 patchify, then 8). So a frame count is 4k+1 and a side a multiple of 16 pixels for
+# any Wan (PIXELS_PER_TOKEN, checked at config load), 32 for the Wan2.2 VAE (check_base, once the
+# model is known). A VAE config is a diffusers AutoencoderKLWan config (a dict, or `vae.config`);
+# e2v.plan.vae_config gives a model's without loading it.
+VAE_T, PATCH = 4, 2
+PIXELS_PER_TOKEN = 8 * PATCH
 
 
-def latent_size(num_frames: int, height: int, width: int) -> tuple[int, int, int]:
-    """(T, h, w) of the latents of a num_frames x height x width clip."""
-    return (num_frames - 1) // VAE_T + 1, height // VAE_S, width // VAE_S
+def vae_space_stride(vae_config) -> int:
+    """Pixels per latent cell side: scale_factor_spatial (8 when absent: diffusers' default, the Wan2.1 VAE)."""
+    return vae_config.get("scale_factor_spatial") or 8
+
+
+def latent_channels(vae_config) -> int:
+    """Latent channels of the VAE: z_dim (16 when absent: the Wan2.1 VAE; Wan2.2's: 48)."""
+    return vae_config.get("z_dim") or 16
+
+
+def latent_size(num_frames: int, height: int, width: int, vae_config) -> tuple[int, int, int]:
+    """(T, h, w) of the latents of a num_frames x height x width clip under this VAE."""
+    s = vae_space_stride(vae_config)
+    return (num_frames - 1) // VAE_T + 1, height // s, width // s
 
 
 def frame_bucket_list(cfg: Config) -> list[int]:
@@ -414,14 +449,34 @@ def frame_bucket_list(cfg: Config) -> list[int]:
     return sorted(f for f in set(counts) if f >= max(cfg.reference_frames(), 1))
 
 
-def check_plain_t2v_base(cfg: Config, in_channels: int) -> None:
-    """e2v_type: none trains the transformer as plain text-to-video: its input is the 16 latent
-    channels alone, so a base widened for conditions (I2V: 36) cannot take it. Checked on the meta
-    device before loading (e2v.plan.preflight) and again on the loaded model (hub ids)."""
-    if cfg.e2v_type == "none" and in_channels != 16:
-        raise ConfigError(f"e2v_type: none trains plain text-to-video, but {cfg.model.pretrained or cfg.model.preset} "
-                          f"has {in_channels} input channels: use a 16-channel T2V base "
-                          "(model.base: t2v with the tiny preset)")
+def check_base(cfg: Config, transformer_config, vae_config) -> None:
+    """What the model's shape allows, once it is known: e2v.plan.preflight checks the transformer
+    as training builds it (expanded when model.base is t2v) on the meta device before loading, and
+    train_e2v.py checks the loaded one again (a hub id's shape is known only then). Its input is
+    its latents alone (in_channels == the VAE's z_dim: a T2V or a TI2V base) or latents plus
+    condition channels (I2V, expanded T2V); sides must fit the VAE's stride."""
+    name = cfg.model.pretrained or f"the {cfg.model.preset} preset"
+    in_channels, z = transformer_config["in_channels"], latent_channels(vae_config)
+    latents_only, layout = in_channels == z, cfg.conditioning.target_layout
+    if cfg.e2v_type == "none" and not latents_only:
+        raise ConfigError(f"e2v_type: none trains plain text-to-video, but {name} has {in_channels} input channels "
+                          f"for {z} latent channels: use a T2V or TI2V base (model.base: t2v with the tiny preset)")
+    if cfg.uses_vae_condition and latents_only and layout != "clean_prefix":
+        raise ConfigError(f"{name} takes its {z} latent channels alone (no condition channels, as Wan2.2 TI2V): "
+                          "its references go before the clip as clean latent frames; set "
+                          "conditioning.target_layout: clean_prefix (docs/conditioning.md)")
+    if layout == "clean_prefix" and not latents_only:
+        raise ConfigError(f"conditioning.target_layout: clean_prefix needs a model whose input is its latents alone, "
+                          f"but {name} has {in_channels} input channels for {z} latent channels (condition "
+                          "channels): use target_layout: overlay")
+    if cfg.uses_clip and transformer_config.get("added_kv_proj_dim") is None:
+        raise ConfigError(f"e2v_type: {cfg.e2v_type} feeds CLIP image tokens, but {name} has no image attention "
+                          "(Wan2.2 TI2V has none): use e2v_type: vae")
+    side = vae_space_stride(vae_config) * PATCH
+    bad = [hw for hw in [cfg.data.resolution, *cfg.data.resolution_buckets] if hw[0] % side or hw[1] % side]
+    if bad:
+        raise ConfigError(f"data.resolution / resolution_buckets {bad}: {name}'s VAE divides space by "
+                          f"{side // PATCH}, then the transformer patches 2x2: sides must be multiples of {side}")
 
 
 def schema_keys() -> dict[str, list[str]]:

@@ -4,7 +4,9 @@
     sigma_B, noise  <- flow.sample_sigmas / randn, from the step's CPU generator, then moved
     x_t             =  (1 - sigma) x0 + sigma noise
     model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
-    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)
+                    or cat([ref_latents, x_t], frames)      (Wan2.2 TI2V's clean_prefix layout: the
+                                                             references' tokens at timestep 0, e2v/ti2v.py)
+    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)   (clip frames only)
     loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
                     or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
 
@@ -19,8 +21,10 @@ import torch
 from e2v.conditioning import Conditions
 from e2v.device import randn
 from e2v.distributed import mean_over_ranks
+from e2v.experts import expert_for
 from e2v.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
                       velocity_target, x0_from_velocity)
+from e2v.ti2v import prefix_frames, prefix_input
 
 
 def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:
@@ -30,23 +34,29 @@ def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> t
 
 def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
             dtype: torch.dtype) -> torch.Tensor:
-    """One transformer call -> the fp32 velocity on the model input's device. The timestep stays
-    fp32 (or int64, as the sampler passes it) for the fp32 time embedder."""
+    """One transformer call -> the fp32 velocity of the clip's frames on the model input's device.
+    The timestep stays fp32 (or int64, as the sampler passes it) for the fp32 time embedder; with
+    reference frames in front (clean_prefix) it is one per token, 0 on theirs, and their
+    prediction is dropped, so the loss sees the clip's frames only."""
+    x, timestep = model_input(noisy_BCTHW, c.cond_BCTHW), timestep_B.to(noisy_BCTHW.device)
+    n_ref = prefix_frames(c.ref_latents_BCNhw)
+    if n_ref:
+        x, timestep = prefix_input(c.ref_latents_BCNhw, x, timestep)
     return model(
-        model_input(noisy_BCTHW, c.cond_BCTHW).to(dtype), timestep=timestep_B.to(noisy_BCTHW.device),
-        encoder_hidden_states=text_BLD.to(dtype),
+        x.to(dtype), timestep=timestep, encoder_hidden_states=text_BLD.to(dtype),
         encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),
         return_dict=False,
-    )[0].float()
+    )[0][:, :, n_ref:].float()
 
 
-def draw_flow(c: Conditions, fl, generator: torch.Generator):
-    """Flow matching's draw for one micro-batch: sigma_B (per sample) and the noise, from the CPU
-    generator and moved to the latents' device, and x_t."""
+def draw_flow(c: Conditions, fl, generator: torch.Generator, sigma_range: tuple[float, float] | None = None):
+    """Flow matching's draw for one micro-batch: sigma_B (per sample; within `sigma_range` when
+    given: a Wan2.2 expert's, experts.expert_sigma_range) and the noise, from the CPU generator and
+    moved to the latents' device, and x_t."""
     latents = c.latents_BCTHW
     sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
                           logit_mean=fl.logit_mean, logit_std=fl.logit_std,
-                          timestep_list=fl.denoising_step_list).to(latents.device)
+                          timestep_list=fl.denoising_step_list, sigma_range=sigma_range).to(latents.device)
     noise = randn(latents.shape, generator, latents.device)
     return sigma, noise, add_noise(latents, noise, sigma)
 
@@ -73,24 +83,33 @@ def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dty
 # --- what a step logs --------------------------------------------------------------------------
 
 
-def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl) -> None:
+def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl,
+                   boundary: float | None = None) -> None:
     """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
-    is weak) and, for video regression, the latent statistics."""
+    is weak), for a two-expert base (`boundary`: its boundary_ratio) the loss by expert
+    (`train/loss_high_noise`), and, for video regression, the latent statistics."""
     for s, l in zip(sigma.tolist(), per_sample.tolist()):
         stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+    if boundary is not None:
+        stats.setdefault(f"train/loss_{expert_for(1000 * sigma, boundary)}", []).extend(per_sample.tolist())
     if fl.objective == "x0":
         for k, v in latent_stats(target, model_pred).items():
             stats.setdefault(f"train/{k}", []).append(v)
 
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
-                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int) -> dict:
-    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective)."""
+                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int,
+                 data_parallel: int | None = None) -> dict:
+    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective).
+    `data_parallel`: the ranks that load distinct micro-batches (world / the context-parallel
+    degree; default world). The ranks of a context-parallel group log the same loss, so the mean
+    over all ranks is still the mean over the global batch."""
     ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
+    samples = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * (data_parallel or world)
     return {
         "train/lr": lr, "train/grad_norm": grad_norm,
         "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
-        "perf/samples_per_s": cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * world / step_time,
+        "perf/samples_per_s": samples / step_time,
         "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
         "train/nonfinite_skipped": nonfinite, **ranks,
     }

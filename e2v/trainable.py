@@ -9,6 +9,7 @@ from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
 from e2v.expand import expansion_modules
+from e2v.experts import TwoExperts
 
 
 def lora_target(patterns: list[str]) -> list[str] | str:
@@ -24,6 +25,9 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
     in full beside the LoRA."""
     from peft import LoraConfig
 
+    if isinstance(transformer, TwoExperts):  # each expert its own adapter; names with the expert's prefix
+        return [f"{name}.{n}" for name, expert in transformer.experts.items()
+                for n in setup_training(expert, cfg, expanded)]
     transformer.requires_grad_(False)
     full_patterns = list(cfg.train.trainable) + (expansion_modules(cfg) if expanded else [])
     if cfg.model.training_type == "full":

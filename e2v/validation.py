@@ -9,9 +9,10 @@ all elements kept). Nothing touches the training RNGs, so the curve is comparabl
 two validations of the same weights give identical numbers.
 
 Reference use (README, "Look at what it learns"): at the same sigmas and
-noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens: the
-reference-dropout layout) and with the references shuffled across samples (sample i gets the
-references of sample i+1; needs >= 2 held-out samples). Logged as the plain difference and
+noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens, zero
+reference frames in the clean_prefix layout: the reference-dropout layout) and with the
+references shuffled across samples (sample i gets the references of sample i+1; needs >= 2
+held-out samples). Logged as the plain difference and
 relative to the true-reference loss:
     val/reference_gap_shuffle     = loss_shuffled - loss_true           (likewise _drop)
     val/reference_gap_shuffle_rel = (loss_shuffled - loss_true) / loss_true
@@ -28,6 +29,10 @@ videos only, no losses. Held-out videos are also measured against their referenc
 and with `validation.subject_colour` whether the subject's colour follows its own references
 (val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
 `samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
+
+Wan2.2's two experts (e2v/experts.py): each sigma is scored by its expert; a run that trains one
+expert scores only that expert's sigmas, and its videos take the other expert's base weights for
+the other timesteps, switched at the boundary as diffusers' pipeline switches.
 
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
 """
@@ -46,10 +51,12 @@ from e2v.data import E2VDataset, collate, element_inputs
 from e2v.device import randn, to_device
 from e2v.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.flow import add_noise, per_sample_mse
+from e2v.experts import trains_sigma
 from e2v.media import load_image
-from e2v.models import with_encoders
+from e2v.models import with_all_experts, with_encoders
 from e2v.sampling import decode, encode_conditions, generate
 from e2v.step import predict, prediction_and_target
+from e2v.ti2v import pad_prefix
 from e2v.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
 
@@ -80,15 +87,20 @@ def _stack(conds: list[Conditions]) -> Conditions:
         n = max(c.clip_BLD.shape[1] for c in conds)
         clip = torch.cat([torch.nn.functional.pad(c.clip_BLD, (0, 0, 0, n - c.clip_BLD.shape[1])) for c in conds])
     cond = None if conds[0].cond_BCTHW is None else torch.cat([c.cond_BCTHW for c in conds])
-    return Conditions(torch.cat([c.latents_BCTHW for c in conds]), torch.cat([c.text_BLD for c in conds]), cond, clip)
+    latents = torch.cat([c.latents_BCTHW for c in conds])
+    # clean_prefix reference frames: zero frames in front of fewer, as encode_batch pads a batch
+    refs = pad_prefix([[] if c.ref_latents_BCNhw is None else [c.ref_latents_BCNhw] for c in conds],
+                      [False] * len(conds), latents)
+    return Conditions(latents, torch.cat([c.text_BLD for c in conds]), cond, clip, ref_latents_BCNhw=refs)
 
 
 def _with_references(c: Conditions, refs: Conditions | None) -> Conditions:
     """c's target and prompt with the references of `refs` (None: references dropped)."""
     if refs is None:
         return replace(c, cond_BCTHW=None if c.cond_BCTHW is None else torch.zeros_like(c.cond_BCTHW),
-                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD))
-    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD)
+                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD),
+                       ref_latents_BCNhw=None if c.ref_latents_BCNhw is None else torch.zeros_like(c.ref_latents_BCNhw))
+    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD, ref_latents_BCNhw=refs.ref_latents_BCNhw)
 
 
 class Validator:
@@ -149,20 +161,24 @@ class Validator:
         if with_refs:
             variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
         totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
-        for si, sigma in enumerate(v.sigmas):
-            per_variant = self.per_sample_losses(model, conds, variants, float(sigma), seed=v.seed * 1000 + si)
+        # A run that trains one Wan2.2 expert scores only that expert's sigmas (experts.trains_sigma);
+        # each keeps its noise seed, so its numbers match a run that scores them all.
+        sigmas = [(si, float(s)) for si, s in enumerate(v.sigmas) if trains_sigma(self.cfg, s)]
+        for si, sigma in sigmas:
+            per_variant = self.per_sample_losses(model, conds, variants, sigma, seed=v.seed * 1000 + si)
             for name, per_sample in per_variant.items():
                 totals[name].append(sum(per_sample.tolist()) / n)  # the scalars come back here, once per sigma
+        scored = [s for _, s in sigmas]
         true = totals["true"]
         out = {"val/loss": sum(true) / len(true)}
-        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(v.sigmas, true)})
+        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(scored, true)})
         if with_refs:
             for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):
                 mean = sum(totals[name]) / len(true)
                 out[f"val/loss_{name}_refs"] = mean
                 out[f"val/reference_gap_{tag}"] = mean - out["val/loss"]
                 out[f"val/reference_gap_{tag}_rel"] = (mean - out["val/loss"]) / out["val/loss"]
-                for s, l, t in zip(v.sigmas, totals[name], true):
+                for s, l, t in zip(scored, totals[name], true):
                     out[f"val/reference_gap_{tag}_at_sigma_{s:g}"] = l - t
                     out[f"val/reference_gap_{tag}_rel_at_sigma_{s:g}"] = (l - t) / t
         return out
@@ -215,11 +231,12 @@ class Validator:
         inputs = self.video_inputs()
         if not inputs:
             return 0, {}
-        latents = self.generate(model, parts, inputs)
-        swapped = None
-        if v.subject_colour is not None:  # sample k with the references of its partner: same prompt, same noise
-            images = self.held_out_images()
-            swapped = self.generate(model, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
+        with with_all_experts(model, parts, self.cfg, self.device, self.dtype) as full:  # Wan2.2: the other expert
+            latents = self.generate(full, parts, inputs)
+            swapped = None
+            if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
+                images = self.held_out_images()
+                swapped = self.generate(full, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
         if self.rank != 0:
             return len(inputs), {}
         videos = decode(latents, parts.vae)

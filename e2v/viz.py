@@ -5,6 +5,7 @@ At every `visualization.frequency`-th step, rank 0 takes the first micro-batch's
     input_latents        x0, the clean target latents            [B,16,T,h,w]
     noisy_latents        x_t fed to the model                    [B,16,T,h,w]
     conditioned_latents  the VAE condition cat([mask4, lat16])   [B,20,T,h,w]
+                         (clean_prefix: the reference frames     [B,C,N,h,w], each decoded alone)
     predicted_latents    the model's x0 estimate x_t - sigma * v [B,16,T,h,w]
     reference_images     VAE-path references, position order     [B,N,3,H,W] in [-1,1] (zero-padded to N;
                          all zero, i.e. blank grey tiles, where reference dropout removed them)
@@ -48,9 +49,15 @@ def to_uint8(pixels: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def decode_pixels(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
-    """Normalised latents (16 channels) -> pixels [B,3,F,H,W] in [-1,1] on the VAE's device."""
-    return decode_latents(latents_BCTHW, vae).clamp(-1, 1)
+def decode_pixels(latents_BCTHW: torch.Tensor, vae, frames_alone: bool = False) -> torch.Tensor:
+    """Normalised latents (the VAE's channels) -> pixels [B,3,F,H,W] in [-1,1] on the VAE's device.
+    frames_alone: each latent frame decoded as an image of its own -> [B,3,T,H,W] (the clean_prefix
+    layout's reference frames: each is one image's latent, not a frame of a clip)."""
+    if not frames_alone:
+        return decode_latents(latents_BCTHW, vae).clamp(-1, 1)
+    b, c, t, h, w = latents_BCTHW.shape
+    images = decode_latents(latents_BCTHW.transpose(1, 2).reshape(b * t, c, 1, h, w), vae).clamp(-1, 1)
+    return images.view(b, t, *images.shape[1:2], *images.shape[3:]).transpose(1, 2)
 
 
 def hstack(tiles: list[np.ndarray]) -> np.ndarray:
@@ -148,7 +155,8 @@ class Visualizer:
         self._check(wait=False)
         pred_x0 = model_pred if self.cfg.flow.objective == "x0" else x0_from_velocity(noisy_BCTHW, model_pred, sigma_B)
         tensors = {"input_latents": c.latents_BCTHW, "noisy_latents": noisy_BCTHW,
-                   "conditioned_latents": c.cond_BCTHW, "predicted_latents": pred_x0,
+                   "conditioned_latents": c.cond_BCTHW if c.cond_BCTHW is not None else c.ref_latents_BCNhw,
+                   "predicted_latents": pred_x0,
                    "reference_images": reference_pixels(batch, c.kept, c.ref_dropped)}
         tensors = {k: v.detach().float().cpu().clone() for k, v in tensors.items() if v is not None}
         folder = self.out / f"step_{step:06d}"
@@ -183,7 +191,8 @@ class Visualizer:
         """[B,3,F,H,W] in [-1,1] for a data name, decoded once per step."""
         if name not in decoded:
             lat = tensors[name]
-            decoded[name] = decode_pixels(lat[:, -self.vae.config.z_dim:], self.vae)  # cond: drop the mask
+            alone = name == "conditioned_latents" and self.cfg.conditioning.target_layout == "clean_prefix"
+            decoded[name] = decode_pixels(lat[:, -self.vae.config.z_dim:], self.vae, alone)  # cond: drop the mask
         return decoded[name]
 
     def sheet(self, tensors: dict, decoded: dict) -> np.ndarray:

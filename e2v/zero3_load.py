@@ -23,15 +23,16 @@ def _print0(msg: str) -> None:
         print(msg, flush=True)
 
 
-def zero3_load_blocker(cfg: Config, ds_config: dict | None) -> str | None:
-    """Why the transformer cannot be partitioned at load (load_transformer_zero3), or None if it can."""
+def zero3_load_blocker(cfg: Config, ds_config: dict | None, subfolder: str = "transformer") -> str | None:
+    """Why the transformer in `subfolder` cannot be partitioned at load (load_transformer_zero3),
+    or None if it can."""
     if ds_config is None or ds_config.get("zero_optimization", {}).get("stage") != 3:
         return "not ZeRO-3"
     if not cfg.model.zero3_init:
         return "model.zero3_init is false"
     if is_expanded(cfg):
-        return "a T2V base expanded for elements is rebuilt whole (expand_for_elements)"
-    folder = Path(resolve_pretrained(cfg.model.pretrained)) / "transformer"
+        return "a base expanded for elements is rebuilt whole (expand_for_elements)"
+    folder = Path(resolve_pretrained(cfg.model.pretrained)) / subfolder
     if not folder.is_dir():
         return (f"{cfg.model.pretrained} is not a local folder; download it first "
                 f"(huggingface-cli download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")

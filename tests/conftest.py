@@ -11,8 +11,11 @@ other way (through a helper function of its own) is not seen here, and fails at 
 both suites, naming the test and the fix: mark it `@pytest.mark.train` (the explicit marker
 works too).
 
-What a launch costs here is mostly start-up (the launcher, imports, process groups), so launches
-are shared rather than repeated: one run serves every test that checks it (the session's
+What a launch costs here is mostly start-up (the launcher, imports, process groups). Imports are
+paid once: launches go through a warm server (tests/warm.py) that has imported torch, DeepSpeed,
+diffusers, peft and e2v and forks each rank with the environment and argv the deepspeed launcher
+gives it; the session's two shared runs use the real `deepspeed` launcher, so every suite runs it.
+And launches are shared rather than repeated: one run serves every test that checks it (the session's
 `zero3_offload_run` and `viz_run`, and module-scoped fixtures in the test files), and a fixture
 that needs several independent runs starts them side by side (`launch_train` returns at once;
 `wait_all` collects). Long subprocesses that need nothing from earlier tests (the two session
@@ -22,10 +25,14 @@ user."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -88,16 +95,102 @@ def demo_data(tmp_path_factory) -> Path:
     return out
 
 
+class WarmProcess:
+    """A launch's leader in the warm server (tests/warm.py): poll / wait / pid like a Popen. The
+    leader is not our child, so its exit code comes from the status file it writes."""
+
+    def __init__(self, pid: int, status: Path):
+        self.pid, self.status, self.returncode = pid, status, None
+
+    def _status(self) -> int | None:
+        return int(self.status.read_text()) if self.status.exists() else None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self._status()
+            if code is None and not _alive(self.pid):
+                code = self._status()
+                code = -signal.SIGKILL if code is None else code  # stopped before it could write one
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"warm launch {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class _WarmServer:
+    """tests/warm.py, started once per session (with the session when a selected test trains) and
+    stopped at its end."""
+
+    proc: subprocess.Popen | None = None
+
+    @classmethod
+    def ensure(cls) -> subprocess.Popen:
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/warm.py")], cwd=ROOT, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        return cls.proc
+
+    @classmethod
+    def start(cls, req: dict) -> int:
+        proc = cls.ensure()
+        if not getattr(cls, "ready", False):
+            hello = json.loads(proc.stdout.readline() or '{"error": "the warm server exited at start"}')
+            if "ready" not in hello:
+                raise RuntimeError(f"tests/warm.py: {hello.get('error')}")
+            cls.ready = True
+        proc.stdin.write(json.dumps(req) + "\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())["pid"]
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None and cls.proc.poll() is None:
+            cls.proc.stdin.close()
+            try:
+                cls.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                cls.proc.kill()
+
+
 class Launch:
     """A subprocess (in the repository root) started now and collected by wait(): output goes to
-    temporary files, so a process that prints a lot never blocks on a full pipe while nobody reads it."""
+    temporary files, so a process that prints a lot never blocks on a full pipe while nobody reads it.
 
-    def __init__(self, cmd: list[str], env: dict | None = None):
-        self.cmd = cmd
-        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=self._err, text=True,
-                                     env={**os.environ, **(env or {})})
+    `warm=True` runs a `deepspeed --num_gpus N script args` command through the warm server
+    (tests/warm.py: the same ranks, environment and argv as the launcher gives them, without
+    importing torch and friends again in every process)."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None, warm: bool = False):
+        self.cmd, self.warm = cmd, warm
+        self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
+        self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
+        self._outp.touch(), self._errp.touch()
         self.result: subprocess.CompletedProcess | None = None
+        if warm:
+            nprocs, port, script, args = int(cmd[2]), int(cmd[4]), cmd[5], cmd[6:]
+            req = dict(script=script, args=args, nprocs=nprocs, port=port, cwd=str(ROOT), env={**os.environ, **(env or {})},
+                       stdout=str(self._outp), stderr=str(self._errp), status=str(self._dir / "status"),
+                       ranks=str(self._dir / "ranks.json"))
+            self.proc = WarmProcess(_WarmServer.start(req), self._dir / "status")
+        else:
+            with open(self._outp, "w") as out, open(self._errp, "w") as err:
+                self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
+                                             env={**os.environ, **(env or {})})
 
     def wait(self, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
         if self.result is None:
@@ -106,13 +199,36 @@ class Launch:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise
-            self._out.seek(0), self._err.seek(0)
-            self.result = subprocess.CompletedProcess(self.cmd, self.proc.returncode, self._out.read(), self._err.read())
-            self._out.close(), self._err.close()
+            self.result = subprocess.CompletedProcess(self.cmd, self.proc.returncode, self._outp.read_text(),
+                                                      self._errp.read_text())
+            shutil.rmtree(self._dir, ignore_errors=True)
         if check and self.result.returncode != 0:
             raise AssertionError(f"{self.cmd[:4]} failed ({self.result.returncode}):\n{self.result.stdout[-4000:]}\n"
                                  f"{self.result.stderr[-6000:]}")
         return self.result
+
+    def ranks(self) -> dict[int, list]:
+        """Each rank's processes (the rank and its data workers, not the launcher's): local rank ->
+        psutil processes."""
+        import psutil
+
+        if self.warm:
+            found: dict[int, list] = {}
+            for rank, pid in json.loads((self._dir / "ranks.json").read_text()).items():
+                try:
+                    found[int(rank)] = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+        found = {}
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                flags = [a for a in p.cmdline() if a.startswith("--local_rank=")]
+            except psutil.NoSuchProcess:
+                continue
+            if flags:
+                found.setdefault(int(flags[0].split("=")[1]), []).append(p)
+        return found
 
     def kill(self) -> None:
         """The launcher and every process under it (the ranks, their data workers)."""
@@ -132,8 +248,15 @@ class Launch:
         self.proc.wait()
 
 
+# Launches go through the warm server unless they need a fresh interpreter (a sitecustomize on
+# PYTHONPATH) or name the real launcher: the session's two shared runs do, so every suite runs
+# `deepspeed` itself, 1 and 2 processes. E2V_TEST_LAUNCHER=deepspeed sends every launch through it.
+def _warm_ok(env: dict | None, launcher: str) -> bool:
+    return launcher == "warm" and os.environ.get("E2V_TEST_LAUNCHER", "warm") == "warm" and "PYTHONPATH" not in (env or {})
+
+
 def launch_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), env: dict | None = None,
-                 script: Path | None = None) -> Launch:
+                 script: Path | None = None, launcher: str = "warm") -> Launch:
     """Start `deepspeed --num_gpus N train_e2v.py --config ... --set ...` (as a user runs it) and
     return at once; `script` runs a wrapper of train_e2v.py instead (a test-only hook)."""
     item = _running["item"]
@@ -143,7 +266,7 @@ def launch_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), 
     cmd = train_command(config, *sets, num_gpus=num_gpus, extra=extra)
     if script is not None:
         cmd = [str(script) if c == str(ROOT / "train_e2v.py") else c for c in cmd]
-    return Launch(cmd, env)
+    return Launch(cmd, env, warm=_warm_ok(env, launcher))
 
 
 def wait_all(*launches: Launch, check: bool = True) -> list[subprocess.CompletedProcess]:
@@ -162,6 +285,8 @@ def run_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), tim
 
 
 def train_command(config: str, *sets: str, num_gpus: int = 1, extra: tuple = ()) -> list[str]:
+    """The user's command; its layout (`deepspeed --num_gpus N --master_port P script args`) is
+    what Launch(warm=True) reads."""
     deepspeed = Path(sys.executable).parent / "deepspeed"
     cmd = [str(deepspeed), "--num_gpus", str(num_gpus), "--master_port", str(_free_port()),
            str(ROOT / "train_e2v.py"), "--config", config]
@@ -241,6 +366,9 @@ def _start(name: str, request, handles: dict):
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_early(request, _early_handles):
+    if any(i.get_closest_marker("train") for i in request.session.items):
+        _WarmServer.ensure()  # its imports overlap the first in-process tests
+        request.addfinalizer(_WarmServer.stop)
     for name in _EARLY:
         if any(name in getattr(i, "fixturenames", ()) for i in request.session.items):
             _start(name, request, _early_handles)
@@ -258,7 +386,7 @@ def _shared_start(run_id: str, sets: tuple, gpus: int):
         out = request.getfixturevalue("tmp_path_factory").mktemp(run_id)
         demo = request.getfixturevalue("demo_data")
         return launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
-                            f"run_id={run_id}", *sets, num_gpus=gpus), out / run_id
+                            f"run_id={run_id}", *sets, num_gpus=gpus, launcher="deepspeed"), out / run_id
     return start
 
 

@@ -179,7 +179,7 @@ def test_config_keys_of_the_demo_and_their_errors():
         (["model.tiny.head_dim=13"], r"model.tiny.head_dim=13 must be even"),
         (["model.tiny.head_dim=4"], r"model.tiny.head_dim=4 must be >= 6"),
         (["model.tiny.layers=0"], r"model.tiny.layers=0 must be >= 1"),
-        (["model.preset=null", "model.pretrained=/x", "model.tiny.layers=3"], r"model.tiny sizes the tiny preset"),
+        (["model.preset=null", "model.pretrained=/x", "model.tiny.layers=3"], r"model.tiny sizes a tiny preset"),
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(lora, sets, check_paths=False)

@@ -24,19 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from e2v.config import load_config  # noqa: E402
+from e2v.models import load_vae  # noqa: E402
 from e2v.viz import contact_sheet, decode_pixels, frame_strip, to_uint8, vstack, write_mp4, write_png  # noqa: E402
 
 LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
-
-
-def load_vae(cfg):
-    if cfg.model.preset == "tiny":
-        from e2v.tiny_vae import build_tiny_vae
-
-        return build_tiny_vae(cfg.model.tiny_seed, informative=cfg.model.tiny_vae == "informative").eval()
-    from diffusers import AutoencoderKLWan
-
-    return AutoencoderKLWan.from_pretrained(cfg.model.pretrained, subfolder="vae", torch_dtype=torch.float32).eval()
 
 
 def load_saved(step_dir: Path) -> dict:
@@ -61,7 +52,9 @@ def step_dirs(paths: list[Path]) -> list[Path]:
     return out
 
 
-def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int]) -> list[Path]:
+def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int], clean_prefix: bool = False
+           ) -> list[Path]:
+    """clean_prefix: the run's conditioned_latents are reference frames, each decoded alone."""
     saved = load_saved(step_dir)
     out_dir = step_dir / "render"
     out_dir.mkdir(exist_ok=True)
@@ -69,7 +62,8 @@ def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int]) -
     for name in LATENT_DATA:
         if name not in saved:
             continue
-        video = to_uint8(decode_pixels(saved[name][:, -vae.config.z_dim:], vae).transpose(1, 2))  # [B,F,H,W,3]
+        alone = clean_prefix and name == "conditioned_latents"
+        video = to_uint8(decode_pixels(saved[name][:, -vae.config.z_dim:], vae, alone).transpose(1, 2))  # [B,F,H,W,3]
         videos[name] = video
         write_png(out_dir / f"{name}_grid.png", vstack([frame_strip([], v, every) for v in video]))
         written.append(out_dir / f"{name}_grid.png")
@@ -93,9 +87,10 @@ def main(argv=None):
     p.add_argument("--fps", type=int, default=16)
     args = p.parse_args(argv)
     cfg = load_config(args.config, check_paths=False)
-    vae = load_vae(cfg)
+    vae = load_vae(cfg, "cpu")
     for d in step_dirs(args.paths):
-        files = render(d, vae, args.every, args.fps, cfg.visualization.sheet_frames)
+        files = render(d, vae, args.every, args.fps, cfg.visualization.sheet_frames,
+                       cfg.conditioning.target_layout == "clean_prefix")
         print(f"[dump] {d}: {len(files)} file(s) in {d / 'render'}")
 
 

@@ -17,16 +17,23 @@ n per node, N nodes, L the largest layer (params of one module), bytes per 16-bi
 (6 = 16-bit + fp32 gradient, 12 = fp32 master + Adam's two moments; 1.5 is DeepSpeed's buffer factor.)
 
 Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context tokens
-(512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16):
-  one block      A = 24.2 S D + 2 S F + 4 C D
-  outside blocks O = 2.3 S D + 3.4 C D + 267 S
+(512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16),
+P = parallel.ulysses_degree x ring_degree ranks sharing each sample's tokens (1 without context
+parallelism; docs/context_parallel.md); the formula lives in e2v/plan.py, which the dry run shares:
+  one block      A = (24.2 S D + 2 S F) / P + 4 C D      (+ 5.5 S D / P with per-token timesteps)
+  outside blocks O = 2.3 S D / P + 3.4 C D + 267 S      (+ 11 S D / P with per-token timesteps)
+(Per-token timesteps: the clean_prefix layout of Wan2.2 TI2V, whose S also counts the reference
+frames in front of the clip.)
   no checkpointing              e B (K A + O)
-  gradient checkpointing        e B (K S D + O + A)   (block inputs kept, one block recomputed)
-  + activation_offload          e B (O + A) on the GPU, e B K S D in pinned CPU RAM
+  gradient checkpointing        e B (S D (K/P + 1 - 1/P) + O + A)   (block inputs kept, one block recomputed)
+  + activation_offload          e B (O + A) on the GPU, the block inputs in pinned CPU RAM
 The coefficients are fitted to the bytes autograd saves for backward in diffusers'
 WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
-small models against the formula, within 20%). On GPUs, flash attention saves the same O(S)
-tensors. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
+small models against the formula, within 20%, and tests/test_context_parallel.py a rank of a
+Ulysses-2 group). On GPUs, flash attention saves the same O(S) tensors. With P > 1, plus the
+exchange's transient buffers (e2v.plan.exchange_bytes): 2 S D / P for Ulysses' all-to-all, 2 S D / U
+for ring attention's gathered keys and values, S x 64 for the gathered prediction; they are added
+to the "bufs" column. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
 bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per element each
 (5e8 elements in the shipped configs: 2 GB in bf16), and a fixed 2 GB per GPU for the CUDA
 context, kernels' workspaces and fragmentation. Plus the frozen encoders an online run keeps on
@@ -56,25 +63,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import Config, load_config  # noqa: E402
+from e2v.context_parallel import check_heads, layout  # noqa: E402
 from e2v.expand import is_expanded  # noqa: E402
-from e2v.parts import CLIP_VIT_H  # noqa: E402
-from e2v.plan import build_meta_transformer, encoder_bytes  # noqa: E402
-from e2v.schema import PATCH, latent_size  # noqa: E402
-from e2v.tiny import TINY_CLIP_TOKENS  # noqa: E402
+from e2v.plan import (activation_bytes, activation_terms, build_meta_transformer,  # noqa: E402,F401
+                      encoder_bytes, exchange_bytes, per_token_time, tokens)
 from e2v.trainable import setup_training  # noqa: E402
 
 GB = 2**30
 OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
-ACT_BLOCK = (24.2, 2.0, 4.0)  # A = a S D + b S F + c C D
-ACT_OUTSIDE = (2.3, 3.4, 267.0)  # O = d S D + f C D + g S
-# Short names for the released Wan2.1 transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
+# Short names for the released Wan transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
 KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
-                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}
+                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "ti2v-5b": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
 
 
 @dataclass
@@ -91,6 +94,7 @@ def count_model(cfg: Config) -> ModelCounts:
     """Exact counts of the transformer as training builds it (expansion, LoRA, train.trainable),
     on the meta device: no memory, nothing downloaded."""
     model = build_meta_transformer(cfg)
+    check_heads(cfg, model.config.num_attention_heads)
     setup_training(model, cfg, expanded=is_expanded(cfg))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -124,43 +128,21 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
     return elem_bytes * (z.get("reduce_bucket_size", 5e8) + gather)
 
 
-def tokens(cfg: Config) -> tuple[int, int]:
-    """(video tokens S, context tokens C) of one sample."""
-    t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution)
-    clip = sum(1 for e in cfg.data.elements if e.clip is not None) if cfg.uses_clip else 0
-    per_ref = TINY_CLIP_TOKENS if cfg.model.preset == "tiny" else CLIP_VIT_H[0]
-    return t * (h // PATCH) * (w // PATCH), TEXT_LEN + per_ref * clip
-
-
-def activation_terms(s: int, ctx: int, c: ModelCounts) -> tuple[float, float]:
-    """(A, O): elements saved for backward by one block and outside the blocks, per sample."""
-    a, b, cc = ACT_BLOCK
-    d, f, g = ACT_OUTSIDE
-    return a * s * c.width + b * s * c.ffn + cc * ctx * c.width, d * s * c.width + f * ctx * c.width + g * s
-
-
-def activation_bytes(s: int, ctx: int, c: ModelCounts, batch: int, elem_bytes: int, checkpointing: bool,
-                     offload: bool = False) -> tuple[float, float]:
-    """(bytes on the GPU, bytes moved to CPU RAM) of the activations saved for backward."""
-    block, outside = activation_terms(s, ctx, c)
-    if not checkpointing:
-        return elem_bytes * batch * (c.layers * block + outside), 0.0
-    boundaries = elem_bytes * batch * c.layers * s * c.width
-    gpu = elem_bytes * batch * (outside + block)
-    return (gpu, boundaries) if offload else (gpu + boundaries, 0.0)
-
-
 def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     counts = count_model(cfg)
     s, ctx = tokens(cfg)
     e = 2 if cfg.train.mixed_precision == "bf16" else 4
+    lay = layout(cfg, 0, gpus * nodes)  # the GPUs must hold whole context-parallel groups
+    u, r = lay.ulysses, lay.ring
+    batch = cfg.train.micro_batch_size
     encoders = sum(encoder_bytes(cfg).values())  # resident on every GPU unless the cache replaces them
     rows = []
     for ds_name in SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
         for ckpt, off in ((False, False), (True, False), (True, True)):
-            act_gpu, act_cpu = activation_bytes(s, ctx, counts, cfg.train.micro_batch_size, e, ckpt, off)
-            buffers = buffer_bytes(ds_name, e)
+            act_gpu, act_cpu = activation_bytes(s, ctx, counts, batch, e, ckpt, off, cp=u * r,
+                                                per_token_time=per_token_time(cfg))
+            buffers = buffer_bytes(ds_name, e) + exchange_bytes(s, counts, batch, e, u, r)
             gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + encoders + OVERHEAD_GB * GB
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
                              params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
@@ -173,7 +155,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
     # Cheapest that fits: least offloading first (faster), checkpointing only when needed.
     best = next((r for r in rows if r["fits"]), None)
     return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
-                video_tokens=s, context_tokens=ctx, rows=rows, configured=configured, best=best,
+                video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
                 load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
 
 
@@ -193,12 +175,16 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     grads = (e * pt / g if zero3 else e * pt) + 4 * pt / g
     optimizer = 12 * pt / g
     gather = z.get("stage3_prefetch_bucket_size" if zero3 else "allgather_bucket_size", 5e8)
-    buffers = e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
-    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing)
+    lay = layout(cfg, 0, g)
+    u, r = lay.ulysses, lay.ring
+    buffers = (e * (min(z.get("reduce_bucket_size", 5e8), pt) + (min(gather, pt) if g > 1 or zero3 else 0))
+               + exchange_bytes(s, c, cfg.train.micro_batch_size, e, u, r))
+    act, _ = activation_bytes(s, ctx, c, cfg.train.micro_batch_size, e, cfg.train.gradient_checkpointing, cp=u * r,
+                              per_token_time=per_token_time(cfg))
     enc = sum(encoder_bytes(cfg).values())
     runtime = RUNTIME_GB * GB
     train = weights + grads + optimizer + buffers + act + enc + runtime
-    whole_load = (not zero3 or cfg.model.preset == "tiny"  # the tiny preset is built whole on every rank
+    whole_load = (not zero3 or cfg.model.preset is not None  # a tiny preset is built whole on every rank
                   or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
     load = (e * (pt + pf) if whole_load else weights) + enc + runtime
     per_rank = dict(weights=weights, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
@@ -225,7 +211,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=1, help="GPUs per node")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpu-mem-gb", type=float, default=24.0)
-    p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan2.1 transformer instead")
+    p.add_argument("--model", choices=sorted(KNOWN_MODELS), help="estimate this Wan transformer instead")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--cpu", action="store_true", help="a CPU-only run: everything in host memory (--procs ranks)")
     p.add_argument("--procs", type=int, default=1, help="with --cpu: ranks on this machine")
@@ -241,9 +227,11 @@ def main() -> None:
         print(json.dumps(r, indent=1))
         return
     h, w = cfg.data.resolution
+    cp_note = f"(context parallel: {r['context_parallel']} ranks share each sample's tokens) " if r["context_parallel"] > 1 else ""
     print(f"{args.config}: {(r['trainable'] + r['frozen']) / 1e9:.2f}B params ({r['trainable'] / 1e6:.1f}M trainable), "
           f"{h}x{w}x{cfg.data.num_frames}, micro batch {cfg.train.micro_batch_size}, {r['video_tokens']} video + "
           f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
+          f"{cp_note}"
           f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
     print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
           f"{'bufs':>5s} {'encod':>6s} {'total':>7s} {'CPU':>7s}  fits")

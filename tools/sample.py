@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.media import load_image  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
-from e2v.precision import fp32_kept_params, kept_in_fp32, restore_fp32_params  # noqa: E402
+from e2v.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
 from e2v.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.viz import write_mp4  # noqa: E402
 
@@ -94,24 +94,6 @@ def read_elements(args, cfg) -> dict:
     return images
 
 
-def to_inference_dtype(model, device: str, dtype: torch.dtype):
-    """The transformer on `device` in `dtype`, except the modules diffusers keeps in fp32 (Wan's
-    `_keep_in_fp32_modules`: time embedder, scale_shift_table, norms): a plain `.to(bf16)` would
-    round them, while from_pretrained(torch_dtype=bf16) and training (restore_fp32_params) keep
-    them fp32. The copies are exact: taken before the cast. Frozen first: fp32_kept_params lists
-    frozen parameters only, and a full fine-tune's transformer comes back trainable. The rope
-    tables are buffers, which fp32_kept_params leaves out (DeepSpeed does not cast buffers), so
-    they are kept here by the same name rule."""
-    model.eval().requires_grad_(False)
-    kept = fp32_kept_params(model)
-    buffers = {n: b.float().clone() for n, b in model.named_buffers() if b.is_floating_point() and kept_in_fp32(n)}
-    model.to(device, dtype)
-    restore_fp32_params(model, kept)
-    for name, value in buffers.items():
-        model.get_buffer(name).data = value.to(device)
-    return model
-
-
 def main(argv=None):
     args = parse_args(argv)
     sets = list(args.set)
@@ -131,7 +113,8 @@ def main(argv=None):
     if single and (len(prompts) > 1 or args.num_videos > 1 or args.also_base):
         raise SystemExit("--out FILE.mp4 takes one prompt and one video; give a folder for more")
 
-    parts = load_parts(cfg, device=args.device)  # the encoders on the device; the transformer moves in run()
+    # The encoders on the device; the transformer moves in run(). Wan2.2: both experts, whichever the run trained.
+    parts = load_parts(cfg, device=args.device, all_experts=True)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     options = dict(num_steps=args.steps or v.num_inference_steps,
                    guidance_scale=v.guidance_scale if args.guidance is None else args.guidance,

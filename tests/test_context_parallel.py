@@ -1,0 +1,270 @@
+"""Context parallelism (e2v/context_parallel.py, docs/context_parallel.md) against oracles without it.
+
+In process (2 processes spawned over gloo, tests/helpers_context_parallel.py): the self-attention
+wrapper alone and the whole tiny transformer, Ulysses 2 and ring 2 (with gradient checkpointing),
+against the same computation on the whole sequence; the activation formula against the bytes a
+rank of a Ulysses-2 group saves for backward.
+
+Training runs (`deepspeed train_e2v.py`, started with the session), each compared with a run of the
+session that has no context parallelism (so the baselines cost nothing here):
+  u2       2 processes, Ulysses 2, the viz run's training settings (its held-out split, checkpoints,
+           export; validation losses at steps 0 and 4, no videos or visualizations, which leave the
+           training alone)                                          = viz_run, 1 process
+  dp2_r2   4 processes, 2 data-parallel groups x ring 2, the ZeRO-3 + offload run's settings, its
+           first 3 steps                                            = zero3_offload_run, 2 processes
+  resumed  2 processes, Ulysses 2, resumed from u2's step-2 checkpoint (after u2)
+                                                                    = u2's and viz_run's steps 3, 4
+Ulysses with several data-parallel groups takes the same groups and reduction as ring (the group is
+the context-parallel group either way); the in-process tests cover both exchanges.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import (ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, early, launch_train, read_scalars, starts_early,
+                      wait_all)
+
+TOL = 1e-5  # fp32: the split sums the same products in another order
+
+
+# --- config checks ------------------------------------------------------------------------------
+
+
+def _cfg(*sets, path="configs/e2v_tiny_lora.yaml"):
+    from e2v.config import load_config
+
+    return load_config(ROOT / path, list(sets), check_paths=False)
+
+
+def test_context_parallel_config_errors_name_the_key_and_the_fix():
+    from e2v.context_parallel import layout
+    from e2v.plan import preflight
+    from e2v.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=r"parallel: ulysses_degree 3 x ring_degree 1 = 3 .* 17 frames at 64 x 64 "
+                                          r"make 80 tokens .* \(2, 4, 5, 8, 10, 16\)"):
+        _cfg("parallel.ulysses_degree=3")
+    with pytest.raises(ConfigError, match=r"= 4 ranks .* 17 frames at 48 x 48 make 45 tokens"):  # every bucket counts
+        _cfg("parallel.ring_degree=4", "data.resolution_buckets=[[64,64],[48,48]]")
+    with pytest.raises(ConfigError, match=r"parallel.ulysses_degree=0 must be >= 1"):
+        _cfg("parallel.ulysses_degree=0")
+    # the tiny preset has 2 heads: Ulysses 4 fits the tokens (80) but not the heads, found before loading
+    with pytest.raises(ConfigError, match=r"parallel.ulysses_degree=4 must divide the transformer's 2 attention "
+                                          r"heads .* use one of \[1, 2\].*parallel.ring_degree"):
+        preflight(_cfg("parallel.ulysses_degree=4"))
+    with pytest.raises(ConfigError, match=r"2 ranks per context-parallel group, but 3 processes .* launch 2"):
+        layout(_cfg("parallel.ulysses_degree=2"), 0, 3)
+    # I2V-14B (40 heads) at 720 x 1280 x 81 (75,600 tokens): the README's degrees 2, 4 and 8 fit both
+    for degree in (2, 4, 8):
+        _cfg(f"parallel.ulysses_degree={degree}", "data.resolution=[720,1280]", path="configs/e2v.yaml")
+    from e2v.context_parallel import check_heads
+    check_heads(_cfg("parallel.ulysses_degree=8", path="configs/e2v.yaml"), 40)
+
+
+def test_context_parallel_layout_groups_consecutive_ranks():
+    """4 processes at Ulysses 2: ranks 0, 1 are data-parallel rank 0 and 2, 3 rank 1, as the mesh
+    (dp, ring, ulysses) lays them out; the loader, sampler and seeds take the data-parallel rank."""
+    from e2v.context_parallel import layout
+
+    cfg = _cfg("parallel.ulysses_degree=2")
+    lays = [layout(cfg, r, 4) for r in range(4)]
+    assert [(x.dp_rank, x.cp_rank, x.dp_size, x.cp_size) for x in lays] == [
+        (0, 0, 2, 2), (0, 1, 2, 2), (1, 0, 2, 2), (1, 1, 2, 2)]
+    plain = layout(_cfg(), 3, 4)
+    assert (plain.dp_rank, plain.dp_size, plain.enabled) == (3, 4, False)
+
+
+def test_context_parallel_zero3_takes_deepspeeds_all_reduce_path():
+    """ZeRO-3's reduce-scatter averages over every rank (ignoring the sequence-parallel size), so a
+    context-parallel ZeRO-3 run turns it off (the dp2_u2 run below shows the result); ZeRO-2 and
+    runs without context parallelism keep their ds_config."""
+    from e2v.config import resolve_deepspeed_config
+
+    z3 = resolve_deepspeed_config(_cfg("parallel.ulysses_degree=2", "deepspeed.config=ds_configs/zero3.json"), 1, False)
+    assert z3["zero_optimization"]["reduce_scatter"] is False and z3["zero_optimization"]["contiguous_gradients"]
+    assert z3["train_batch_size"] == 4  # micro batch 4 x 1 data-parallel rank
+    for sets in (("deepspeed.config=ds_configs/zero3.json",), ("parallel.ulysses_degree=2",)):
+        assert "reduce_scatter" not in resolve_deepspeed_config(_cfg(*sets), 1, False)["zero_optimization"]
+
+
+# --- in process: the wrapper, the model, the activations -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    from helpers_context_parallel import worker
+
+    out = tmp_path_factory.mktemp("cp_spawn")
+    mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["ulysses", "ring"])
+def test_context_parallel_attention_wrapper_equals_whole_sequence_attention(spawned, kind):
+    """Self-attention of a token shard through DeepSpeed's Ulysses exchange (or diffusers' ring
+    attention) = the stock processor on the whole sequence, forward and backward."""
+    for rank in spawned:
+        r = rank[f"attention_{kind}"]
+        assert r["out"] < TOL and r["input_grad"] < TOL, r
+        assert r["param_grads"] < TOL and r["param_grad_scale"] > 1e-2, r  # gradients that are there
+
+
+@pytest.mark.parametrize("kind", ["ulysses", "ring_checkpointing"])
+def test_context_parallel_transformer_equals_whole_sequence_transformer(spawned, kind):
+    """The tiny transformer split over 2 ranks: every rank returns the whole prediction, and the
+    ranks' parameter gradients sum to the unsplit model's (DeepSpeed's reduction relies on it)."""
+    for rank in spawned:
+        r = rank[f"model_{kind}"]
+        assert r["out"] < TOL and r["grads"] < TOL and r["grad_scale"] > 1e-2, r
+        assert (r["sequence_parallel_size"], r["sequence_data_parallel_size"]) == (2, 2)
+
+
+def test_context_parallel_activation_formula_matches_saved_bytes_per_rank(spawned):
+    """Per rank of a Ulysses-2 group, the bytes autograd keeps for backward against
+    e2v.plan.activation_bytes at cp=2 (within 20%, as tests/test_estimate_memory.py holds the
+    unsplit formula), and clearly below the unsplit formula."""
+    from helpers_context_parallel import SAVED_SHAPE as s
+
+    from e2v.plan import ModelShape, activation_bytes, activation_terms
+
+    shape = ModelShape(s["heads"] * s["head_dim"], s["ffn"], s["layers"])
+    tokens, ctx = s["frames"] * s["size"] ** 2 // 4, 512 + 51
+    for ck in (False, True):
+        measured = [rank["saved_bytes"][f"ulysses2_checkpointing_{ck}"] for rank in spawned]
+        # with checkpointing the recomputed block (A) lives only during backward: not in the forward's bytes
+        gpu, _ = activation_bytes(tokens, ctx, shape, 1, 4, ck, cp=2)
+        whole, _ = activation_bytes(tokens, ctx, shape, 1, 4, ck, cp=1)
+        if ck:
+            gpu -= 4 * activation_terms(tokens, ctx, shape, 2)[0]
+            whole -= 4 * activation_terms(tokens, ctx, shape, 1)[0]
+        for m in measured:
+            assert gpu == pytest.approx(m, rel=0.2), (ck, m, gpu)
+            assert m < 0.8 * whole, (ck, m, whole)
+
+
+def test_context_parallel_estimate_and_dry_run_divide_the_activations():
+    """tools/estimate_memory.py and the dry run's plan use the context-parallel degree: the
+    activations per GPU are the formula's at cp = U x R (which the test above holds to measured
+    bytes), below the unsplit figure, and the exchange's buffers are added to the buffers."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import estimate_memory as em
+
+    from e2v.config import resolve_deepspeed_config
+    from e2v.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens
+
+    plain, split = _cfg(), _cfg("parallel.ulysses_degree=2")
+    a, b = em.estimate(plain, 2, 80), em.estimate(split, 2, 80)
+    c = em.count_model(split)
+    s, ctx = tokens(split)
+    assert (s, b["context_parallel"], a["context_parallel"]) == (80, 2, 1)
+    for ra, rb in zip(a["rows"], b["rows"]):
+        gib = 2**30
+        ck, off = rb["gradient_checkpointing"], rb["activation_offload"]
+        assert rb["activations_gb"] * gib == pytest.approx(activation_bytes(s, ctx, c, 4, 4, ck, off, cp=2)[0])
+        assert rb["activations_gb"] < ra["activations_gb"]
+        assert (rb["buffers_gb"] - ra["buffers_gb"]) * gib == pytest.approx(exchange_bytes(s, c, 4, 4, 2, 1))
+    with pytest.raises(ValueError, match="2 ranks per context-parallel group, but 3 processes"):
+        em.estimate(split, 3, 80)
+    transformer, full = preflight(split)
+    plan = describe_plan(transformer, split, resolve_deepspeed_config(split, 1, False), full)
+    assert "activations per GPU (estimate)" in plan and "exchange buffers" in plan
+    assert "for 80 video tokens, 40 per GPU over 2 context-parallel" in plan
+
+
+# --- training runs --------------------------------------------------------------------------------
+
+# The viz run's training, with validation losses at steps 0 and 4 only and no videos or
+# visualizations (they cost time and do not touch the training RNGs or weights).
+LEAN_VIZ_RUN = (*VIZ_RUN, "validation.every_n_steps=4", "validation.num_videos=0", "visualization.enabled=false")
+
+
+@starts_early("cp_runs")
+def _start_cp_runs(request):
+    out = request.getfixturevalue("tmp_path_factory").mktemp("cp")
+    common = (f"data.datasets.0.data_root={request.getfixturevalue('demo_data')}", f"output_dir={out}")
+    dp2_sets = tuple(s for s in ZERO3_OFFLOAD_RUN if not s.startswith("train.max_steps"))
+    # One intra-op thread per rank: 2 and 4 ranks share this machine's 2 cores, and torch's default
+    # (a thread per core in every rank) makes the ranks' OpenMP threads spin against each other, about
+    # 4x the CPU time of these runs (measured). The numbers compared stay within 2e-7.
+    env = {"OMP_NUM_THREADS": "1"}
+    return out, {
+        "u2": launch_train("configs/e2v_tiny_lora.yaml", *common, "run_id=u2", *LEAN_VIZ_RUN, "parallel.ulysses_degree=2",
+                           num_gpus=2, env=env),
+        "dp2_r2": launch_train("configs/e2v_tiny_lora.yaml", *common, "run_id=dp2_r2", *dp2_sets, "train.max_steps=3",
+                               "parallel.ring_degree=2", num_gpus=4, env=env),
+    }
+
+
+@pytest.fixture(scope="module")
+def cp_runs(request) -> dict:
+    out, runs = early("cp_runs", request)
+    done = {"u2": runs["u2"].wait()}
+    resumed = launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={request.getfixturevalue('demo_data')}",
+                           f"output_dir={out}", "run_id=resumed", *LEAN_VIZ_RUN, "parallel.ulysses_degree=2",
+                           num_gpus=2, env={"OMP_NUM_THREADS": "1"},
+                           extra=("--resume", str(out / "u2" / "checkpoints" / "step_000002")))
+    done["dp2_r2"], done["resumed"] = wait_all(runs["dp2_r2"], resumed)
+    return {"out": out, **done}
+
+
+def _close(a: dict, b: dict, steps, keys=("train/loss", "train/grad_norm")) -> None:
+    for step in steps:
+        for k in keys:
+            assert a[step][k] == pytest.approx(b[step][k], abs=TOL), (step, k, a[step][k], b[step][k])
+
+
+def test_context_parallel_ulysses_run_equals_one_process_run(cp_runs, viz_run):
+    """2 processes at Ulysses 2 train what 1 process trains: the first step's loss and gradient
+    norm, the losses and gradient norms of every step, and the validation losses (run under
+    context parallelism at steps 0 and 4) within 1e-5; checkpoints at steps 2 and 4, one progress
+    bar, and the exported LoRA equal to the 1-process export."""
+    from safetensors.torch import load_file
+
+    cp, one = read_scalars(cp_runs["out"] / "u2"), read_scalars(viz_run)
+    assert sorted(s for s in cp if "train/loss" in cp[s]) == [1, 2, 3, 4]
+    _close(cp, one, [1, 2, 3, 4])
+    val = [k for k in one[4] if k.startswith("val/loss")]
+    assert val and all(k in cp[s] for s in (0, 4) for k in val)
+    _close(cp, one, [0, 4], keys=val)
+    assert cp[1]["perf/samples_per_s"] * cp[1]["perf/step_time_s"] == pytest.approx(2)  # 1 group x micro batch 2
+    run = cp_runs["out"] / "u2"
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
+    out = cp_runs["u2"].stdout + cp_runs["u2"].stderr
+    assert "context parallel: 2 processes = 1 data-parallel group(s) x 2 Ulysses x 1 ring" in out
+    assert out.count("train:   0%") == 1 and "train: 100%" in out  # one bar (rank 0's), to the end
+    for name in ("pytorch_lora_weights.safetensors", "e2v_modules.safetensors"):
+        a, b = load_file(run / "lora" / name), load_file(viz_run / "lora" / name)
+        assert a.keys() == b.keys() and a
+        assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < TOL, name
+
+
+def test_context_parallel_dp_x_cp_run_equals_data_parallel_run(cp_runs, zero3_offload_run):
+    """4 processes as 2 data-parallel groups of ring attention over 2 ranks (ZeRO-3 + offload over
+    all 4 ranks) train what the 2-process data-parallel run trains: the first step's loss and
+    gradient norm and those of 3 steps within 1e-5 (ring attention equals the run without it)."""
+    cp, dp = read_scalars(cp_runs["out"] / "dp2_r2"), read_scalars(zero3_offload_run)
+    assert sorted(s for s in cp if "train/loss" in cp[s]) == [1, 2, 3]
+    _close(cp, dp, [1, 2, 3])
+    assert cp[1]["perf/samples_per_s"] * cp[1]["perf/step_time_s"] == pytest.approx(4)  # 2 groups x micro batch 2
+    out = cp_runs["dp2_r2"].stdout
+    assert "context parallel: 4 processes = 2 data-parallel group(s) x 1 Ulysses x 2 ring" in out
+    assert (cp_runs["out"] / "dp2_r2" / "lora" / "pytorch_lora_weights.safetensors").exists()
+
+
+def test_context_parallel_resume_continues_with_the_uninterrupted_losses(cp_runs, viz_run):
+    """A context-parallel run resumed from the Ulysses run's step-2 checkpoint (each rank's ZeRO
+    partition and RNG states, the sampler offset of its data-parallel rank) continues with that
+    run's losses and gradient norms at steps 3 and 4, and the 1-process run's validation losses."""
+    resumed, u2, one = (read_scalars(cp_runs["out"] / "resumed"), read_scalars(cp_runs["out"] / "u2"),
+                        read_scalars(viz_run))
+    assert "resumed from" in cp_runs["resumed"].stdout
+    assert sorted(s for s in resumed if "train/loss" in resumed[s]) == [3, 4]
+    _close(resumed, u2, [3, 4])
+    _close(resumed, one, [3, 4])
+    _close(resumed, one, [4], keys=[k for k in one[4] if k.startswith("val/loss")])
