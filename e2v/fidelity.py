@@ -4,7 +4,7 @@ and at reference images (README, "Look at what it learns"; e2v/validation.py run
 Subject colour (`validation.subject_colour`, for data whose subject is one flat colour, such as the
 demo's). The subject's colour is read from its reference: the median of the pixels that are not the
 white surround (`element_colour`). In a generated video it is measured on blocks of VAE_S x VAE_S
-pixels (what one latent position holds: the tiny VAE decodes each block to one colour, a real VAE
+pixels, VAE_S the VAE's spatial stride (what one latent position holds: the tiny VAE decodes each block to one colour, a real VAE
 blurs a little across them): every block's departure from the background reference at the same
 place (the reference as the condition shows it; without one, the block's median over the frames),
 blocks on the mixing line between the background and a distractor's colour (the object) left out,
@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from e2v.device import module_device
-from e2v.schema import VAE_S
 
 WHITE_TOL = 60.0  # RGB distance (0-255 levels) from white beyond which a reference pixel is the element
 TOP_SHARE = 0.01  # share of the blocks, those departing most from the background, the subject colour is read from
@@ -57,7 +56,7 @@ def element_colour(image_HWC: np.ndarray) -> np.ndarray:
     return np.median(inside, axis=0) if len(inside) else np.full(3, 255.0, np.float32)
 
 
-def block_colours(frames_FHWC: np.ndarray, block: int = VAE_S) -> np.ndarray:
+def block_colours(frames_FHWC: np.ndarray, block: int) -> np.ndarray:
     """Mean colour of each block x block tile: [..., H, W, 3] -> [..., H/block, W/block, 3], float."""
     x = np.asarray(frames_FHWC, np.float32)
     *lead, h, w, c = x.shape
@@ -74,13 +73,13 @@ def _distance_to_segment(points: np.ndarray, start: np.ndarray, end: np.ndarray)
 
 
 def subject_colour(video_FHWC: np.ndarray, background_HWC: np.ndarray | None = None,
-                   distractors: tuple = ()) -> np.ndarray:
+                   distractors: tuple = (), block: int = 8) -> np.ndarray:
     """The subject's colour in a video (uint8 [F,H,W,3]): the median colour of the TOP_SHARE of
     blocks that depart most from the background (the reference at the video's size, else each
     block's median over the frames), leaving out blocks that a distractor colour mixed with the
     background explains."""
-    blocks = block_colours(video_FHWC)
-    background = (block_colours(background_HWC)[None] if background_HWC is not None
+    blocks = block_colours(video_FHWC, block)
+    background = (block_colours(background_HWC, block)[None] if background_HWC is not None
                   else np.median(blocks, axis=0, keepdims=True))
     colours = blocks.reshape(-1, 3)
     behind = np.broadcast_to(background, blocks.shape).reshape(-1, 3)

@@ -56,6 +56,7 @@ from e2v.media import load_image
 from e2v.models import with_all_experts, with_encoders
 from e2v.sampling import decode, encode_conditions, generate
 from e2v.step import predict, prediction_and_target
+from e2v.schema import vae_space_stride
 from e2v.ti2v import pad_prefix
 from e2v.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
@@ -313,12 +314,12 @@ class Validator:
             out["val/element_similarity"] = float(np.mean(values[0::2]))
             out["val/element_similarity_gap"] = float(np.nanmean(values[1::2]))
         if sc is not None:
-            images = self.held_out_images()
+            images, block = self.held_out_images(), vae_space_stride(parts.vae.config)
             candidates = [element_colour(np.asarray(im[sc.subject])) for im in images]
 
             def measured(video, j):  # video made with the references of held-out sample j
                 distractors = [element_colour(np.asarray(images[j][d])) for d in sc.distractors if d in images[j]]
-                return subject_colour(video, refs[j]["vae"].get(sc.background), distractors)
+                return subject_colour(video, refs[j]["vae"].get(sc.background), distractors, block)
 
             out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
                                                          list(range(len(videos))))

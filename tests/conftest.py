@@ -309,7 +309,8 @@ def read_scalars(run_dir: Path) -> dict[int, dict]:
 # --- the session's shared runs ------------------------------------------------------------------
 
 VIZ_RUN = ("train.max_steps=4", "train.micro_batch_size=2", "train.checkpoint_every=2", "validation.every_n_steps=2",
-           "validation.num_inference_steps=2", "validation.sigmas=[0.3,0.9]", "visualization.frequency=2")
+           "validation.num_inference_steps=2", "validation.sigmas=[0.3,0.9]", "visualization.frequency=2",
+           "validation.subject_colour={subject: person, background: background, distractors: [object]}")
 
 
 ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alpha=4",

@@ -181,7 +181,8 @@ def test_context_parallel_estimate_and_dry_run_divide_the_activations():
 
 # The viz run's training, with validation losses at steps 0 and 4 only and no videos or
 # visualizations (they cost time and do not touch the training RNGs or weights).
-LEAN_VIZ_RUN = (*VIZ_RUN, "validation.every_n_steps=4", "validation.num_videos=0", "visualization.enabled=false")
+LEAN_VIZ_RUN = (*VIZ_RUN, "validation.every_n_steps=4", "validation.num_videos=0", "validation.subject_colour=null",
+                "visualization.enabled=false")
 
 
 @starts_early("cp_runs")

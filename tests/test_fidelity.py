@@ -41,7 +41,7 @@ def blocky(video: np.ndarray) -> np.ndarray:
     """What the tiny VAE decodes: every 8 x 8 block its mean colour."""
     from e2v.fidelity import block_colours
 
-    return block_colours(video).repeat(8, axis=-3).repeat(8, axis=-2).round().astype(np.uint8)
+    return block_colours(video, 8).repeat(8, axis=-3).repeat(8, axis=-2).round().astype(np.uint8)
 
 
 def test_subject_colour_on_frames_of_known_colours():
@@ -170,7 +170,7 @@ def test_config_keys_of_the_demo_and_their_errors():
     quick = transformer_config(load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False))
     assert (quick["num_layers"], quick["attention_head_dim"], quick["ffn_dim"]) == (2, 12, 32)  # the tests' tiny model
 
-    lora = ROOT / "configs/e2v_tiny_lora.yaml"
+    assert demo.validation.subject_colour.subject == "person"
     for sets, match in [
         (["validation.subject_colour={subject: persn}"], r"validation.subject_colour: unknown element\(s\) \['persn'\]"),
         (["validation.subject_colour.distractors=[hat]"], r"unknown element\(s\) \['hat'\]"),
@@ -182,4 +182,4 @@ def test_config_keys_of_the_demo_and_their_errors():
         (["model.preset=null", "model.pretrained=/x", "model.tiny.layers=3"], r"model.tiny sizes a tiny preset"),
     ]:
         with pytest.raises(ConfigError, match=match):
-            load_config(lora, sets, check_paths=False)
+            load_config(ROOT / "configs/e2v_tiny.yaml", sets, check_paths=False)
