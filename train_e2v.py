@@ -35,6 +35,7 @@ from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.precision import trained_fp32_kept
 from e2v.runlock import lock_run_folder
 from e2v.runlog import Log
+from e2v.trainable import describe_trained
 from e2v.schema import check_base
 from e2v.seed_formats import map_seed_flags
 from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
@@ -178,7 +179,7 @@ def announce(cfg, run_dir: Path, ds_config: dict, parts, full_names: list[str], 
     print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
           f"{count_params(parts.transformer) / 1e6:.2f}M params, "
           f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
-          f"({len(full_names)} tensors in full beside the LoRA)\n[e2v] frozen encoders loaded: "
+          f"({describe_trained(cfg, full_names)})\n[e2v] frozen encoders loaded: "
           f"{', '.join(encoders) or 'none'}")
     bf16_trained = trained_fp32_kept(parts.transformer) if cfg.train.mixed_precision == "bf16" else []
     if bf16_trained:

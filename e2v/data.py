@@ -197,6 +197,12 @@ def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
     return out
 
 
+def load_element_inputs(cfg: Config, files: dict, height: int, width: int) -> dict:
+    """element_inputs of a sample's element files (name -> path)."""
+    return element_inputs(cfg, {name: load_image(path, cfg.data.max_image_pixels) for name, path in files.items()},
+                          height, width)
+
+
 class E2VDataset(torch.utils.data.Dataset):
     def __init__(self, cfg: Config, samples: list[Sample], cache: CacheStore | None = None):
         self.cfg = cfg
@@ -218,15 +224,14 @@ class E2VDataset(torch.utils.data.Dataset):
     def load(self, s: Sample) -> dict:
         if not s.prompt.strip():
             raise MediaError(f"{s.prompt_source or s.video}: empty prompt")
-        if self.cache is not None:
-            return self.cache.load(s)
-        d = self.cfg.data
         f, h, w = sample_bucket(s, self.cfg)
+        files = {el.name: s.elements[el.name] for el in self.elements if el.name in s.elements}
+        if self.cache is not None:  # the element files ride along: the visualizer shows the references
+            return {**self.cache.load(s), "element_files": files, "size": (h, w)}
+        d = self.cfg.data
         video = load_video(s.video, f, h, w, stride=d.frame_stride, fps=d.fps,
                            resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
-        images = {el.name: load_image(s.elements[el.name], d.max_image_pixels)
-                  for el in self.elements if el.name in s.elements}
-        return {"id": s.id, "video": video, "prompt": s.prompt, **element_inputs(self.cfg, images, h, w)}
+        return {"id": s.id, "video": video, "prompt": s.prompt, **load_element_inputs(self.cfg, files, h, w)}
 
     def __getitem__(self, index: int) -> dict:
         skipped = []

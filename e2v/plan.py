@@ -18,7 +18,7 @@ from e2v.experts import SUBFOLDERS, TwoExperts, boundary_ratio, range_text, trai
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
 from e2v.schema import check_base
 from e2v.tiny import TINY_CLIP_WIDTH, tiny_base, tiny_transformer_config
-from e2v.trainable import setup_training
+from e2v.trainable import describe_trained, setup_training
 
 
 # Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script; their
@@ -294,7 +294,7 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
         f"{(' (expanded from a T2V base)' if cfg.model.base == 't2v' else ' (added, zero-initialised)') if is_expanded(cfg) else ''}",
         *([describe_experts(cfg)] if trained_experts(cfg) else []),
         f"params {plan['params'] / 1e9:.3f} B, trainable {plan['trainable_params'] / 1e6:.2f} M "
-        f"({cfg.model.training_type}; {len(full_names)} tensors in full beside the LoRA)",
+        f"({describe_trained(cfg, full_names)})",
         f"weights   {plan['weights_bytes'] / gib:9.2f} GiB ({cfg.train.mixed_precision})",
         f"gradients {plan['gradient_bytes'] / gib:9.2f} GiB",
         f"optimizer {plan['optimizer_bytes'] / gib:9.2f} GiB (fp32 master + AdamW moments, 12 B per trained param)",

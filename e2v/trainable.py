@@ -19,6 +19,13 @@ def lora_target(patterns: list[str]) -> list[str] | str:
     return list(patterns)
 
 
+def describe_trained(cfg: Config, full_names: list[str]) -> str:
+    """What trains, for the console and the plan: a full fine-tune, or the tensors beside the LoRA."""
+    if cfg.model.training_type == "full":
+        return f"full fine-tune: all {len(full_names)} tensors"
+    return f"{len(full_names)} tensors in full beside the LoRA"
+
+
 def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bool) -> list[str]:
     """Freeze everything, then add LoRA (training_type lora) and unfreeze `train.trainable`
     (plus the expansion modules of an expanded T2V base). Returns the names of parameters trained

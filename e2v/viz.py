@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from e2v.conditioning import decode_latents
+from e2v.data import load_element_inputs
 from e2v.flow import x0_from_velocity
 from e2v.models import load_vae
 
@@ -113,13 +114,15 @@ def write_mp4(path: Path, video_FHWC: np.ndarray, fps: int = 16) -> None:
 # --- the training-time dumper --------------------------------------------------------------------
 
 
-def reference_pixels(batch: dict, kept: list[list[str]] | None,
-                     dropped: list[bool] | None = None) -> torch.Tensor | None:
+def reference_pixels(batch: dict, kept: list[list[str]] | None, dropped: list[bool] | None = None,
+                     cfg=None) -> torch.Tensor | None:
     """[B,N,3,H,W] VAE-path references each sample was conditioned on (position order), zero-padded.
     A sample whose references were dropped (reference dropout: zero condition) gets blank tiles,
-    as many as it had: the sheet shows what the model saw, and keeps its layout."""
-    rows = [[batch["vae_refs"][i][k] for k in (kept[i] if kept else []) if k in batch["vae_refs"][i]]
-            for i in range(len(batch["vae_refs"]))]
+    as many as it had: the sheet shows what the model saw, and keeps its layout. A batch from the
+    cache holds no pixels: its element files are read again (`cfg` needed)."""
+    refs = batch.get("vae_refs") or [load_element_inputs(cfg, files, *size)["vae_refs"]
+                                     for files, size in zip(batch["element_files"], batch["size"])]
+    rows = [[refs[i][k] for k in (kept[i] if kept else []) if k in refs[i]] for i in range(len(refs))]
     rows = [[torch.zeros_like(r) for r in row] if dropped and dropped[i] else row for i, row in enumerate(rows)]
     n = max((len(r) for r in rows), default=0)
     if n == 0:
@@ -157,7 +160,7 @@ class Visualizer:
         tensors = {"input_latents": c.latents_BCTHW, "noisy_latents": noisy_BCTHW,
                    "conditioned_latents": c.cond_BCTHW if c.cond_BCTHW is not None else c.ref_latents_BCNhw,
                    "predicted_latents": pred_x0,
-                   "reference_images": reference_pixels(batch, c.kept, c.ref_dropped)}
+                   "reference_images": reference_pixels(batch, c.kept, c.ref_dropped, self.cfg)}
         tensors = {k: v.detach().float().cpu().clone() for k, v in tensors.items() if v is not None}
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)

@@ -330,3 +330,14 @@ def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(de
         assert vis.vae is vae  # the loaded VAE is released after the dump
         sheets.append(np.asarray(Image.open(tmp_path / name / "visualizations/step_000001/contact_sheet.png")))
     assert np.array_equal(sheets[0], sheets[1])
+
+    # A batch read from the cache holds no pixels: the sheet's references are read from the element
+    # files again, the same tiles as the raw batch's (this crashed a cached demo at its first dump).
+    store = _fill(cfg, tiny_parts, held[:2])
+    from_cache = collate([E2VDataset(cfg, held[:2], store)[i] for i in range(2)])
+    assert "vae_refs" not in from_cache
+    vis = Visualizer(cfg, tmp_path / "from_cache", tiny_parts.vae, rank=0, device="cpu")
+    vis.maybe_dump(1, from_cache, c, noisy, pred, sigma)
+    vis.close()
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "from_cache/visualizations/step_000001/contact_sheet.png")),
+                          sheets[0])

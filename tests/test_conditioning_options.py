@@ -437,7 +437,7 @@ def test_shipped_e2v_yaml_is_the_a2_recipe_and_dry_runs(demo_data, capsys, monke
     assert "40 layers x 40 heads x 128, in_channels 36, image attention yes" in out and "expanded" not in out
     # trained in full: every attn2 tensor (40 blocks x 15: q, k, v, out, add_k, add_v with biases,
     # norm_q, norm_k, norm_added_k) + patch embedding (2) + image embedder (8)
-    assert "(lora; 610 tensors in full beside the LoRA)" in out
+    assert "(610 tensors in full beside the LoRA)" in out
     assert "ZeRO-3, optimizer and param offloaded to CPU" in out
 
 
