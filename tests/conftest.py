@@ -167,6 +167,13 @@ class _WarmServer:
                 cls.proc.kill()
 
 
+# One intra-op thread per process. The suite's launches run beside each other and beside the
+# in-process tests on a 2-core machine, and the tiny models gain nothing from a second thread:
+# with the default (a thread per core in every rank) OpenMP's spinning workers take the cores
+# from each other.
+LAUNCH_ENV = {"OMP_NUM_THREADS": "1"}
+
+
 class Launch:
     """A subprocess (in the repository root) started now and collected by wait(): output goes to
     temporary files, so a process that prints a lot never blocks on a full pipe while nobody reads it.
@@ -177,20 +184,21 @@ class Launch:
 
     def __init__(self, cmd: list[str], env: dict | None = None, warm: bool = False):
         self.cmd, self.warm = cmd, warm
+        env = {**os.environ, **LAUNCH_ENV, **(env or {})}
         self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
         self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
         self._outp.touch(), self._errp.touch()
         self.result: subprocess.CompletedProcess | None = None
         if warm:
             nprocs, port, script, args = int(cmd[2]), int(cmd[4]), cmd[5], cmd[6:]
-            req = dict(script=script, args=args, nprocs=nprocs, port=port, cwd=str(ROOT), env={**os.environ, **(env or {})},
+            req = dict(script=script, args=args, nprocs=nprocs, port=port, cwd=str(ROOT), env=env,
                        stdout=str(self._outp), stderr=str(self._errp), status=str(self._dir / "status"),
                        ranks=str(self._dir / "ranks.json"))
             self.proc = WarmProcess(_WarmServer.start(req), self._dir / "status")
         else:
             with open(self._outp, "w") as out, open(self._errp, "w") as err:
                 self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
-                                             env={**os.environ, **(env or {})})
+                                             env=env)
 
     def wait(self, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
         if self.result is None:

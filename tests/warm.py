@@ -79,6 +79,10 @@ def run_rank(req: dict, rank: int | None) -> int:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_SIZE=n, CROSS_RANK="0",
                           CROSS_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(req["port"]))
         argv = [f"--local_rank={rank}", *argv]
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # what a fresh interpreter's torch reads at start
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
