@@ -319,7 +319,8 @@ def main():
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
         skipped_total = distributed.distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
-            print(f"[e2v] done: {global_step} steps. LoRA: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
+            what = "Model" if cfg.model.training_type == "full" else "LoRA"
+            print(f"[e2v] done: {global_step} steps. {what}: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
                   + (f"\n[e2v] left out {len(excluded)} bad sample(s) at indexing (listed at the start)"
                      if excluded else ""))

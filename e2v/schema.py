@@ -3,7 +3,7 @@ declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whe
 the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
 modules need, each written once: the VAE's strides, latent channels and the latent size (per model,
 from its VAE config), the reference-frame count, the frame-bucket list, what a model's shape allows.
-About 450 lines: the schema is one table a user reads through; splitting it would scatter the keys
+About 500 lines: the schema is one table a user reads through; splitting it would scatter the keys
 of one YAML.
 
 Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,

@@ -223,23 +223,7 @@ def _set_informative_weights(vae: AutoencoderKLWan, generator: torch.Generator) 
 
     # Encoder head: RMS norm gamma undoes the normalisation on the offset manifold
     # (|o|/sqrt(C) per channel); SiLU is the identity around +16; then readout and mixing.
-    enc_dim = enc.norm_out.gamma.shape[0]
-    enc_offset = torch.cat([offset_4, offset_4])
-    enc.norm_out.gamma.fill_(float(enc_offset.norm() / math.sqrt(enc_dim)))
-    # Fixed full-rank mixing of the 6 signals (mean RGB, gain * RGB change) into 16 channels:
-    # orthonormal columns, so the decoder inverts it with the transpose.
-    mix_Z6, _ = torch.linalg.qr(torch.randn(Z_DIM, 6, generator=generator, dtype=torch.float64))
-    signals_68 = torch.zeros(6, enc_dim, dtype=torch.float64)
-    signals_68[:3, :_GROUP] = readout_34  # mean RGB from group A
-    signals_68[3:, _GROUP:] = readout_34  # group B ...
-    signals_68[3:, :_GROUP] -= readout_34  # ... minus group A = gain * change
-    head_W = torch.zeros(2 * Z_DIM, enc_dim, dtype=torch.float64)
-    head_W[:Z_DIM] = mix_Z6 @ signals_68
-    head_b = torch.zeros(2 * Z_DIM, dtype=torch.float64)
-    head_b[Z_DIM:] = _LOGVAR
-    _pointwise(enc.conv_out, head_W, head_b)
-    _pointwise(vae.quant_conv, torch.eye(2 * Z_DIM, dtype=torch.float64))
-    _pointwise(vae.post_quant_conv, torch.eye(Z_DIM, dtype=torch.float64))
+    enc_offset, mix_Z6 = _encoder_head(vae, offset_4, readout_34, Z_DIM, generator)
 
     # Decoder input: z -> (mean RGB, change) -> groups A = o + E mean, B = o + E (mean + change).
     unmix_6Z = mix_Z6.T
@@ -344,3 +328,30 @@ def build_tiny_vae(seed: int = 0, informative: bool = True) -> AutoencoderKLWan:
                 _set_informative_weights(vae, generator)
     _calibrate_latent_stats(vae, informative)
     return vae
+
+
+def _encoder_head(vae, offset_4: torch.Tensor, readout_34: torch.Tensor, z_dim: int,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's output head, shared by both tiny VAEs (this one and e2v/tiny_vae22.py): the
+    RMS norm's gamma restores |o| on the offset manifold, then a fixed full-rank mixing of the 6
+    signals (mean RGB from group A, gain * change = group B - group A) into z_dim channels, with
+    orthonormal columns so the decoder inverts it with the transpose; log-variance _LOGVAR; the
+    quant convs the identity. Returns (the two groups' offset, the mixing [z_dim, 6])."""
+    enc = vae.encoder
+    enc_dim = enc.norm_out.gamma.shape[0]
+    enc_offset = torch.cat([offset_4, offset_4])
+    enc.norm_out.gamma.fill_(float(enc_offset.norm() / math.sqrt(enc_dim)))
+    mix_Z6, _ = torch.linalg.qr(torch.randn(z_dim, 6, generator=generator, dtype=torch.float64))
+    a_rows, b_rows = slice(0, _GROUP), slice(_GROUP, 2 * _GROUP)
+    signals_68 = torch.zeros(6, enc_dim, dtype=torch.float64)
+    signals_68[:3, a_rows] = readout_34  # mean RGB from group A
+    signals_68[3:, b_rows] = readout_34  # group B ...
+    signals_68[3:, a_rows] -= readout_34  # ... minus group A = gain * change
+    head_W = torch.zeros(2 * z_dim, enc_dim, dtype=torch.float64)
+    head_W[:z_dim] = mix_Z6 @ signals_68
+    head_b = torch.zeros(2 * z_dim, dtype=torch.float64)
+    head_b[z_dim:] = _LOGVAR
+    _pointwise(enc.conv_out, head_W, head_b)
+    _pointwise(vae.quant_conv, torch.eye(2 * z_dim, dtype=torch.float64))
+    _pointwise(vae.post_quant_conv, torch.eye(z_dim, dtype=torch.float64))
+    return enc_offset, mix_Z6

@@ -51,7 +51,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import (
     WanResidualUpBlock,
 )
 
-from e2v.tiny_vae import _GROUP, _LOGVAR, _OFFSET, _calibrate_latent_stats, _group_maps, _pointwise
+from e2v.tiny_vae import _GROUP, _OFFSET, _calibrate_latent_stats, _encoder_head, _group_maps, _pointwise
 
 Z_DIM = 48
 _GAIN = 1.0  # the latent's change signal is gain * (second-half mean - first-half mean), as in the Wan2.1 tiny
@@ -123,21 +123,8 @@ def _set_informative_weights(vae: AutoencoderKLWan, generator: torch.Generator) 
     if temporal_stage != 2:
         raise AssertionError("expected two temporal downsamplers (temperal_downsample=[False, True, True])")
 
-    # Encoder head: the RMS norm's gamma restores |o| on the offset manifold; readout and mixing.
-    enc_offset = torch.cat([offset_4, offset_4])
-    enc.norm_out.gamma.fill_(float(enc_offset.norm() / math.sqrt(dim)))
-    mix_Z6, _ = torch.linalg.qr(torch.randn(Z_DIM, 6, generator=generator, dtype=torch.float64))
-    signals_68 = torch.zeros(6, dim, dtype=torch.float64)
-    signals_68[:3, a_rows] = readout_34  # mean RGB from group A
-    signals_68[3:, b_rows] = readout_34  # group B ...
-    signals_68[3:, a_rows] -= readout_34  # ... minus group A = gain * change
-    head_W = torch.zeros(2 * Z_DIM, dim, dtype=torch.float64)
-    head_W[:Z_DIM] = mix_Z6 @ signals_68
-    head_b = torch.zeros(2 * Z_DIM, dtype=torch.float64)
-    head_b[Z_DIM:] = _LOGVAR
-    _pointwise(enc.conv_out, head_W, head_b)
-    _pointwise(vae.quant_conv, torch.eye(2 * Z_DIM, dtype=torch.float64))
-    _pointwise(vae.post_quant_conv, torch.eye(Z_DIM, dtype=torch.float64))
+    # Encoder head (the Wan2.1 tiny's): readout and mixing.
+    enc_offset, mix_Z6 = _encoder_head(vae, offset_4, readout_34, Z_DIM, generator)
 
     # Decoder input: z -> A = o + E mean, B = o + E (mean + gain * change).
     unmix_6Z = mix_Z6.T
