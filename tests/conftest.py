@@ -314,6 +314,26 @@ def read_scalars(run_dir: Path) -> dict[int, dict]:
     return steps
 
 
+# --- a model that ignores its references ----------------------------------------------------------
+
+def blind(inner):
+    """`inner` (an I2V-layout Wan transformer) with its condition channels and image tokens zeroed:
+    what it makes cannot depend on the references."""
+    import torch
+
+    class _Blind(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, hidden_states, encoder_hidden_states_image=None, **kw):
+            hidden_states = torch.cat([hidden_states[:, :16], torch.zeros_like(hidden_states[:, 16:])], 1)
+            return self.inner(hidden_states, encoder_hidden_states_image=torch.zeros_like(encoder_hidden_states_image),
+                              **kw)
+
+    return _Blind()
+
+
 # --- the session's shared runs ------------------------------------------------------------------
 
 VIZ_RUN = ("train.max_steps=4", "train.micro_batch_size=2", "train.checkpoint_every=2", "validation.every_n_steps=2",

@@ -120,17 +120,9 @@ def test_a_model_with_its_references_zeroed_scores_near_chance(validator, tiny_p
     image tokens gives the same video for the own and the swapped references (same prompt, same
     noise); scored against 6 candidates, both rates stay at chance level (1/6 expected)."""
 
-    class Blind(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
+    from conftest import blind
 
-        def forward(self, hidden_states, encoder_hidden_states_image=None, **kw):
-            hidden_states = torch.cat([hidden_states[:, :16], torch.zeros_like(hidden_states[:, 16:])], 1)
-            return self.inner(hidden_states, encoder_hidden_states_image=torch.zeros_like(encoder_hidden_states_image),
-                              **kw)
-
-    count, out = validator.videos(Blind(tiny_parts.transformer).eval(), 1)
+    count, out = validator.videos(blind(tiny_parts.transformer).eval(), 1)
     assert count == 6
     assert out["val/sample_reference_match"] <= 2 / 6 and out["val/sample_reference_swap"] <= 2 / 6, out
     assert (validator.out / "step_000001/sheet.png").exists()

@@ -89,18 +89,9 @@ def test_identical_twice_and_equal_to_the_run(viz_run, trained_validator):
 def test_gaps_are_zero_for_a_model_that_ignores_references(viz_run, trained_validator):
     validator, parts = trained_validator
 
-    class Blind(torch.nn.Module):
-        """The trained transformer with its condition channels and image tokens zeroed."""
+    from conftest import blind
 
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, hidden_states, encoder_hidden_states_image=None, **kw):
-            hidden_states = torch.cat([hidden_states[:, :16], torch.zeros_like(hidden_states[:, 16:])], 1)
-            return self.inner(hidden_states, encoder_hidden_states_image=torch.zeros_like(encoder_hidden_states_image), **kw)
-
-    out = validator.losses(Blind(parts.transformer))
+    out = validator.losses(blind(parts.transformer))
     gaps = [k for k in out if k.startswith("val/reference_gap_")]
     assert len(gaps) == 2 * 2 * (1 + 2)  # shuffle/drop x plain/rel x (mean + 2 sigmas)
     assert all(out[k] == 0.0 for k in gaps), {k: out[k] for k in gaps}
