@@ -314,6 +314,22 @@ def read_scalars(run_dir: Path) -> dict[int, dict]:
     return steps
 
 
+# --- one intra-op thread for a module of tiny tensors --------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny tensors (`pytestmark = pytest.mark.usefixtures("one_thread")`): a second
+    intra-op thread gains nothing, and while another process holds a core it makes the many small
+    ops wait on each other (the tiny VAE tests: 10x slower; building the tiny TI2V parts: 0.5 s on
+    one thread, 6-7 s on two on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # --- a model that ignores its references ----------------------------------------------------------
 
 def blind(inner):

@@ -16,14 +16,7 @@ FRAMES, SIZE = 17, 64
 LATENT_FRAMES = 1 + (FRAMES - 1) // 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tensors here are tiny: a second intra-op thread gains nothing, and when another process holds
-    a core it makes the many small ops wait on each other (measured 10x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -29,15 +29,7 @@ def _cfg(*sets):
     return load_config(TINY_TI2V, [f"data.resolution=[{S},{S}]", *sets], check_paths=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second intra-op thread gains nothing and, with the other core busy, makes
-    the many small ops wait on each other (building the tiny parts: 0.5 s on one thread, 6-7 s on
-    two on a loaded machine; tests/test_tiny_vae.py measured the same)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
