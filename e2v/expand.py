@@ -50,21 +50,22 @@ def is_expanded(cfg: Config) -> bool:
     return bool(added_pathways(cfg))
 
 
-def needs_expansion(transformer: WanTransformer3DModel, cfg: Config) -> bool:
-    """A 16-channel T2V transformer asked to take element conditions, or a Wan2.2 expert asked to
-    take CLIP tokens. The base is stated in the config (model.base), never guessed, so what trains
-    in full is known before any weight loads."""
-    t2v = transformer.config.in_channels == 16 and transformer.config.added_kv_proj_dim is None
+def needs_expansion(config, cfg: Config) -> bool:
+    """Whether the transformer of `config` (its diffusers config) is a 16-channel T2V transformer
+    asked to take element conditions, or a Wan2.2 expert asked to take CLIP tokens. The base is
+    stated in the config (model.base), never guessed, so what trains in full is known before any
+    weight loads."""
+    t2v = config["in_channels"] == T2V_CHANNELS and config.get("added_kv_proj_dim") is None
     if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":
         raise ValueError(f"model: {cfg.model.pretrained or cfg.model.preset} is a text-to-video transformer "
                          f"(16 input channels, no image attention): set model.base: t2v to expand it for "
                          f"e2v_type {cfg.e2v_type}, or e2v_type: none for plain text-to-video")
     if not t2v and cfg.model.base == "t2v":
         raise ValueError(f"model.base: t2v, but {cfg.model.pretrained or cfg.model.preset} already has "
-                         f"{transformer.config.in_channels} input channels / image attention: set model.base: i2v")
+                         f"{config['in_channels']} input channels / image attention: set model.base: i2v")
     if t2v:
         return cfg.e2v_type != "none"
-    return "clip" in added_pathways(cfg) and transformer.config.added_kv_proj_dim is None
+    return "clip" in added_pathways(cfg) and config.get("added_kv_proj_dim") is None
 
 
 def expansion_shape(cfg: Config, image_width: int, in_channels: int = 16) -> tuple[int, int | None]:
@@ -82,24 +83,58 @@ def expansion_modules(cfg: Config) -> list[str]:
     return [pattern for pathway in added_pathways(cfg) for pattern in EXPANSION_MODULES[pathway]]
 
 
+def expanded_config(config, in_channels: int, image_dim: int | None) -> dict:
+    """The config of `config`'s transformer widened to `in_channels` and (image_dim not None) given
+    image cross-attention of that input width."""
+    c = {k: v for k, v in dict(config).items() if not k.startswith("_")}
+    c.update(in_channels=in_channels)
+    if image_dim is not None:
+        c.update(image_dim=image_dim, added_kv_proj_dim=c["num_attention_heads"] * c["attention_head_dim"])
+    return c
+
+
+def init_new_modules(model: WanTransformer3DModel, is_new, device, dtype: torch.dtype, seed: int) -> None:
+    """Give the modules expansion added (`is_new(module)`; the patch embedding excepted, it is
+    widened from the base's) their default init, drawn in fp32 on `device` under a private RNG
+    seeded `seed + 1`, in model order, then cast to `dtype`; zero `add_v_proj` so the image
+    branch adds exactly 0. The one place these values are made: the whole load materialises its
+    meta modules here, the ZeRO-3 partitioned load a meta copy it then streams from
+    (e2v/zero3_load.py), so both start from the same weights."""
+    with seeded(seed + 1):
+        for module in model.modules():
+            if module is model.patch_embedding or not is_new(module):
+                continue
+            module.to_empty(device=device, recurse=False)
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            module.to(dtype=dtype)
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn2.add_v_proj is not None and not block.attn2.add_v_proj.weight.is_meta:
+                block.attn2.add_v_proj.weight.zero_()
+                block.attn2.add_v_proj.bias.zero_()
+
+
+def widened_patch_weight(patch_w: torch.Tensor, in_channels: int) -> torch.Tensor:
+    """The base's patch-embedding weight [D, 16, 1, 2, 2] with zero weights for the added input
+    channels: [D, in_channels, 1, 2, 2]."""
+    w = torch.zeros(patch_w.shape[0], in_channels, *patch_w.shape[2:], dtype=patch_w.dtype, device=patch_w.device)
+    w[:, : patch_w.shape[1]] = patch_w
+    return w
+
+
 def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int | None = 1280,
                         seed: int = 0) -> WanTransformer3DModel:
     """Widen the patch embedding from 16 to `in_channels` and (image_dim not None) add image
     cross-attention, such that the output is unchanged at step 0 (tests/test_expand.py): the new input
     channels are zero, `add_v_proj` is zero (weight and bias), so the image branch adds exactly 0;
     `add_k_proj`, `norm_added_k` and the image embedder start at their default init so gradients
-    reach them from step 1. `to_out` stays as it is: the text path shares it.
+    reach them from step 1 (init_new_modules). `to_out` stays as it is: the text path shares it.
     The model is rebuilt from its config (meta device, then weights assigned), so save_pretrained
     and from_pretrained see a consistent config. A meta-device input gives a meta-device model
     (the --dry_run plan)."""
-    c = dict(t2v.config)
-    inner = c["num_attention_heads"] * c["attention_head_dim"]
-    new_cfg = {k: v for k, v in c.items() if not k.startswith("_")}
-    new_cfg.update(in_channels=in_channels)
-    if image_dim is not None:
-        new_cfg.update(image_dim=image_dim, added_kv_proj_dim=inner)
     with torch.device("meta"):
-        model = WanTransformer3DModel.from_config(new_cfg)
+        model = WanTransformer3DModel.from_config(expanded_config(t2v.config, in_channels, image_dim))
     old_sd = t2v.state_dict()
     patch_w = old_sd.pop("patch_embedding.weight")
     model.load_state_dict(old_sd, strict=False, assign=True)
@@ -107,29 +142,13 @@ def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image
         module, _, short = name.rpartition(".")
         if name not in old_sd and short in model.get_submodule(module)._buffers:
             model.get_submodule(module)._buffers[short] = buf
-
-    with seeded(seed + 1):
-        # Materialise every module that still has meta tensors, with its own default init.
-        for module in model.modules():
-            own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-            if module is model.patch_embedding or patch_w.is_meta:
-                continue  # its bias is loaded, its weight is built below
-            if any(t.is_meta for t in own):
-                module.to_empty(device=patch_w.device, recurse=False)
-                if hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
-                module.to(dtype=patch_w.dtype)  # the new modules take the base's dtype
-        with torch.no_grad():
-            w = torch.zeros(patch_w.shape[0], in_channels, *patch_w.shape[2:], dtype=patch_w.dtype,
-                            device=patch_w.device)
-            w[:, : patch_w.shape[1]] = patch_w
-            model.patch_embedding.weight = torch.nn.Parameter(w)
-            if image_dim is not None and not patch_w.is_meta:
-                for block in model.blocks:
-                    block.attn2.add_v_proj.weight.zero_()
-                    block.attn2.add_v_proj.bias.zero_()
+    if patch_w.is_meta:
+        return model
+    init_new_modules(model, lambda m: any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]),
+                     patch_w.device, patch_w.dtype, seed)
+    model.patch_embedding.weight = torch.nn.Parameter(widened_patch_weight(patch_w, in_channels))
     bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
-    if bad and not patch_w.is_meta:
+    if bad:
         raise RuntimeError(f"expansion left uninitialised tensors: {bad[:5]}")
     return model
 

@@ -10,10 +10,13 @@ place (the reference as the condition shows it; without one, the block's median 
 blocks on the mixing line between the background and a distractor's colour (the object) left out,
 and the median colour of the 1% of blocks that depart most (`subject_colour`). Those are the blocks
 the subject covers most: a partly covered block is a mix with the background, and the fewer of
-those the estimate takes, the closer it stays to the subject's own colour. On the demo's
+those the estimate takes, the closer it stays to the subject's own colour. A generated object is
+not painted in its reference's exact colour (the trained demo model's stray 35-50 levels of RGB
+distance), so the band around the mixing line is wide (MIX_TOL 80); the demo draws the object's hue
+at least a quarter turn from the subject's, so the band does not reach the subject. On the demo's
 VAE-encoded and decoded clips themselves (the best a model can do) the measured colour is nearest
-its own subject's among 6 samples for 95 of 96 clips (tests/test_fidelity.py checks the rule on
-frames with known colours).
+its own subject's among 6 samples for 96 of 96 clips (95 with a band of 25; tests/test_fidelity.py
+checks the rule on frames with known colours).
 
     val/sample_reference_match: sample i generated with its own references (the validation seed);
         a hit when its subject colour is nearer its own subject reference's colour than any other
@@ -42,7 +45,7 @@ from e2v.device import module_device
 
 WHITE_TOL = 60.0  # RGB distance (0-255 levels) from white beyond which a reference pixel is the element
 TOP_SHARE = 0.01  # share of the blocks, those departing most from the background, the subject colour is read from
-MIX_TOL = 25.0  # a block this close to the line between the background and a distractor's colour is that distractor
+MIX_TOL = 80.0  # a block this close to the line between the background and a distractor's colour is that distractor
 
 
 # --- subject colour ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from e2v.config import Config
 from e2v.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
 from e2v.experts import EXPERTS, SUBFOLDERS, TwoExperts, boundary_ratio, map_experts, switch, trained_experts
-from e2v.parts import Parts, clip_image_processor, place_encoders, resolve_pretrained
+from e2v.parts import CLIP_VIT_H, Parts, clip_image_processor, place_encoders, resolve_pretrained
 from e2v.plan import build_meta_transformer
 from e2v.precision import to_inference_dtype
 from e2v.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer, tiny_base
@@ -44,18 +44,23 @@ def _transformer_dtype(cfg: Config) -> torch.dtype:
     return torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
 
 
-def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dict | None = None
-                     ) -> tuple[WanTransformer3DModel, dict | None]:
-    """One transformer of a pretrained folder (`transformer`, or a Wan2.2 expert's subfolder) and,
+def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dict | None = None,
+                     image_width: int = CLIP_VIT_H[1]) -> tuple[WanTransformer3DModel, dict | None]:
+    """One transformer of a pretrained folder (`transformer`, or a Wan2.2 expert's subfolder),
+    widened for elements as the config asks (e2v/expand.py; `image_width`: the CLIP's), and,
     partitioned at load under a ZeRO-3 `ds_config` (load_transformer_zero3), its fp32 file values."""
     path, tdtype = resolve_pretrained(cfg.model.pretrained), _transformer_dtype(cfg)
     blocker = zero3_load_blocker(cfg, ds_config, subfolder)
     if blocker is None:
-        return load_transformer_zero3(Path(path) / subfolder, ds_config, tdtype)
+        folder = Path(path) / subfolder
+        config = WanTransformer3DModel.load_config(str(folder))
+        expand_to = expansion_shape(cfg, image_width, config["in_channels"]) if needs_expansion(config, cfg) else None
+        return load_transformer_zero3(folder, ds_config, tdtype, expand_to, seed=cfg.model.tiny_seed)
     if blocker != "not ZeRO-3":
         _print0(f"[e2v] note: ZeRO-3, but every rank loads the whole transformer: {blocker}")
-    return WanTransformer3DModel.from_pretrained(path, subfolder=subfolder, torch_dtype=tdtype,
-                                                 low_cpu_mem_usage=True), None
+    transformer = WanTransformer3DModel.from_pretrained(path, subfolder=subfolder, torch_dtype=tdtype,
+                                                        low_cpu_mem_usage=True)
+    return expanded(transformer, cfg, image_width), None
 
 
 def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transformer: bool = True,
@@ -70,31 +75,31 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transfor
 
     path = resolve_pretrained(cfg.model.pretrained)
     wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
+    parts = Parts(transformer=None)  # the encoders first: expansion needs the CLIP's width
+    if with_encoders:
+        # The target video always goes through the VAE, whatever e2v_type.
+        parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
+        parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
+        parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
+        if cfg.uses_clip:
+            clip_path = cfg.model.image_encoder or path
+            # A diffusers I2V pipeline (a local folder with image_encoder/, or a Wan *-Diffusers hub id)
+            # keeps CLIP in subfolders; a plain CLIP folder has it at the top.
+            local = Path(clip_path)
+            in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
+            parts.image_encoder = CLIPVisionModel.from_pretrained(
+                clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32)
+            parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else None)
     if not with_transformer:
-        parts = Parts(transformer=None)  # load_parts puts the meta-device model here
-    elif experts:
-        loaded = {name: load_transformer(cfg, SUBFOLDERS[name], ds_config) for name in experts}
+        return parts  # load_parts puts the meta-device model here
+    width = clip_width(parts, cfg)
+    if experts:
+        loaded = {name: load_transformer(cfg, SUBFOLDERS[name], ds_config, width) for name in experts}
         fp32 = {f"{name}.{k}": v for name, (_, values) in loaded.items() for k, v in (values or {}).items()}
-        parts = Parts(TwoExperts({name: m for name, (m, _) in loaded.items()}, boundary_ratio(cfg)),
-                      fp32_file_values=fp32 or None)
+        parts.transformer = TwoExperts({name: m for name, (m, _) in loaded.items()}, boundary_ratio(cfg))
+        parts.fp32_file_values = fp32 or None
     else:
-        transformer, fp32_file_values = load_transformer(cfg, "transformer", ds_config)
-        parts = Parts(transformer, fp32_file_values=fp32_file_values)
-    if not with_encoders:
-        return parts
-    # The target video always goes through the VAE, whatever e2v_type.
-    parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
-    parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-    parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
-    if cfg.uses_clip:
-        clip_path = cfg.model.image_encoder or path
-        # A diffusers I2V pipeline (a local folder with image_encoder/, or a Wan *-Diffusers hub id)
-        # keeps CLIP in subfolders; a plain CLIP folder has it at the top.
-        local = Path(clip_path)
-        in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
-        parts.image_encoder = CLIPVisionModel.from_pretrained(
-            clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32)
-        parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else None)
+        parts.transformer, parts.fp32_file_values = load_transformer(cfg, "transformer", ds_config, width)
     return parts
 
 
@@ -113,18 +118,19 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
         if experts:  # the encoders are the Wan2.1 preset's; the transformer is the two tiny experts
             experts = build_tiny_experts(cfg.model.tiny_seed, experts, cfg.model.tiny)
             parts.transformer = TwoExperts(experts, boundary_ratio(cfg))
+        if with_transformer:
+            parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts)
     place_encoders(parts, device)
     if not with_transformer:
         return replace(parts, transformer=build_meta_transformer(cfg))
-    parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
     return parts
 
 
 def expanded(transformer: WanTransformer3DModel, cfg: Config, image_width: int) -> WanTransformer3DModel:
     """The transformer widened as the config needs (e2v/expand.py), or itself."""
-    if not needs_expansion(transformer, cfg):
+    if not needs_expansion(transformer.config, cfg):
         return transformer
     in_channels, image_dim = expansion_shape(cfg, image_width, transformer.config.in_channels)
     return expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim, seed=cfg.model.tiny_seed)
@@ -155,10 +161,11 @@ def load_base_experts(cfg: Config, names, image_width: int, device, dtype: torch
     """The named experts' base weights, expanded as training expands them, frozen, in `dtype` on
     `device` (diffusers' fp32 modules kept fp32: precision.to_inference_dtype)."""
     if cfg.model.preset is not None:
-        experts = build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny)
+        experts = {name: expanded(e, cfg, image_width)
+                   for name, e in build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny).items()}
     else:
-        experts = {name: load_transformer(cfg, SUBFOLDERS[name])[0] for name in names}
-    return {name: to_inference_dtype(expanded(e, cfg, image_width), device, dtype) for name, e in experts.items()}
+        experts = {name: load_transformer(cfg, SUBFOLDERS[name], image_width=image_width)[0] for name in names}
+    return {name: to_inference_dtype(e, device, dtype) for name, e in experts.items()}
 
 
 def load_vae(cfg: Config, device) -> AutoencoderKLWan:

@@ -101,7 +101,7 @@ def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
         c = {k: v for k, v in transformer_config(cfg, expert).items() if not k.startswith("_")}
         with torch.device("meta"):
             transformer = WanTransformer3DModel.from_config(c)
-        if needs_expansion(transformer, cfg):
+        if needs_expansion(transformer.config, cfg):
             in_channels, image_dim = expansion_shape(cfg, width, transformer.config.in_channels)
             transformer = expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim)
         return transformer

@@ -11,7 +11,7 @@ from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
 from e2v.device import accelerator_device
-from e2v.expand import is_expanded
+from e2v.expand import expanded_config, init_new_modules, widened_patch_weight
 from e2v.parts import resolve_pretrained
 from e2v.precision import kept_in_fp32
 
@@ -30,8 +30,6 @@ def zero3_load_blocker(cfg: Config, ds_config: dict | None, subfolder: str = "tr
         return "not ZeRO-3"
     if not cfg.model.zero3_init:
         return "model.zero3_init is false"
-    if is_expanded(cfg):
-        return "a base expanded for elements is rebuilt whole (expand_for_elements)"
     folder = Path(resolve_pretrained(cfg.model.pretrained)) / subfolder
     if not folder.is_dir():
         return (f"{cfg.model.pretrained} is not a local folder; download it first "
@@ -51,7 +49,8 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return [single] if single.exists() else []
 
 
-def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
+def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype,
+                           expand_to: tuple[int, int | None] | None = None, seed: int = 0
                            ) -> tuple[WanTransformer3DModel, dict[str, torch.Tensor]]:
     """Build the transformer inside deepspeed.zero.Init, so each rank holds only its partition of
     every parameter from the start, then stream the safetensors files into it one tensor at a time:
@@ -61,7 +60,11 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
     diffusers' from_pretrained has no zero.Init path (transformers' has). The cast is
     from_pretrained's (file value -> dtype, round to nearest). Returns the fp32 file values of the
     _keep_in_fp32_modules parameters for fp32_kept_params; every rank reads those itself (~0.1 GiB
-    for 14B). Costs one all-gather per parameter (~1,100 for 14B)."""
+    for 14B). Costs one all-gather per parameter (~1,100 for 14B).
+    `expand_to` (in_channels, image_dim or None): build the base widened for elements (e2v/expand.py)
+    and load it partitioned too: the file's patch embedding goes into the first input channels, and
+    the modules the files lack take init_new_modules' values (made on rank 0 in a meta copy, the
+    same values the whole load's expand_for_elements gives for the same `seed`)."""
     import deepspeed
     import torch.distributed as dist
     from diffusers.models.modeling_utils import no_init_weights
@@ -71,6 +74,8 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
     rank = dist.get_rank()
     files = _safetensors_files(folder)
     config = WanTransformer3DModel.load_config(str(folder))
+    if expand_to is not None:
+        config = expanded_config(config, *expand_to)
     # The weights come from the files: skip the random init (minutes for 14B), and leave the
     # training RNG where from_pretrained leaves it (it builds on the meta device, drawing nothing).
     # The partitions' dtype comes from the ds_config's bf16 flag, which the training dtype sets
@@ -106,6 +111,8 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
                 with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
                     if rank == 0:
                         value = f.get_tensor(name)
+                        if expand_to is not None and name == "patch_embedding.weight":
+                            value = widened_patch_weight(value, p.shape[1])
                         if tuple(value.shape) != tuple(p.shape):
                             raise RuntimeError(f"{path}: {name} has shape {tuple(value.shape)}, "
                                                f"the model {tuple(p.shape)}")
@@ -115,9 +122,35 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype
                 if kept_in_fp32(name):  # a copy: the file's tensor holds its whole mmap resident
                     fp32_file_values[name] = f.get_tensor(name).to(torch.float32, copy=True)
                 seen.add(name)
+    if expand_to is not None:
+        seen |= _stream_new_modules(model, config, set(params) - seen, rank, dtype, seed)
     missing = sorted(set(params) - seen)
     if missing:
         raise RuntimeError(f"{folder}: no file value for {len(missing)} parameters, e.g. {missing[:5]}")
     _print0(f"[e2v] transformer partitioned at load (zero.Init, {str(dtype).removeprefix('torch.')}), "
-            f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}")
+            f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}"
+            + (", expanded for elements" if expand_to is not None else ""))
     return model, fp32_file_values
+
+
+def _stream_new_modules(model: WanTransformer3DModel, config: dict, new: set[str], rank: int,
+                        dtype: torch.dtype, seed: int) -> set[str]:
+    """Fill the partitioned parameters `new` (those of the modules expansion adds: no file has
+    them) with init_new_modules' values, computed on rank 0 in a meta-device copy of the model, one
+    module at a time materialised. Returns the names filled."""
+    import deepspeed
+
+    reference = None
+    if rank == 0:
+        with torch.device("meta"):
+            reference = WanTransformer3DModel.from_config(config)
+        owners = {id(reference.get_submodule(n.rpartition(".")[0])) for n in new}
+        init_new_modules(reference, lambda m: id(m) in owners, "cpu", dtype, seed)
+    values = dict(reference.named_parameters()) if reference is not None else {}
+    params = dict(model.named_parameters())
+    for name in [n for n in params if n in new]:  # the model's order: the same on every rank
+        with deepspeed.zero.GatheredParameters([params[name]], modifier_rank=0):
+            if rank == 0:
+                with torch.no_grad():
+                    params[name].data.copy_(values[name])
+    return set(new)

@@ -86,6 +86,24 @@ def tiny_parts():
     return build_tiny_parts(seed=0)
 
 
+@pytest.fixture
+def one_rank_group():
+    """A one-process gloo group in this process (what deepspeed.zero.Init needs), torn down after
+    the test; an existing group is used as it is."""
+    import torch.distributed as dist
+
+    from e2v.distributed import init_distributed
+
+    created = not dist.is_initialized()
+    if created:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+        init_distributed()
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "data"

@@ -160,41 +160,22 @@ def test_precompute_entry_on_the_encoders_device(meta_parts):
         assert entry and all(t.device == META for t in entry.values()), {k: t.device for k, t in entry.items()}
 
 
-def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts, tmp_path, monkeypatch):
+def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts, tmp_path, monkeypatch,
+                                                                     one_rank_group):
     """deepspeed.initialize does not move a module built under zero.Init: the rope tables (the
     model's buffers) must be made on the engine's device. The accelerator's device name is stubbed
     to the meta device; the partitions themselves are DeepSpeed's (on the accelerator it reports)."""
-    import os
-
     import e2v.zero3_load as zero3_load
-    from e2v.distributed import init_distributed
 
     tiny_parts.transformer.save_pretrained(tmp_path / "transformer")
-    created = not torch.distributed.is_initialized()
-    if created:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
-        init_distributed()
-    try:
-        monkeypatch.setattr(zero3_load, "accelerator_device", lambda: META)
-        ds = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
-        model, _ = zero3_load.load_transformer_zero3(tmp_path / "transformer", ds, torch.float32)
-        buffers = dict(model.named_buffers())
-        assert buffers and all(b.device == META for b in buffers.values()), {n: b.device for n, b in buffers.items()}
-        # and the partitions in the training dtype: deepspeed 0.19's zero.Init turns an fp32 `dtype`
-        # argument into bf16 on a CPU accelerator, so the load takes it from the ds_config instead
-        assert {p.ds_tensor.dtype for p in model.parameters()} == {torch.float32}
-    finally:
-        if created:
-            torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    monkeypatch.setattr(zero3_load, "accelerator_device", lambda: META)
+    ds = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    model, _ = zero3_load.load_transformer_zero3(tmp_path / "transformer", ds, torch.float32)
+    buffers = dict(model.named_buffers())
+    assert buffers and all(b.device == META for b in buffers.values()), {n: b.device for n, b in buffers.items()}
+    # and the partitions in the training dtype: deepspeed 0.19's zero.Init turns an fp32 `dtype`
+    # argument into bf16 on a CPU accelerator, so the load takes it from the ds_config instead
+    assert {p.ds_tensor.dtype for p in model.parameters()} == {torch.float32}
 
 
 # --- the optimizer DeepSpeed can build, and the loader -------------------------------------------

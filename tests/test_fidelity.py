@@ -63,6 +63,12 @@ def test_subject_colour_on_frames_of_known_colours():
     busy, _ = synthetic_video(obj=OBJECT)
     assert nearest(subject_colour(busy, background), CANDIDATES) == 3
     assert nearest(subject_colour(busy, background, [OBJECT]), CANDIDATES) == 0
+    # a generated object is not painted in its reference's exact colour: ~47 levels off, across the
+    # line to the background, it is still the object
+    stray = (0.0, 70.0, 254.0)
+    off, _ = synthetic_video(obj=stray)
+    assert 45 < np.linalg.norm(np.subtract(stray, OBJECT)) < 50
+    assert nearest(subject_colour(off, background, [OBJECT]), CANDIDATES) == 0
 
     # a reference's colour: its pixels off the white surround, antialiased edge or not
     ref = np.full((56, 40, 3), 255, np.uint8)

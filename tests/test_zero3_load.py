@@ -73,13 +73,35 @@ def test_fp32_zero3_offload_load_trains_like_the_preset(load_runs, zero3_offload
     assert_same_steps(new, preset, sorted(preset))
 
 
-def test_expanded_t2v_base_falls_back_to_the_whole_model_load(tmp_path):
-    from e2v.config import load_config
-    from e2v.zero3_load import zero3_load_blocker
+@pytest.mark.parametrize("bf16", [False, True])
+def test_expanded_t2v_base_is_partitioned_at_load_with_the_whole_loads_weights(tmp_path, one_rank_group, bf16):
+    """A T2V base expanded for elements (36 channels + image attention) loads partitioned too: every
+    parameter, gathered, equals the whole load's (from_pretrained + expand_for_elements, the oracle),
+    the base's from the shards, the new modules' init, the widened patch embedding."""
+    import torch
+    import deepspeed
 
-    (tmp_path / "transformer").mkdir()
-    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["model.preset=null", f"model.pretrained={tmp_path}",
-                                                "model.base=t2v"], check_paths=False)
-    zero3 = {"zero_optimization": {"stage": 3}}
-    assert "expanded for elements" in zero3_load_blocker(cfg, zero3)
-    assert zero3_load_blocker(cfg, {"zero_optimization": {"stage": 2}}) == "not ZeRO-3"
+    from e2v.config import load_config
+    from e2v.models import load_transformer
+    from e2v.tiny import build_tiny_parts
+
+    build_tiny_parts(seed=3, base="t2v", with_encoders=False).transformer.save_pretrained(
+        tmp_path / "transformer", max_shard_size="50KB")
+    sets = ["model.preset=null", f"model.pretrained={tmp_path}", "model.base=t2v", "model.weight_dtype=fp32",
+            f"train.mixed_precision={'bf16' if bf16 else 'no'}"]
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets, check_paths=False)
+    ds = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}, "bf16": {"enabled": bf16}}
+    whole, _ = load_transformer(cfg, image_width=32)
+    partitioned, _ = load_transformer(cfg, ds_config=ds, image_width=32)
+    assert whole.config.in_channels == partitioned.config.in_channels == 36
+    assert partitioned.config.added_kv_proj_dim == whole.config.added_kv_proj_dim is not None
+    expected = dict(whole.named_parameters())
+    got = dict(partitioned.named_parameters())
+    assert sorted(got) == sorted(expected)
+    assert all(hasattr(p, "ds_tensor") for p in got.values())  # partitioned, not whole
+    for name, p in got.items():
+        with deepspeed.zero.GatheredParameters([p]):
+            want = expected[name].to(p.dtype)
+            assert torch.equal(p.data, want), name
+    added_v = [n for n in got if "add_v_proj" in n]
+    assert added_v and all(not expected[n].any() for n in added_v)  # the image branch adds 0 at step 0

@@ -6,13 +6,18 @@
 Builds random-weight diffusers folders with the released configs (tools/smokelib/build.py: the
 Wan2.1-T2V-1.3B transformer in safetensors shards, the Wan2.1 VAE, a UMT5-XXL-wide encoder with ONE
 layer and a tiny vocabulary, CLIP ViT-H/14 with Wan's image processor) into smoke_real/ (ignored),
-small datasets at 17 x 128 x 128, then runs through the deepspeed launcher, as a user types it:
+small datasets at 17 x 96 x 96, then runs through the deepspeed launcher, as a user types it:
 
   1 e2v_z2_offload   configs/e2v_t2v_1.3b.yaml (36-channel expansion + image attention, LoRA + new
                      modules, bf16), ds_configs/zero2_offload.json, 1 process; the export reloaded
                      into a fresh transformer reproduces the engine's output (tools/smokelib/probe.py)
-  2 e2v_z3           the same under ds_configs/zero3.json, 2 processes, against
-    e2v_z2_2p        the same under ZeRO-2 (offload), 2 processes: equal first losses within bf16 tolerance
+    precompute       tools/precompute.py fills the conditioning cache of that data with the real
+                     encoders (one process), for:
+  2 e2v_z3           the same config from the cache under ds_configs/zero3.json, 2 processes, the
+                     expanded base partitioned at load, against
+    e2v_z2_2p        the same under ZeRO-2 (offload), 2 processes: equal first losses within bf16
+                     tolerance. From the cache, no rank holds the encoders (~3 GiB each) or runs them
+                     on its half of the cores: the runs compare what ZeRO changes, the transformer
   3 t2v_lora         configs/t2v_lora.yaml (npz JSONL manifest)
     video_regression configs/video_regression.yaml (CSV) with LoRA: its full fine-tune of 1.42 B
                      parameters needs ~16 B each (weights, gradients, AdamW) = ~23 GiB, beyond this machine
@@ -53,6 +58,7 @@ E2V_CONFIG = "configs/e2v_t2v_1.3b.yaml"
 # mean of ~20k fp32 squares of a bf16 prediction, so it agrees to a few bf16 ulps of the
 # prediction, i.e. ~1e-2 relative; step 1 (identical weights, only the forward) to ~1e-3.
 LOSS_RTOL = {1: 1e-3, 2: 1e-2}
+PARTITIONED = "partitioned at load (zero.Init, bfloat16), streamed from"  # e2v/zero3_load.py's line
 
 
 def common_sets(run_id: str, data: Path, args) -> list[str]:
@@ -67,6 +73,19 @@ def e2v_sets(run_id: str, ds: str, folders: dict, data: dict, args) -> list[str]
     return common_sets(run_id, data["e2v"], args) + [
         f"model.pretrained={folders['t2v']}", f"model.image_encoder={folders['clip']}",
         f"deepspeed.config=ds_configs/{ds}"]
+
+
+def precompute(sets: list[str]) -> dict:
+    """tools/precompute.py on the E2V data, as a user types it; the cache lands in the data folder."""
+    print("[smoke] precompute: the conditioning cache of the E2V data, 1 process ...", flush=True)
+    command = [sys.executable, "tools/precompute.py", "--config", E2V_CONFIG] + [a for s in sets for a in ("--set", s)]
+    r = run_measured("precompute", command, OUT / "logs", procs=1)
+    r["passed"] = r["rc"] == 0
+    print(f"[smoke] precompute: {'ok' if r['passed'] else 'FAILED'} in {r['wall_s']:.0f} s, "
+          f"peak PSS {r['peak_pss_gib']:.2f} GiB", flush=True)
+    if not r["passed"]:
+        print(tail(ROOT / r["log"], 40))
+    return r
 
 
 def launch(name: str, config: str, sets: list[str], gpus: int, script: Path | None = None) -> dict:
@@ -163,13 +182,19 @@ def main(argv=None) -> int:
             res["checks"]["export_reload"] = check_export(folders["t2v"], OUT / "runs" / "e2v_z2_offload" / "lora",
                                                           probe, engine_out)
             print(f"[smoke] export reloaded vs engine: {res['checks']['export_reload']}")
+    if want("e2v_z3") or want("e2v_z2_2p"):
+        shutil.rmtree(data["e2v"] / ".e2v_cache", ignore_errors=True)
+        runs["precompute"] = precompute(e2v_sets("precompute", "zero2_offload.json", folders, data, args))
+    cached = ["cache.enabled=true"]
     if want("e2v_z3"):
-        sets = e2v_sets("e2v_z3", "zero3.json", folders, data, args)
+        sets = e2v_sets("e2v_z3", "zero3.json", folders, data, args) + cached
         runs["e2v_z3"] = r = launch("e2v_z3", E2V_CONFIG, sets, 2)
         res["checks"]["memory_2"] = estimate(r, sets, 2)
+        if r["passed"] and PARTITIONED not in (ROOT / r["log"]).read_text():
+            res["checks"]["zero3_partitioned_load"] = {"passed": False, "missing": PARTITIONED}
     if want("e2v_z2_2p"):
         runs["e2v_z2_2p"] = launch("e2v_z2_2p", E2V_CONFIG, e2v_sets("e2v_z2_2p", "zero2_offload.json", folders,
-                                                                     data, args), 2)
+                                                                     data, args) + cached, 2)
     if "e2v_z3" in runs and "e2v_z2_2p" in runs:
         res["checks"]["zero3_vs_zero2_losses"] = compare_losses(runs["e2v_z3"], runs["e2v_z2_2p"])
         print(f"[smoke] ZeRO-3 vs ZeRO-2 losses: {res['checks']['zero3_vs_zero2_losses']}")
