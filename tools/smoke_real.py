@@ -24,6 +24,15 @@ small datasets at 17 x 96 x 96, then runs through the deepspeed launcher, as a u
   4 dry_run_i2v_14b  train_e2v.py --config configs/e2v.yaml --dry_run: the I2V-14B-480P plan (~16.5 B)
   5 peak memory (PSS of the process tree) of 1 and 2 against tools/estimate_memory.py --cpu
 
+Every run takes its steps at the config's full lr (train.warmup_steps=0), so that the second
+loss depends on the optimizer step the ZeRO stages must agree on. On the E2V runs that second loss
+jumps (1.78 -> ~10): AdamW's first step moves every entry of a parameter by about the lr in the
+sign of its gradient, and `add_v_proj`, zero at expansion so that the image branch adds nothing,
+takes 70.8 M such coherent steps across 30 blocks. One step on the same input with only
+`add_v_proj` stepped gives the jump (1.75 -> 10.36); the LoRA alone lowers the loss (1.75 -> 1.52).
+The configs' warmup (100 steps) takes the first step at 1/100 of the lr: the same step at 1e-6
+lowers the loss (1.75 -> 1.46).
+
 Prints a summary and writes bench/results/smoke_real.json (committed: the measured figures the
 README quotes). Run logs: smoke_real/logs/.
 """
