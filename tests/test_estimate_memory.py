@@ -193,5 +193,8 @@ def test_cpu_mode_puts_every_term_in_host_memory():
         assert r["node_total_gb"] == pytest.approx(r["procs"] * peak + em.LAUNCHER_GB)
     assert z2_two["per_rank_gb"]["optimizer"] == pytest.approx(z2["per_rank_gb"]["optimizer"] / 2)
     assert z2_two["per_rank_gb"]["weights"] == pytest.approx(z2["per_rank_gb"]["weights"])
-    assert z3_two["per_rank_gb"]["weights"] < z2["per_rank_gb"]["weights"]
+    assert z3_two["per_rank_gb"]["weights"] == pytest.approx(z2["per_rank_gb"]["weights"] / 2)
+    # what ZeRO-3 keeps gathered: the whole tiny model (under stage3_max_live_parameters); none on ZeRO-2
+    assert z3_two["per_rank_gb"]["gathered"] == pytest.approx(z2["per_rank_gb"]["weights"])
+    assert z2["per_rank_gb"]["gathered"] == 0
     assert z2["per_rank_gb"]["encoders"] > 0  # the tiny run encodes online
