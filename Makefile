@@ -50,7 +50,7 @@ bench: install
 	$(PY) tools/bench.py
 
 # Real Wan2.1 shapes (random weights, built offline into smoke_real/) through the launcher on this
-# machine's CPU: < 20 min, < 20 GB (tools/smoke_real.py). Not part of `make test`.
+# machine's CPU: ~15 min, peak ~20.5 GiB (tools/smoke_real.py). Not part of `make test`.
 smoke-real: install
 	$(PY) tools/smoke_real.py
 

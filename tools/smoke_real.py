@@ -1,6 +1,6 @@
 """Real Wan2.1 shapes end to end on this machine (`make smoke-real`; not part of `make test`).
 
-    python tools/smoke_real.py                 # the full-size smoke (< 20 min, < 20 GB on 2 CPU cores)
+    python tools/smoke_real.py                 # the full-size smoke (~15 min on 2 CPU cores; peak ~20.5 GiB)
     python tools/smoke_real.py --scale small   # the same runs with 2-layer models: checks the tool
 
 Builds random-weight diffusers folders with the released configs (tools/smokelib/build.py: the
@@ -154,8 +154,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=["full", "small"], default="full")
     p.add_argument("--steps", type=int, default=2)
-    # 17 x 96 x 96: the Wan2.1 VAE, which encodes the target and the condition video every step,
-    # takes ~18 s per 17-frame clip at 96 px on 2 loaded cores (~32 s at 128 px), the bulk of a step.
+    # 17 x 96 x 96: run 1 encodes online (the Wan2.1 VAE on the target and the condition clip, CLIP
+    # ViT-H on 3 references), ~50-60 s a step on 2 quiet cores; 128 px costs about twice the VAE time.
     p.add_argument("--frames", type=int, default=17)
     p.add_argument("--size", type=int, default=96)
     p.add_argument("--only", default="", help="comma list of run names (default: all)")
