@@ -101,7 +101,7 @@ def spawned(tmp_path_factory) -> list[dict]:
     from helpers_context_parallel import worker
 
     out = tmp_path_factory.mktemp("cp_spawn")
-    mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, start_method="fork")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -164,5 +164,5 @@ def test_distinct_over_ranks_counts_a_sample_seen_by_two_ranks_once():
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(_distinct, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    mp.start_processes(_distinct, args=(2, _free_port(), out), nprocs=2, start_method="fork")
     assert sorted(out.get() for _ in range(2)) == [(0, 3), (1, 3)]
