@@ -123,7 +123,9 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype,
                     fp32_file_values[name] = f.get_tensor(name).to(torch.float32, copy=True)
                 seen.add(name)
     if expand_to is not None:
-        seen |= _stream_new_modules(model, config, set(params) - seen, rank, dtype, seed)
+        new = set(params) - seen
+        _stream_new_modules(model, config, new, rank, dtype, seed)
+        seen |= new
     missing = sorted(set(params) - seen)
     if missing:
         raise RuntimeError(f"{folder}: no file value for {len(missing)} parameters, e.g. {missing[:5]}")
@@ -134,10 +136,10 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype,
 
 
 def _stream_new_modules(model: WanTransformer3DModel, config: dict, new: set[str], rank: int,
-                        dtype: torch.dtype, seed: int) -> set[str]:
+                        dtype: torch.dtype, seed: int) -> None:
     """Fill the partitioned parameters `new` (those of the modules expansion adds: no file has
     them) with init_new_modules' values, computed on rank 0 in a meta-device copy of the model, one
-    module at a time materialised. Returns the names filled."""
+    module at a time materialised."""
     import deepspeed
 
     reference = None
@@ -153,4 +155,3 @@ def _stream_new_modules(model: WanTransformer3DModel, config: dict, new: set[str
             if rank == 0:
                 with torch.no_grad():
                     params[name].data.copy_(values[name])
-    return set(new)
