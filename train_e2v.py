@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from e2v import checkpoint as ckpt
-from e2v import distributed, export
+from e2v import distributed, export, hostmem
 from e2v.cache import batch_conditions
 from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
 from e2v.context_parallel import check_heads, layout
@@ -130,6 +130,7 @@ def start_run(cfg, args):
     """The process group, this rank's place in it (data- and context-parallel: e2v.context_parallel),
     its device, and the run folder (locked against a second run, the resolved config written).
     Returns (rank, world, layout, device, run folder, lock)."""
+    malloc = hostmem.return_freed_memory()  # before the first weight is read
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
@@ -148,6 +149,7 @@ def start_run(cfg, args):
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
+        print(f"[e2v] {malloc}")
         if lay.enabled:
             print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
                   f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")

@@ -185,6 +185,9 @@ def main(argv=None):
     if args.child:
         import torch
 
+        from e2v.hostmem import return_freed_memory
+
+        return_freed_memory()  # the step processes run as train_e2v.py's ranks do
         if args.threads:
             torch.set_num_threads(args.threads)
         from tools.benchlib.data import child_data

@@ -49,7 +49,10 @@ never touched is not resident), the encoders, and RUNTIME_GB of interpreter, lib
 allocator slack; plus LAUNCHER_GB for the launcher processes. At load the whole transformer is
 read on every rank that does not partition at load (e P per rank, before any optimizer state), so
 the peak is the larger of the load and the training figure. Checked against the peak PSS of the
-process tree by tools/smoke_real.py (real shapes, 1 and 2 ranks).
+process tree by tools/smoke_real.py (real shapes, 1 and 2 ranks). The figures assume that a freed
+tensor's memory goes back to the OS, which e2v's processes arrange at start (e2v/hostmem.py); under
+glibc's default malloc a process keeps the high-water mark of what it once held (the 1.3B ZeRO-3
+smoke peaked at 1.39x this estimate that way).
 """
 
 from __future__ import annotations
@@ -173,8 +176,7 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     zero3 = z["stage"] == 3
     weights = e * (pt + pf) / g if zero3 else e * (pt + pf)
     # ZeRO-3 keeps gathered parameters resident while they will be used again (the shipped
-    # stage3_max_reuse_distance spans the model) up to stage3_max_live_parameters: measured at the
-    # 1.3B's real shapes on 2 ranks, the first forward retains +1.3-1.7 GiB per rank (bound: 2 GiB).
+    # stage3_max_reuse_distance spans the model), up to stage3_max_live_parameters: the bound.
     gathered = e * min(z.get("stage3_max_live_parameters", 1e9), pt + pf) if zero3 else 0
     grads = (e * pt / g if zero3 else e * pt) + 4 * pt / g
     optimizer = 12 * pt / g

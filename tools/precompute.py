@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.cache import CacheStore, bad_entries_message, compute_entry  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
+from e2v.hostmem import return_freed_memory  # noqa: E402
 from e2v.data import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
 from e2v.media import MediaError  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = p.parse_args(argv)
+    return_freed_memory()
     try:
         cfg = load_config(args.config, args.set)
     except ConfigError as e:

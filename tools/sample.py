@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from e2v.config import ConfigError, load_config  # noqa: E402
+from e2v.hostmem import return_freed_memory  # noqa: E402
 from e2v.media import load_image  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
 from e2v.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
@@ -96,6 +97,7 @@ def read_elements(args, cfg) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
+    return_freed_memory()
     sets = list(args.set)
     sets += [f"data.num_frames={args.frames}"] if args.frames else []
     if args.height or args.width:

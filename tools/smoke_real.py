@@ -1,6 +1,6 @@
 """Real Wan2.1 shapes end to end on this machine (`make smoke-real`; not part of `make test`).
 
-    python tools/smoke_real.py                 # the full-size smoke (~15 min on 2 CPU cores; peak ~20.5 GiB)
+    python tools/smoke_real.py                 # the full-size smoke (~13 min on 2 CPU cores; peak ~16 GiB)
     python tools/smoke_real.py --scale small   # the same runs with 2-layer models: checks the tool
 
 Builds random-weight diffusers folders with the released configs (tools/smokelib/build.py: the
