@@ -11,6 +11,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= 2.13.0
 DEMO_DATA ?= demo_data
 NUM_GPUS ?= 1
+TEST_WORKERS ?= 2
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install demo demo-quick demo-data test test-fast bench check-data clean-demo smoke-real gpu-check
@@ -43,14 +44,16 @@ demo-quick: demo-data
 test: install
 	$(PY) -m pytest -q -x tests
 
+# pytest-xdist: TEST_WORKERS processes share the in-process tests, a test file each at a time
+# (its module fixtures built once), one intra-op thread each (tests/conftest.py).
 test-fast: install
-	$(PY) -m pytest -q -x -m "not train" tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not train" tests
 
 bench: install
 	$(PY) tools/bench.py
 
 # Real Wan2.1 shapes (random weights, built offline into smoke_real/) through the launcher on this
-# machine's CPU: ~15 min, peak ~20.5 GiB (tools/smoke_real.py). Not part of `make test`.
+# machine's CPU: ~13 min, peak ~16 GiB (tools/smoke_real.py). Not part of `make test`.
 smoke-real: install
 	$(PY) tools/smoke_real.py
 

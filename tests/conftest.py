@@ -1,8 +1,10 @@
 """Shared fixtures: tiny parts built in code, a small demo dataset made on the fly, and helpers to
 run the real entry point (`deepspeed train_e2v.py`) in a subprocess.
 
-Two suites. `make test` runs every test. `make test-fast` (`pytest -m "not train"`) leaves out
-the tests that start a training process, for the edit loop. The `train` marker is set here, not
+Two suites. `make test` runs every test. `make test-fast` (`pytest -n 2 --dist loadfile -m "not
+train"`) leaves out the tests that start a training process, for the edit loop, and shares the
+rest between two pytest-xdist workers, a test file each at a time (so a module fixture is built
+once); each worker builds the session fixtures it uses for itself. The `train` marker is set here, not
 by hand: a test is marked when its body, any fixture it uses (directly or through other
 fixtures) or the early starter of such a fixture (below) calls `run_train`, `launch_train` or
 `train_command`, the only ways a test starts `deepspeed train_e2v.py`. So a new test that trains
@@ -42,6 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers share the cores: one intra-op thread each (set before torch is imported), or their
+    # OpenMP threads spin against each other. test-fast on 2 cores: 80 s instead of 118 s.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TRAIN_HELPERS = {"run_train", "launch_train", "train_command"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
