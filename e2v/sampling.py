@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,12 @@ def load_trained(transformer, lora_dir: str | Path):
     # its metadata, zero-fill the image projections of a T2V LoRA, attach it to the transformer.
     state_dict, metadata = WanLoraLoaderMixin.lora_state_dict(str(lora_dir), return_lora_metadata=True)
     state_dict = WanLoraLoaderMixin._maybe_expand_t2v_lora_for_i2v(transformer=transformer, state_dict=state_dict)
-    WanLoraLoaderMixin.load_lora_into_transformer(state_dict, transformer=transformer, metadata=metadata)
+    with warnings.catch_warnings():
+        # On an image-attention transformer the zero-fill adds LoRA weights for add_k_proj /
+        # add_v_proj that the adapter metadata does not target (an expanded base trains them in
+        # full): peft leaves them out, which is right (they are zeros), and says so at length.
+        warnings.filterwarnings("ignore", message="While injecting the PEFT adapters, an inconsistency",
+                                category=RuntimeWarning)
+        WanLoraLoaderMixin.load_lora_into_transformer(state_dict, transformer=transformer, metadata=metadata)
     load_extra_modules(transformer, lora_dir)
     return transformer

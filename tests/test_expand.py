@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 import torch
@@ -106,6 +107,7 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
 
     from e2v.export import load_extra_modules
     from e2v.expand import expand_from_export, expansion_modules
+    from e2v.sampling import load_trained
     from e2v.trainable import setup_training
 
     lora = expand_run / "lora"
@@ -126,6 +128,14 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     assert pipe.transformer.blocks[0].attn2.add_v_proj.weight.abs().sum() > 0, "add_v_proj started at 0: it trained"
     with torch.no_grad():
         exported = pipe.transformer(**_inputs(36, 3))[0]
+
+    # tools/sample.py's loader (e2v.sampling.load_trained) builds the same model, and quietly: peft's
+    # warning about the zero LoRA that diffusers adds for the image projections is not shown.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ours = load_trained(expand_from_export(build_tiny_parts(seed=0, base="t2v").transformer, lora), lora)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**_inputs(36, 3))[0], exported, atol=0, rtol=0)
 
     # Second path: the DeepSpeed checkpoint's weights in a freshly expanded peft model.
     cfg = load_config(expand_run / "config.yaml", check_paths=False)
