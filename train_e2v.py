@@ -276,7 +276,7 @@ def main():
                 step_start = (samples_seen, ckpt.rng_state(rng, gen))
             t_step = time.perf_counter()
             stepped = train_step(engine, data_iter, parts, cfg, step=global_step + 1, device=device, dtype=dtype,
-                           rng=rng, gen=gen, guard=guard, vis=vis)
+                                 rng=rng, gen=gen, guard=guard, vis=vis)
             global_step, samples_seen = global_step + 1, samples_seen + stepped["samples"]
             skipped_ids |= stepped["skipped"]
             step_time = time.perf_counter() - t_step
