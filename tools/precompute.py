@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.cache import CacheStore, bad_entries_message, compute_entry  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.hostmem import return_freed_memory  # noqa: E402
 from e2v.data import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
+from e2v.hostmem import return_freed_memory  # noqa: E402
 from e2v.media import MediaError  # noqa: E402
 from e2v.models import load_parts  # noqa: E402
 
