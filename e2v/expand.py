@@ -13,7 +13,7 @@ from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
 from e2v.experts import boundary_ratio
-from e2v.parts import CLIP_VIT_H, Parts
+from e2v.parts import CLIP_VIT_H, Parts, clip_location
 from e2v.tiny import TINY_CLIP_WIDTH, seeded
 
 T2V_CHANNELS = 16  # latent channels: a T2V transformer's whole input
@@ -28,10 +28,26 @@ EXPANSION_MODULES = {
 }
 
 
-def clip_width(parts: Parts, cfg: Config) -> int:
-    if parts.image_encoder is not None:
+def clip_width(parts: Parts | None, cfg: Config) -> int:
+    """The width of the CLIP features image attention reads: the loaded encoder's; without it (a
+    cached run, the meta-device plan) its config.json where the encoder is a local folder (read,
+    nothing loaded), the tiny CLIP's for the preset, ViT-H/14's (Wan's) otherwise."""
+    if parts is not None and parts.image_encoder is not None:
         return parts.image_encoder.config.hidden_size
-    return TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
+    if cfg.model.preset is not None:
+        return TINY_CLIP_WIDTH
+    if not cfg.uses_clip:
+        return CLIP_VIT_H[1]
+    path, in_pipeline = clip_location(cfg)
+    config = Path(path) / ("image_encoder" if in_pipeline else "") / "config.json"
+    if not config.is_file():
+        return CLIP_VIT_H[1]
+    try:
+        c = json.loads(config.read_text())
+        return int(c.get("vision_config", c)["hidden_size"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{config}: not a CLIP vision config with a hidden_size ({type(e).__name__}: {e}); "
+                         f"model.image_encoder must name a CLIP vision model folder") from None
 
 
 def added_pathways(cfg: Config) -> list[str]:

@@ -16,7 +16,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from e2v.config import Config
 from e2v.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
 from e2v.experts import EXPERTS, SUBFOLDERS, TwoExperts, boundary_ratio, map_experts, switch, trained_experts
-from e2v.parts import CLIP_VIT_H, Parts, clip_image_processor, place_encoders, resolve_pretrained
+from e2v.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_location, place_encoders, resolve_pretrained
 from e2v.plan import build_meta_transformer
 from e2v.precision import to_inference_dtype
 from e2v.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer, tiny_base
@@ -82,14 +82,11 @@ def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transfor
         parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
         if cfg.uses_clip:
-            clip_path = cfg.model.image_encoder or path
-            # A diffusers I2V pipeline (a local folder with image_encoder/, or a Wan *-Diffusers hub id)
-            # keeps CLIP in subfolders; a plain CLIP folder has it at the top.
-            local = Path(clip_path)
-            in_pipeline = (local / "image_encoder").is_dir() or (not local.exists() and clip_path.endswith("-Diffusers"))
+            clip_path, in_pipeline = clip_location(cfg)
+            # A plain folder is subfolder "": transformers 5 fails on subfolder=None.
             parts.image_encoder = CLIPVisionModel.from_pretrained(
-                clip_path, subfolder="image_encoder" if in_pipeline else None, torch_dtype=torch.float32)
-            parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else None)
+                clip_path, subfolder="image_encoder" if in_pipeline else "", torch_dtype=torch.float32)
+            parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else "")
     if not with_transformer:
         return parts  # load_parts puts the meta-device model here
     width = clip_width(parts, cfg)

@@ -30,6 +30,16 @@ class Parts:
     fp32_file_values: dict[str, torch.Tensor] | None = None
 
 
+def clip_location(cfg) -> tuple[str, bool]:
+    """Where the config's CLIP image encoder is: (model.image_encoder, else the resolved
+    model.pretrained; whether it is a diffusers I2V pipeline, which keeps it in image_encoder/ and
+    image_processor/: a local folder with image_encoder/, or a Wan *-Diffusers hub id). A plain
+    CLIP folder has both at its top."""
+    path = cfg.model.image_encoder or resolve_pretrained(cfg.model.pretrained)
+    local = Path(path)
+    return path, (local / "image_encoder").is_dir() or (not local.exists() and path.endswith("-Diffusers"))
+
+
 def place_encoders(parts: Parts, device) -> Parts:
     """The frozen encoders (VAE, UMT5, CLIP) in eval mode, without gradients, on `device`: the one
     place they are prepared. They stay resident for the run (see tools/estimate_memory.py's

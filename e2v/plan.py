@@ -13,11 +13,11 @@ from diffusers import WanTransformer3DModel
 
 from e2v.config import Config
 from e2v.context_parallel import check_heads
-from e2v.expand import expand_for_elements, expansion_shape, is_expanded, needs_expansion
+from e2v.expand import clip_width, expand_for_elements, expansion_shape, is_expanded, needs_expansion
 from e2v.experts import SUBFOLDERS, TwoExperts, boundary_ratio, range_text, trained_experts
 from e2v.parts import CLIP_VIT_H, resolve_pretrained
 from e2v.schema import check_base
-from e2v.tiny import TINY_CLIP_WIDTH, tiny_base, tiny_transformer_config
+from e2v.tiny import tiny_base, tiny_transformer_config
 from e2v.trainable import describe_trained, setup_training
 
 
@@ -95,7 +95,7 @@ def build_meta_transformer(cfg: Config) -> WanTransformer3DModel:
     """The transformer as training will see it (expanded if the base asks for it; a TwoExperts of
     the experts the run trains for a two-expert base), on the meta device: every shape, no memory,
     nothing read or downloaded."""
-    width = TINY_CLIP_WIDTH if cfg.model.preset is not None else CLIP_VIT_H[1]
+    width = clip_width(None, cfg)
 
     def build(expert: str) -> WanTransformer3DModel:
         c = {k: v for k, v in transformer_config(cfg, expert).items() if not k.startswith("_")}

@@ -74,6 +74,39 @@ def test_expand_meta_plan_has_the_real_wan_sizes(pretrained, base, billions):
         assert c.in_channels == 36 and c.added_kv_proj_dim == c.num_attention_heads * 128 and c.image_dim == 1280
 
 
+@pytest.mark.parametrize("layout", ["pipeline", "plain"])
+def test_a_t2v_base_is_expanded_to_its_clip_width_without_loading_the_clip(tmp_path, layout):
+    """The image attention of an expanded T2V base reads the CLIP of model.image_encoder. A cached
+    run loads no encoder and the plan loads nothing: both take the width from the CLIP's config.json
+    (a pipeline folder's image_encoder/ or a plain CLIP folder), as the run with the encoder loaded
+    does, not ViT-H/14's 1280."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from e2v.models import load_parts
+
+    t2v = build_tiny_parts(seed=0, base="t2v")
+    WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae, transformer=t2v.transformer,
+                scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
+                ).save_pretrained(tmp_path / "t2v")
+    i2v = build_tiny_parts(seed=0)
+    clip = tmp_path / "clip"
+    i2v.image_encoder.save_pretrained(clip / "image_encoder" if layout == "pipeline" else clip)
+    i2v.image_processor.save_pretrained(clip / "image_processor" if layout == "pipeline" else clip)
+    width = i2v.image_encoder.config.hidden_size
+    assert width != 1280
+    cfg = load_config("configs/e2v_tiny_lora.yaml", ["model.preset=null", f"model.pretrained={tmp_path / 't2v'}",
+                                                     "model.base=t2v", f"model.image_encoder={clip}"], check_paths=False)
+    online = load_parts(cfg).transformer.config
+    cached = load_parts(cfg, with_encoders=False).transformer.config
+    planned = build_meta_transformer(cfg).config
+    assert online.image_dim == cached.image_dim == planned.image_dim == width
+    assert online.in_channels == cached.in_channels == planned.in_channels == 36
+
+    (clip / ("image_encoder" if layout == "pipeline" else "") / "config.json").write_text("{\"model_type\": 1}")
+    with pytest.raises(ValueError, match="config.json: not a CLIP vision config with a hidden_size"):
+        build_meta_transformer(cfg)
+
+
 def test_expand_shipped_t2v_config_dry_run(demo_data, capsys, monkeypatch):
     """`train_e2v.py --config configs/e2v_t2v_1.3b.yaml --dry_run` (in-process: same main())."""
     import sys

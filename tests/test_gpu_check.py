@@ -1,10 +1,13 @@
 """tools/gpu_check.py's logic that runs without a GPU: the immediate exit without CUDA (one line,
-nothing written) and the report written from a result dict."""
+nothing written), the report written from a result dict, and the overhead check's command and
+reader on tiny folders."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -48,3 +51,35 @@ def test_report_from_a_result_dict(tmp_path):
     assert "FAILED: KeyError: 'overhead'" in text
     assert "Kernel used: **flash**" in text and "`pytorch_flash::flash_fwd_kernel`" in text
     assert json.loads(js.read_text())["gpu"] == FAKE["gpu"]
+
+
+@pytest.mark.train  # the benchmark's step processes run DeepSpeed steps
+def test_overhead_check_reads_what_bench_model_writes(tmp_path, demo_data):
+    """The overhead check is `tools/bench.py --model` on the T2V folder with a CLIP folder beside it.
+    The same command on tiny folders of that layout runs on CPU (--allow-cpu, which writes under
+    bench/tmp/), and the check's reader finds the ratio in what it wrote."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from e2v.tiny import build_tiny_parts
+    from tools.gpu_check import overhead_command, read_overhead
+
+    t2v = build_tiny_parts(seed=0, base="t2v")
+    WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae, transformer=t2v.transformer,
+                scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
+                ).save_pretrained(tmp_path / "t2v")
+    i2v = build_tiny_parts(seed=0)
+    i2v.image_encoder.save_pretrained(tmp_path / "clip/image_encoder")
+    i2v.image_processor.save_pretrained(tmp_path / "clip/image_processor")
+    written = ROOT / "bench/tmp/results/steps_model.json"
+    written.unlink(missing_ok=True)
+    cmd = overhead_command(tmp_path / "t2v", tmp_path / "clip", "--allow-cpu", "--data-root", str(demo_data),
+                           "--set", "data.num_frames=17", "--set", "data.resolution=[64,64]")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = json.loads(written.read_text())["presets"]["model"]
+    assert (runs["online"]["mode"], runs["cached"]["mode"]) == ("online", "cached")
+    result = runs["cached"]
+    overhead = read_overhead(written)
+    assert overhead["ratio_over_bare"] > 0
+    assert overhead["within_goal"] == (overhead["ratio_over_bare"] <= result["overhead"]["goal"])
