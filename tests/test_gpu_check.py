@@ -83,3 +83,20 @@ def test_overhead_check_reads_what_bench_model_writes(tmp_path, demo_data):
     overhead = read_overhead(written)
     assert overhead["ratio_over_bare"] > 0
     assert overhead["within_goal"] == (overhead["ratio_over_bare"] <= result["overhead"]["goal"])
+
+
+def test_the_real_shape_runs_settings_load_and_have_a_gpu_estimate(tmp_path):
+    """The 1.3B runs' --set list is a valid config of configs/e2v_t2v_1.3b.yaml, and estimate_memory
+    gives each a GPU figure (checkpointing the smaller): a typo here would only show on a GPU."""
+    from e2v.config import load_config
+    from tools.gpu_check import e2v_sets, estimate_gpu
+    from tools.smokelib.build import transformer_config
+
+    folders = {"t2v": tmp_path / "t2v", "clip": tmp_path / "clip"}  # the 1.3B transformer's config, as built
+    (folders["t2v"] / "transformer").mkdir(parents=True)
+    (folders["t2v"] / "transformer/config.json").write_text(json.dumps(transformer_config("full")))
+    with_ckpt, without = (e2v_sets(folders, tmp_path / "data", 3, ckpt, "x") for ckpt in (True, False))
+    cfg = load_config(str(ROOT / "configs/e2v_t2v_1.3b.yaml"), with_ckpt, check_paths=False)
+    assert cfg.train.gradient_checkpointing and cfg.train.max_steps == 3
+    assert cfg.deepspeed.config.endswith("zero2.json") and (cfg.data.num_frames, cfg.data.resolution) == (81, [480, 832])
+    assert 0 < estimate_gpu(with_ckpt, True) < estimate_gpu(without, False)
