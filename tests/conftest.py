@@ -119,6 +119,26 @@ def demo_data(tmp_path_factory) -> Path:
     return out
 
 
+def save_t2v_and_clip_folders(root: Path, clip_layout: str = "pipeline") -> tuple[Path, Path, int]:
+    """The tiny preset saved as a user's folders: root/t2v, a diffusers WanPipeline (no image
+    encoder), and root/clip, the tiny CLIP vision model with its processor, in an I2V pipeline's
+    subfolders (image_encoder/, image_processor/) or, "plain", at the folder's top. Returns both
+    folders and the CLIP's width."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from e2v.tiny import build_tiny_parts
+
+    t2v, clip = root / "t2v", root / "clip"
+    p = build_tiny_parts(seed=0, base="t2v")
+    WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae, transformer=p.transformer,
+                scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
+                ).save_pretrained(t2v)
+    i2v = build_tiny_parts(seed=0)
+    i2v.image_encoder.save_pretrained(clip / "image_encoder" if clip_layout == "pipeline" else clip)
+    i2v.image_processor.save_pretrained(clip / "image_processor" if clip_layout == "pipeline" else clip)
+    return t2v, clip, i2v.image_encoder.config.hidden_size
+
+
 class WarmProcess:
     """A launch's leader in the warm server (tests/warm.py): poll / wait / pid like a Popen. The
     leader is not our child, so its exit code comes from the status file it writes."""

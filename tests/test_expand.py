@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import run_train
+from conftest import run_train, save_t2v_and_clip_folders
 from e2v.config import load_config
 from e2v.expand import expand_for_elements
 from e2v.plan import build_meta_transformer, count_params
@@ -80,21 +80,11 @@ def test_a_t2v_base_is_expanded_to_its_clip_width_without_loading_the_clip(tmp_p
     run loads no encoder and the plan loads nothing: both take the width from the CLIP's config.json
     (a pipeline folder's image_encoder/ or a plain CLIP folder), as the run with the encoder loaded
     does, not ViT-H/14's 1280."""
-    from diffusers import UniPCMultistepScheduler, WanPipeline
-
     from e2v.models import load_parts
 
-    t2v = build_tiny_parts(seed=0, base="t2v")
-    WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae, transformer=t2v.transformer,
-                scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
-                ).save_pretrained(tmp_path / "t2v")
-    i2v = build_tiny_parts(seed=0)
-    clip = tmp_path / "clip"
-    i2v.image_encoder.save_pretrained(clip / "image_encoder" if layout == "pipeline" else clip)
-    i2v.image_processor.save_pretrained(clip / "image_processor" if layout == "pipeline" else clip)
-    width = i2v.image_encoder.config.hidden_size
+    t2v, clip, width = save_t2v_and_clip_folders(tmp_path, layout)
     assert width != 1280
-    cfg = load_config("configs/e2v_tiny_lora.yaml", ["model.preset=null", f"model.pretrained={tmp_path / 't2v'}",
+    cfg = load_config("configs/e2v_tiny_lora.yaml", ["model.preset=null", f"model.pretrained={t2v}",
                                                      "model.base=t2v", f"model.image_encoder={clip}"], check_paths=False)
     online = load_parts(cfg).transformer.config
     cached = load_parts(cfg, with_encoders=False).transformer.config

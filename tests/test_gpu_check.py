@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, save_t2v_and_clip_folders
 
 
 def test_without_cuda_it_exits_at_once_with_one_line(tmp_path):
@@ -58,21 +58,12 @@ def test_overhead_check_reads_what_bench_model_writes(tmp_path, demo_data):
     """The overhead check is `tools/bench.py --model` on the T2V folder with a CLIP folder beside it.
     The same command on tiny folders of that layout runs on CPU (--allow-cpu, which writes under
     bench/tmp/), and the check's reader finds the ratio in what it wrote."""
-    from diffusers import UniPCMultistepScheduler, WanPipeline
-
-    from e2v.tiny import build_tiny_parts
     from tools.gpu_check import overhead_command, read_overhead
 
-    t2v = build_tiny_parts(seed=0, base="t2v")
-    WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae, transformer=t2v.transformer,
-                scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
-                ).save_pretrained(tmp_path / "t2v")
-    i2v = build_tiny_parts(seed=0)
-    i2v.image_encoder.save_pretrained(tmp_path / "clip/image_encoder")
-    i2v.image_processor.save_pretrained(tmp_path / "clip/image_processor")
+    t2v, clip, _ = save_t2v_and_clip_folders(tmp_path)
     written = ROOT / "bench/tmp/results/steps_model.json"
     written.unlink(missing_ok=True)
-    cmd = overhead_command(tmp_path / "t2v", tmp_path / "clip", "--allow-cpu", "--data-root", str(demo_data),
+    cmd = overhead_command(t2v, clip, "--allow-cpu", "--data-root", str(demo_data),
                            "--set", "data.num_frames=17", "--set", "data.resolution=[64,64]")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
