@@ -342,7 +342,7 @@ def test_target_layout_prepend_puts_reference_frames_before_the_clip(tiny_parts)
             frames = [r for r, k in zip(refs, NAMES) for _ in range(REPEATS[k])]
             n_ref = len(frames)
             video = torch.cat([torch.stack(frames, dim=1).unsqueeze(0), batch["video"][i:i + 1, :, : F - n_ref]], 2)
-            torch.testing.assert_close(c.latents_BCTHW[i:i + 1], encode_video(video, tiny_parts.vae), atol=2e-5, rtol=0)
+            torch.testing.assert_close(c.latents_BCTHW[i:i + 1], encode_video(video, tiny_parts.vae), atol=1e-4, rtol=0)
     overlay = encode(batch, tiny_parts, make_cfg(), train=False)
     with torch.no_grad():
         torch.testing.assert_close(overlay.latents_BCTHW, encode_video(batch["video"], tiny_parts.vae), atol=0, rtol=0)
