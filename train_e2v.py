@@ -18,29 +18,34 @@ from pathlib import Path
 
 import torch
 
-from e2v import checkpoint as ckpt
-from e2v import distributed, export, hostmem
-from e2v.cache import batch_conditions
-from e2v.config import ConfigError, adam_choice, load_config, resolve_deepspeed_config, save_config
-from e2v.context_parallel import check_heads, layout
-from e2v.data import index_samples, make_loader
-from e2v.device import to_device
-from e2v.comfy import check_comfy_mappable, lora_module_names
-from e2v.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
-from e2v.expand import expansion_modules, is_expanded
-from e2v.experts import boundary_ratio, expert_sigma_range
-from e2v.guard import NonFiniteGuard
-from e2v.models import load_parts
-from e2v.plan import count_params, describe_plan, knows_shape_offline, preflight, vae_config
-from e2v.precision import trained_fp32_kept
-from e2v.runlock import lock_run_folder
-from e2v.runlog import Log
-from e2v.trainable import describe_trained
-from e2v.schema import check_base
-from e2v.seed_formats import map_seed_flags
-from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
-from e2v.validation import Validator, split_held_out
-from e2v.viz import Visualizer
+from e2v.train import checkpoint as ckpt
+from e2v.runtime import distributed, hostmem
+from e2v.train import export
+from e2v.conditioning.cached import batch_conditions
+from e2v.config.schema import ConfigError
+from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
+from e2v.config.load import load_config, save_config
+from e2v.models.context_parallel import check_heads, layout
+from e2v.data.dataset import index_samples, make_loader
+from e2v.runtime.device import to_device
+from e2v.train.comfy import check_comfy_mappable, lora_module_names
+from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
+from e2v.models.expand import expansion_modules, is_expanded
+from e2v.config.experts import boundary_ratio
+from e2v.train.step import expert_sigma_range
+from e2v.train.guard import NonFiniteGuard
+from e2v.models.load import load_parts
+from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
+from e2v.config.bases import vae_config
+from e2v.models.precision import trained_fp32_kept
+from e2v.runtime.runlock import lock_run_folder
+from e2v.train.runlog import Log
+from e2v.models.trainable import describe_trained
+from e2v.config.schema import check_base
+from e2v.config.seed_formats import map_seed_flags
+from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
+from e2v.eval.validation import Validator, split_held_out
+from e2v.eval.viz import Visualizer
 
 
 def parse_args():

@@ -87,7 +87,7 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def tiny_parts():
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0)
 
@@ -98,7 +98,7 @@ def one_rank_group():
     the test; an existing group is used as it is."""
     import torch.distributed as dist
 
-    from e2v.distributed import init_distributed
+    from e2v.runtime.distributed import init_distributed
 
     created = not dist.is_initialized()
     if created:
@@ -126,7 +126,7 @@ def save_t2v_and_clip_folders(root: Path, clip_layout: str = "pipeline") -> tupl
     folders and the CLIP's width."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     t2v, clip = root / "t2v", root / "clip"
     p = build_tiny_parts(seed=0, base="t2v")

@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cfg(ulysses: int, ring: int):
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     return load_config(ROOT / "configs/e2v_tiny_lora.yaml",
                        [f"parallel.ulysses_degree={ulysses}", f"parallel.ring_degree={ring}"], check_paths=False)
 
 
 def _tiny():
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     return model.requires_grad_(True)
@@ -52,7 +52,7 @@ def attention_alone(ulysses: int, ring: int, rank: int) -> dict:
     rank's token shard (and rope shard), against the stock processor on the whole sequence.
     Returns the largest differences of the output shard, of the input's gradient shard and of the
     attention's parameter gradients summed over the group."""
-    from e2v import context_parallel
+    from e2v.models import context_parallel
 
     cfg = _cfg(ulysses, ring)
     whole, split = _tiny(), _tiny()
@@ -82,7 +82,7 @@ def attention_alone(ulysses: int, ring: int, rank: int) -> dict:
 def whole_model(ulysses: int, ring: int, rank: int, checkpointing: bool) -> dict:
     """The tiny transformer, context-parallel, against itself whole: the gathered prediction and the
     parameter gradients of mean(prediction^2) summed over the group."""
-    from e2v import context_parallel
+    from e2v.models import context_parallel
 
     cfg = _cfg(ulysses, ring)
     model = _tiny()
@@ -114,7 +114,7 @@ def saved_bytes(ulysses: int, rank: int, checkpointing: bool) -> int:
     tiny one (its activations dominate)."""
     from diffusers import WanTransformer3DModel
 
-    from e2v import context_parallel
+    from e2v.models import context_parallel
 
     s = SAVED_SHAPE
     torch.manual_seed(0)
@@ -146,7 +146,7 @@ def saved_bytes(ulysses: int, rank: int, checkpointing: bool) -> int:
 def worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    from e2v.distributed import init_distributed
+    from e2v.runtime.distributed import init_distributed
 
     torch.set_num_threads(1)  # two ranks on a 2-core machine: a thread per core each would spin against the other
     init_distributed()

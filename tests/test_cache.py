@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from conftest import ROOT, launch_train, read_scalars, wait_all
-from e2v.cache import CacheError, CacheStore, batch_conditions, compute_entry
-from e2v.config import ConfigError, load_config
-from e2v.data import E2VDataset, collate, index_samples
+from e2v.data.store import CacheError, CacheStore
+from e2v.conditioning.cached import batch_conditions, compute_entry, shared_entry
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config
+from e2v.data.dataset import E2VDataset, collate, index_samples
 
 
 def _cfg(data, cache_dir, *sets):
@@ -31,7 +33,7 @@ def _fill(cfg, parts, samples):
     for s in samples:
         item = ds.load(s)
         store.write(s, compute_entry(item, parts, cfg), item["element_names"])
-    store.write_shared(parts)
+    store.write_shared(*shared_entry(parts))
     return store
 
 
@@ -245,7 +247,7 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs)
         CacheStore(cfg).verify_all(samples)
     from tools.precompute import main
 
-    from e2v.data import BadSampleError
+    from e2v.data.dataset import BadSampleError
 
     for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
         (tmp / "data" / f).unlink()
@@ -263,7 +265,7 @@ def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs, capsy
     assert "8 cached and valid, 0 to compute" in capsys.readouterr().out
     (tmp / "data/002.txt").write_text("a new caption")
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets + ["cache.enabled=true"])
-    from e2v.data import make_loader
+    from e2v.data.dataset import make_loader
 
     with pytest.raises(CacheError, match="sample 002: .*'prompt' changed"):
         make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)
@@ -275,8 +277,8 @@ def test_encoder_guard_stops_every_encoder_construction(tmp_path):
     script = """
 import sys
 sys.path.insert(0, {root!r})
-from e2v.tiny import build_tiny_parts
-from e2v.tiny_vae import build_tiny_vae
+from e2v.models.tiny import build_tiny_parts
+from e2v.models.tiny_vae import build_tiny_vae
 from transformers import CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 build_tiny_parts(seed=0, with_encoders=False)
 for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_model=8, num_layers=1)),
@@ -300,10 +302,10 @@ def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(de
     the resident encoders; the numbers and the contact sheet must be identical."""
     from PIL import Image
 
-    from e2v.parts import Parts
-    from e2v.step import draw_flow
-    from e2v.validation import Validator, split_held_out
-    from e2v.viz import Visualizer
+    from e2v.models.parts import Parts
+    from e2v.train.step import draw_flow
+    from e2v.eval.validation import Validator, split_held_out
+    from e2v.eval.viz import Visualizer
 
     cfg = _cfg(demo_data, tmp_path / "cache", "cache.enabled=true", "validation.every_n_steps=2",
                "validation.num_samples=3", "validation.num_videos=1", "validation.num_inference_steps=2",

@@ -161,8 +161,8 @@ def test_clean_set_passes_and_small_bucket_is_named(tmp_path):
 @pytest.mark.parametrize("bad", ["corrupt", "empty_prompt"])
 def test_training_data_skips_and_counts_or_stops_naming_the_file(tmp_path, bad):
     """on_bad_sample: error names the file; skip replaces the sample and reports it in the batch."""
-    from e2v.config import load_config
-    from e2v.data import BadSampleError, E2VDataset, index_samples
+    from e2v.config.load import load_config
+    from e2v.data.dataset import BadSampleError, E2VDataset, index_samples
 
     data = clean_set(tmp_path / "data", n=3)
     if bad == "corrupt":
@@ -235,8 +235,8 @@ def test_unreadable_metadata_is_a_reported_problem(tmp_path, defect):
 def test_bucket_occupancy_counts_repeats_as_training_does(tmp_path):
     """4 clips with repeat 2 fill a batch of 2 x 4 ranks: not a small bucket, and the checker's
     table is the one training prints."""
-    from e2v.config import load_config
-    from e2v.data import bucket_table, index_samples
+    from e2v.config.load import load_config
+    from e2v.data.dataset import bucket_table, index_samples
 
     data = clean_set(tmp_path / "data")
     config = CONFIG.replace("datasets: [{data_root: DATA}]", "datasets: [{data_root: DATA, repeat: 2}]")

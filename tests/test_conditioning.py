@@ -3,7 +3,7 @@ hand-built tensors for A2's multi-reference layout."""
 
 import torch
 
-from e2v.conditioning import build_vae_condition, condition_mask, condition_video, encode_text
+from e2v.conditioning.encode import build_vae_condition, condition_mask, condition_video, encode_text
 
 
 def _i2v_pipe(parts):
@@ -87,7 +87,7 @@ def test_clip_tokens_match_diffusers_i2v_encode_image(tiny_parts):
     """Penultimate hidden states with CLS kept, as the pipeline's encode_image returns them."""
     import numpy as np
 
-    from e2v.conditioning import encode_clip_images
+    from e2v.conditioning.encode import encode_clip_images
 
     pipe = _i2v_pipe(tiny_parts)
     rng = np.random.default_rng(0)

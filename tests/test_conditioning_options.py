@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from conftest import launch_train, wait_all
-from e2v.conditioning import (build_vae_condition, condition_mask, condition_video, encode_batch, encode_clip_images,
-                              encode_text, encode_video, select_elements)
-from e2v.config import load_config
-from e2v.media import center_crop, letterbox, load_image, pad_white
+from e2v.conditioning.encode import (build_vae_condition, condition_mask, condition_video, encode_batch,
+    encode_clip_images, encode_text, encode_video, select_elements)
+from e2v.config.load import load_config
+from e2v.data.media import center_crop, letterbox, load_image, pad_white
 
 F, S = 17, 32  # frames, square size of the test videos (latents [.,16,5,4,4])
 NAMES = ["subject", "object", "background", "extra"]
@@ -119,8 +119,8 @@ def test_rgba_is_composited_on_white(tmp_path):
 def test_default_preprocess_and_per_element_overrides(demo_data):
     """data.py applies `<element>.vae.preprocess or processors.vae.default_preprocess` (and the
     same for CLIP): checked image by image against the media functions."""
-    from e2v.data import E2VDataset, index_samples
-    from e2v.media import image_to_tensor, preprocess_image
+    from e2v.data.dataset import E2VDataset, index_samples
+    from e2v.data.media import image_to_tensor, preprocess_image
 
     cfg = load_config("configs/e2v_tiny_lora.yaml", [
         f"data.datasets.0.data_root={demo_data}", "processors.vae.default_preprocess=letterbox",
@@ -216,7 +216,7 @@ def test_combine_after_equals_per_element_encodes_concatenated(tiny_parts):
     # the informative tiny VAE keeps frame groups apart) the padding latents depend on the references.
     import dataclasses
 
-    from e2v.tiny_vae import build_tiny_vae
+    from e2v.models.tiny_vae import build_tiny_vae
 
     mixing = dataclasses.replace(tiny_parts, vae=build_tiny_vae(0, informative=False))
     before = encode(batch, mixing, make_cfg(), train=False)
@@ -477,7 +477,7 @@ def test_clip_false_through_the_data_path(tiny_parts):
     """The same as above, but the per-sample inputs come from data.element_inputs (what the
     DataLoader builds from the images), not by hand: `clip: false` leaves the object's VAE frames
     in place and takes exactly its token block out."""
-    from e2v.data import element_inputs
+    from e2v.data.dataset import element_inputs
 
     cfg = make_cfg()
     cfg_noclip = make_cfg(data__elements=[

@@ -1,6 +1,7 @@
 import pytest
 
-from e2v.config import ConfigError, load_config
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config
 
 BASE = {
     "model": {"preset": "tiny"},
@@ -88,7 +89,7 @@ def test_clip_false_removes_element_from_clip_stream():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    from e2v.config import save_config
+    from e2v.config.load import save_config
 
     c = load_config(raw=cfg(train__lr=3e-4))
     save_config(c, tmp_path / "config.yaml")
@@ -131,7 +132,7 @@ def test_set_into_a_list_needs_an_index():
 
 def test_preflight_rejects_model_mismatches_on_the_meta_device():
     """Checks that need the model's shape run before any weight loads (seconds, not a 14B load)."""
-    from e2v.plan import preflight
+    from e2v.models.plan import preflight
 
     with pytest.raises(ValueError, match=r"train.trainable: no parameter name matches \['no_such_module'\]"):
         preflight(load_config(raw=cfg(train__trainable=["no_such_module"])))
@@ -180,7 +181,7 @@ def test_validate_reads_and_never_changes_the_config():
     are filled in at load (config.normalise); validate only reads."""
     import copy
 
-    from e2v.config import validate
+    from e2v.config.load import validate
 
     c = load_config(raw=cfg(data__resolution=[64, 72], data__resolution_policy="round", data__elements=[],
                             e2v_type="none", data__time_division_factor=4,

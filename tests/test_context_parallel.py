@@ -35,15 +35,15 @@ TOL = 1e-5  # fp32: the split sums the same products in another order
 
 
 def _cfg(*sets, path="configs/e2v_tiny_lora.yaml"):
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     return load_config(ROOT / path, list(sets), check_paths=False)
 
 
 def test_context_parallel_config_errors_name_the_key_and_the_fix():
-    from e2v.context_parallel import layout
-    from e2v.plan import preflight
-    from e2v.schema import ConfigError
+    from e2v.models.context_parallel import layout
+    from e2v.models.plan import preflight
+    from e2v.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"parallel: ulysses_degree 3 x ring_degree 1 = 3 .* 17 frames at 64 x 64 "
                                           r"make 80 tokens .* \(2, 4, 5, 8, 10, 16\)"):
@@ -61,14 +61,14 @@ def test_context_parallel_config_errors_name_the_key_and_the_fix():
     # I2V-14B (40 heads) at 720 x 1280 x 81 (75,600 tokens): the README's degrees 2, 4 and 8 fit both
     for degree in (2, 4, 8):
         _cfg(f"parallel.ulysses_degree={degree}", "data.resolution=[720,1280]", path="configs/e2v.yaml")
-    from e2v.context_parallel import check_heads
+    from e2v.models.context_parallel import check_heads
     check_heads(_cfg("parallel.ulysses_degree=8", path="configs/e2v.yaml"), 40)
 
 
 def test_context_parallel_layout_groups_consecutive_ranks():
     """4 processes at Ulysses 2: ranks 0, 1 are data-parallel rank 0 and 2, 3 rank 1, as the mesh
     (dp, ring, ulysses) lays them out; the loader, sampler and seeds take the data-parallel rank."""
-    from e2v.context_parallel import layout
+    from e2v.models.context_parallel import layout
 
     cfg = _cfg("parallel.ulysses_degree=2")
     lays = [layout(cfg, r, 4) for r in range(4)]
@@ -82,7 +82,7 @@ def test_context_parallel_zero3_takes_deepspeeds_all_reduce_path():
     """ZeRO-3's reduce-scatter averages over every rank (ignoring the sequence-parallel size), so a
     context-parallel ZeRO-3 run turns it off (the dp2_u2 run below shows the result); ZeRO-2 and
     runs without context parallelism keep their ds_config."""
-    from e2v.config import resolve_deepspeed_config
+    from e2v.train.ds_config import resolve_deepspeed_config
 
     z3 = resolve_deepspeed_config(_cfg("parallel.ulysses_degree=2", "deepspeed.config=ds_configs/zero3.json"), 1, False)
     assert z3["zero_optimization"]["reduce_scatter"] is False and z3["zero_optimization"]["contiguous_gradients"]
@@ -131,7 +131,7 @@ def test_context_parallel_activation_formula_matches_saved_bytes_per_rank(spawne
     unsplit formula), and clearly below the unsplit formula."""
     from helpers_context_parallel import SAVED_SHAPE as s
 
-    from e2v.plan import ModelShape, activation_bytes, activation_terms
+    from e2v.models.plan import ModelShape, activation_bytes, activation_terms
 
     shape = ModelShape(s["heads"] * s["head_dim"], s["ffn"], s["layers"])
     tokens, ctx = s["frames"] * s["size"] ** 2 // 4, 512 + 51
@@ -155,8 +155,8 @@ def test_context_parallel_estimate_and_dry_run_divide_the_activations():
     sys.path.insert(0, str(ROOT / "tools"))
     import estimate_memory as em
 
-    from e2v.config import resolve_deepspeed_config
-    from e2v.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens
+    from e2v.train.ds_config import resolve_deepspeed_config
+    from e2v.models.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens
 
     plain, split = _cfg(), _cfg("parallel.ulysses_degree=2")
     a, b = em.estimate(plain, 2, 80), em.estimate(split, 2, 80)

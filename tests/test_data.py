@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import ROOT
-from e2v.config import load_config
-from e2v.data import BadSampleError, BucketBatchSampler, bucket_table, choose_bucket, index_samples, make_loader
-from e2v.elements import Sample
-from e2v.media import TooShortError
+from e2v.config.load import load_config
+from e2v.data.dataset import (BadSampleError, BucketBatchSampler, bucket_table, choose_bucket, index_samples,
+    make_loader)
+from e2v.data.elements import Sample
+from e2v.data.media import TooShortError
 
 
 def _cfg(*sets, data="/tmp"):
@@ -115,8 +116,8 @@ def test_index_assigns_buckets_from_the_clips(tmp_path):
 
 
 def test_frame_bucket_counts_default_and_time_division_factor():
-    from e2v.config import ConfigError
-    from e2v.data import frame_bucket_list
+    from e2v.config.schema import ConfigError
+    from e2v.data.dataset import frame_bucket_list
 
     none = ("e2v_type=none", "data.elements=[]")
     assert frame_bucket_list(_cfg(*none, "data.num_frames=49")) == [17, 33, 49]
@@ -131,8 +132,8 @@ def test_frame_bucket_counts_default_and_time_division_factor():
 
 def test_bucket_counts_follow_repeat_and_weight():
     """Oracle: one epoch of the sampler itself (the indices it draws, counted by bucket)."""
-    from e2v.schema import Dataset
-    from e2v.data import bucket_counts, with_repeats
+    from e2v.config.schema import Dataset
+    from e2v.data.dataset import bucket_counts, with_repeats
 
     cfg = _cfg()
     cfg.data.datasets = [Dataset(data_root="/tmp", repeat=2), Dataset(data_root="/tmp", weight=0.5)]
@@ -150,7 +151,7 @@ def test_bucket_counts_follow_repeat_and_weight():
 def _distinct(rank, world, port, out):
     import torch.distributed as dist
 
-    from e2v.distributed import distinct_over_ranks
+    from e2v.runtime.distributed import distinct_over_ranks
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     out.put((rank, distinct_over_ranks([{"a", "b"}, {"b", "c"}][rank])))

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from conftest import ROOT, ZERO3_OFFLOAD_RUN, Launch, early, launch_train, read_scalars, starts_early, wait_all
-from e2v.guard import NonFiniteGuard
-from e2v.config import load_config, resolve_deepspeed_config
+from e2v.train.guard import NonFiniteGuard
+from e2v.config.load import load_config
+from e2v.train.ds_config import resolve_deepspeed_config
 
 SHIPPED = sorted(p.name for p in (ROOT / "ds_configs").glob("*.json"))
 
@@ -22,9 +23,9 @@ def test_shipped_configs():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_auto_field_is_filled_from_the_yaml(name, monkeypatch):
-    import e2v.device
+    import e2v.runtime.device
 
-    monkeypatch.setattr(e2v.device, "deepspeed_adam_problem", lambda offload: None)  # a GPU machine that builds it
+    monkeypatch.setattr(e2v.runtime.device, "deepspeed_adam_problem", lambda offload: None)  # a GPU machine that builds it
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}", "train.lr=3e-4",
                                                       "train.micro_batch_size=3", "train.gradient_accumulation_steps=2",
                                                       "train.mixed_precision=bf16", "deepspeed.torch_adam=null"],
@@ -158,11 +159,11 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", LO
 import deepspeed
 from diffusers import WanTransformer3DModel
 from deepspeed.utils import safe_get_full_fp32_param
-from e2v.distributed import init_distributed
-from e2v.config import load_config
-from e2v.precision import fp32_kept_params, restore_fp32_params
-from e2v.tiny import build_tiny_parts
-from e2v.trainable import setup_training
+from e2v.runtime.distributed import init_distributed
+from e2v.config.load import load_config
+from e2v.models.precision import fp32_kept_params, restore_fp32_params
+from e2v.models.tiny import build_tiny_parts
+from e2v.models.trainable import setup_training
 
 init_distributed()
 model = build_tiny_parts(seed=0, with_encoders=False).transformer

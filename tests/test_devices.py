@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from test_conditioning_options import make_batch, make_cfg
 
-from e2v.device import to_device
+from e2v.runtime.device import to_device
 
 META = torch.device("meta")
 
@@ -31,7 +31,7 @@ def meta_parts(tiny_parts):
     prompt on a GPU."""
     import transformers.masking_utils as masking
 
-    from e2v.parts import place_encoders
+    from e2v.models.parts import place_encoders
 
     peek = masking._ignore_bidirectional_mask_sdpa
     with pytest.MonkeyPatch.context() as mp:
@@ -49,7 +49,7 @@ def assert_on(device: torch.device, **tensors) -> None:
 
 
 def encode(batch, parts, cfg, **kw):
-    from e2v.conditioning import encode_batch
+    from e2v.conditioning.encode import encode_batch
 
     with torch.no_grad():
         return encode_batch(batch, parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0), **kw)
@@ -72,8 +72,8 @@ def test_online_conditioning_lands_on_the_models_device(meta_parts, over, moved)
 def test_cached_conditions_land_on_the_batch_device(tiny_parts):
     """conditions_from_cache with the batch moved: posterior samples, zero conditions, CLIP padding
     and the text rows are made on the batch's device."""
-    from e2v.cache import compute_entry, conditions_from_cache
-    from e2v.conditioning import encode_text
+    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.encode import encode_text
 
     cfg = make_cfg(processors__vae__sample_mode="sample", conditioning__target_sample_mode="sample")
     raw = make_batch([2, 1])
@@ -93,7 +93,7 @@ def test_cached_conditions_land_on_the_batch_device(tiny_parts):
 
 def test_step_forward_and_loss_stay_on_the_models_device(meta_parts):
     """The flow draw (CPU generator, then moved) and the forward and loss: no copy back to the CPU."""
-    from e2v.step import draw_flow, forward_loss
+    from e2v.train.step import draw_flow, forward_loss
 
     cfg = make_cfg()
     c = encode(to_device(make_batch([2, 3]), META), meta_parts, cfg)
@@ -104,7 +104,7 @@ def test_step_forward_and_loss_stay_on_the_models_device(meta_parts):
 
 
 def test_validation_scores_on_the_models_device(meta_parts, tmp_path):
-    from e2v.validation import Validator
+    from e2v.eval.validation import Validator
 
     cfg = make_cfg()
     conds = [encode(to_device(make_batch([n], seed=n), META), meta_parts, cfg, train=False) for n in (1, 2, 3)]
@@ -119,7 +119,7 @@ def test_validation_scores_on_the_models_device(meta_parts, tmp_path):
 def test_sampler_runs_on_the_models_device(meta_parts):
     """generate: noise drawn on the CPU and moved, conditions encoded on the device, UniPC with
     CFG; the latents come back on the models' device."""
-    from e2v.sampling import generate
+    from e2v.eval.sampling import generate
 
     cfg = make_cfg()
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
@@ -129,7 +129,7 @@ def test_sampler_runs_on_the_models_device(meta_parts):
 
 
 def test_visualization_decode_on_the_vae_device(meta_parts):
-    from e2v.viz import decode_pixels
+    from e2v.eval.viz import decode_pixels
 
     pixels = decode_pixels(torch.randn(2, 16, 5, 4, 4), meta_parts.vae)
     assert pixels.device == META and pixels.shape == (2, 3, 17, 32, 32)
@@ -139,7 +139,7 @@ def test_element_similarity_on_the_clip_device(meta_parts):
     """The validation's CLIP element similarity (e2v/fidelity.py): frames and references (uint8 on
     the host, as decoded videos and loaded images are) embedded on the encoder's device, the
     similarities left there for one copy of the logged means."""
-    from e2v.fidelity import element_similarity
+    from e2v.eval.fidelity import element_similarity
 
     rng = np.random.default_rng(0)
     videos = [rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8) for _ in range(2)]
@@ -150,7 +150,7 @@ def test_element_similarity_on_the_clip_device(meta_parts):
 
 
 def test_precompute_entry_on_the_encoders_device(meta_parts):
-    from e2v.cache import compute_entry
+    from e2v.conditioning.cached import compute_entry
 
     for over in ({}, {"processors__vae__combine": "after"}):
         cfg = make_cfg(**over)
@@ -165,7 +165,7 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
     """deepspeed.initialize does not move a module built under zero.Init: the rope tables (the
     model's buffers) must be made on the engine's device. The accelerator's device name is stubbed
     to the meta device; the partitions themselves are DeepSpeed's (on the accelerator it reports)."""
-    import e2v.zero3_load as zero3_load
+    import e2v.models.zero3_load as zero3_load
 
     tiny_parts.transformer.save_pretrained(tmp_path / "transformer")
     monkeypatch.setattr(zero3_load, "accelerator_device", lambda: META)
@@ -183,8 +183,8 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
 
 @pytest.mark.parametrize("ds_file,offload", [("ds_configs/zero2.json", False), ("ds_configs/zero2_offload.json", True)])
 def test_cuda_without_a_buildable_deepspeed_adam_falls_back_to_torch_adamw(ds_file, offload, monkeypatch):
-    import e2v.device as device
-    from e2v.config import adam_choice, resolve_deepspeed_config
+    import e2v.runtime.device as device
+    from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
 
     cfg = make_cfg(deepspeed__config=ds_file)
     monkeypatch.setattr(device, "deepspeed_adam_problem", lambda offload: "FusedAdam is not prebuilt and JIT-building "
@@ -203,14 +203,14 @@ def test_cuda_without_a_buildable_deepspeed_adam_falls_back_to_torch_adamw(ds_fi
 
 
 def test_without_cuda_torch_adamw_is_used_and_never_fused():
-    from e2v.config import resolve_deepspeed_config
+    from e2v.train.ds_config import resolve_deepspeed_config
 
     ds = resolve_deepspeed_config(make_cfg(), world_size=1, cuda=False)
     assert ds["optimizer"]["params"]["torch_adam"] is True and "fused" not in ds["optimizer"]["params"]
 
 
 def test_loader_workers_default_to_cores_per_gpu_with_cuda(monkeypatch):
-    import e2v.data as data
+    import e2v.data.dataset as data
 
     cfg = make_cfg()
     assert cfg.data.num_workers is None and data.loader_workers(cfg) == 0  # CPU-only: the step needs the cores

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from e2v.schema import Dataset, Element
-from e2v.elements import discover, strip_caption_prefix
+from e2v.config.schema import Dataset, Element
+from e2v.data.elements import discover, strip_caption_prefix
 
 
 def touch(p: Path, text: str = "x"):
@@ -70,7 +70,7 @@ def test_csv_and_jsonl_sources_with_npz_and_element_columns(tmp_path):
 
 
 def test_duplicate_ids_and_orphans(tmp_path):
-    from e2v.elements import orphan_files
+    from e2v.data.elements import orphan_files
 
     for name in ("001.mp4", "001.mov", "001_person.png", "002.mp4", "002.txt", "002_person.png", "003_person.png", "002_persn.png"):
         touch(tmp_path / name)
@@ -112,7 +112,7 @@ def test_folder_prompt_source_is_the_txt(tmp_path):
 def test_unreadable_metadata_names_file_line_and_fix(tmp_path):
     import pytest
 
-    from e2v.elements import MetadataError
+    from e2v.data.elements import MetadataError
 
     def table(name, text=None, kind="jsonl"):
         if text is not None:

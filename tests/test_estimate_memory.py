@@ -72,9 +72,9 @@ def test_frozen_weights_add_only_their_16bit_copy():
 
 
 def test_counts_equal_the_training_setup():
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -151,8 +151,8 @@ def test_plans_the_14b_e2v_lora_onto_a_24_gb_gpu(capsys, monkeypatch):
 def test_resident_encoders_are_counted_from_their_real_configs():
     """UMT5-XXL's encoder (5.68 B parameters, bf16), CLIP ViT-H/14's vision tower (0.63 B, fp32) and
     the Wan VAE (0.13 B, fp32), built on the meta device; nothing with the cache, no CLIP for T2V."""
-    from e2v.config import load_config
-    from e2v.plan import encoder_bytes
+    from e2v.config.load import load_config
+    from e2v.models.plan import encoder_bytes
 
     cfg = load_config(ROOT / "configs/e2v.yaml", check_paths=False)
     b = encoder_bytes(cfg)
@@ -180,7 +180,7 @@ def test_cpu_mode_puts_every_term_in_host_memory():
     """--cpu (a run with no GPU): the node total is the ranks' larger phase (load or training) plus
     the launcher; ZeRO-3 splits weights and optimizer over the ranks, ZeRO-2 only the optimizer.
     tools/smoke_real.py checks the figures against measured peaks at real shapes."""
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     def cpu(ds, procs):
         cfg = load_config(str(ROOT / "configs/e2v_tiny_lora.yaml"), [f"deepspeed.config=ds_configs/{ds}"], check_paths=False)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import run_train, save_t2v_and_clip_folders
-from e2v.config import load_config
-from e2v.expand import expand_for_elements
-from e2v.plan import build_meta_transformer, count_params
-from e2v.tiny import build_tiny_parts
+from e2v.config.load import load_config
+from e2v.models.expand import expand_for_elements
+from e2v.models.plan import build_meta_transformer, count_params
+from e2v.models.tiny import build_tiny_parts
 
 
 def _inputs(in_channels: int, image_blocks: int | None, seed: int = 0) -> dict:
@@ -80,7 +80,7 @@ def test_a_t2v_base_is_expanded_to_its_clip_width_without_loading_the_clip(tmp_p
     run loads no encoder and the plan loads nothing: both take the width from the CLIP's config.json
     (a pipeline folder's image_encoder/ or a plain CLIP folder), as the run with the encoder loaded
     does, not ViT-H/14's 1280."""
-    from e2v.models import load_parts
+    from e2v.models.load import load_parts
 
     t2v, clip, width = save_t2v_and_clip_folders(tmp_path, layout)
     assert width != 1280
@@ -128,10 +128,10 @@ def expand_run(demo_data, tmp_path_factory):
 def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from e2v.export import load_extra_modules
-    from e2v.expand import expand_from_export, expansion_modules
-    from e2v.sampling import load_trained
-    from e2v.trainable import setup_training
+    from e2v.train.export import load_extra_modules
+    from e2v.models.expand import expand_from_export, expansion_modules
+    from e2v.eval.sampling import load_trained
+    from e2v.models.trainable import setup_training
 
     lora = expand_run / "lora"
     shape = json.loads((lora / "e2v_model.json").read_text())

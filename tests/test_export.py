@@ -28,8 +28,8 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[1] + "/tests")
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 from safetensors.torch import load_file
-from e2v.tiny import build_tiny_parts
-from e2v.export import load_extra_modules
+from e2v.models.tiny import build_tiny_parts
+from e2v.train.export import load_extra_modules
 from helpers_comfy import apply_diffs, split
 
 def pipe():
@@ -82,9 +82,9 @@ def _engine_weights_output(run: Path, probe: dict) -> torch.Tensor:
     checkpoint (module naming, `.default` adapter infix), in a freshly built peft model."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag="step_000008",
                                                      exclude_frozen_parameters=True)
@@ -132,7 +132,7 @@ def test_comfyui_keys_all_map_back_to_the_diffusers_keys(zero3_offload_run):
 def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_run):
     """Every module trained in full is in the ComfyUI file as `.diff` / `.diff_b` = trained - base,
     under the name ComfyUI patches (diffusers' Wan conversion maps it back)."""
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     lora_dir = zero3_offload_run / "lora"
     trained = load_file(str(lora_dir / "e2v_modules.safetensors"))
@@ -151,10 +151,10 @@ def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_r
 def _tiny_lora_run(tmp_path, exclude=()):
     """A tiny LoRA model set up like a run (e2v_tiny_lora: LoRA plus modules in full), its base modules
     saved, then 'trained' (every trainable tensor moved)."""
-    from e2v.export import export_meta, save_base_modules, trained_state
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.train.export import export_meta, save_base_modules, trained_state
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -171,7 +171,7 @@ def _tiny_lora_run(tmp_path, exclude=()):
 
 def test_modules_the_base_lacks_stay_full_weights(tmp_path, capsys):
     """An expanded T2V base: the widened patch embedding cannot be a difference."""
-    from e2v.export import BASE_FILE, COMFY_EXTRA_FILE, COMFY_FILE, read_base, write_lora_exports
+    from e2v.train.export import BASE_FILE, COMFY_EXTRA_FILE, COMFY_FILE, read_base, write_lora_exports
 
     lora, extra, meta = _tiny_lora_run(tmp_path, exclude=[r"^patch_embedding\."])
     write_lora_exports(tmp_path / "lora", lora, extra, meta, base=read_base(tmp_path / BASE_FILE))
@@ -187,7 +187,7 @@ def test_exported_files_get_the_umask_permissions(tmp_path, umask):
     import os
     import stat
 
-    from e2v.export import BASE_FILE, read_base, write_lora_exports
+    from e2v.train.export import BASE_FILE, read_base, write_lora_exports
 
     lora, extra, meta = _tiny_lora_run(tmp_path)
     old = os.umask(umask)
@@ -225,8 +225,8 @@ def test_comfyui_modules_copy_maps_back_through_diffusers_conversion(zero3_offlo
 def test_every_transformer_parameter_has_an_original_wan_name():
     """All parameters of an I2V-layout transformer (norms, modulation, image embedder included):
     our diffusers -> Wan table, then diffusers' Wan -> diffusers conversion, is the identity."""
-    from e2v.comfy import wan_original_key
-    from e2v.tiny import build_tiny_parts
+    from e2v.train.comfy import wan_original_key
+    from e2v.models.tiny import build_tiny_parts
 
     names = [n for n, _ in build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters()]
     original = {f"diffusion_model.{wan_original_key(n)}": n for n in names}
@@ -244,8 +244,8 @@ def test_lora_outside_the_blocks_loads_from_the_comfyui_copy():
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.comfy import check_comfy_mappable, comfy_lora, lora_module_names
-    from e2v.tiny import build_tiny_parts
+    from e2v.train.comfy import check_comfy_mappable, comfy_lora, lora_module_names
+    from e2v.models.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=8, lora_alpha=4, target_modules=["to_q", "ffn.net.2", "proj_out", "time_proj"]))
@@ -281,8 +281,8 @@ def test_lora_the_comfyui_copy_cannot_carry_fails_at_setup(targets, culprit):
     as a pair; no block at all: the converter needs blocks."""
     from peft import LoraConfig
 
-    from e2v.comfy import check_comfy_mappable, lora_module_names
-    from e2v.tiny import build_tiny_parts
+    from e2v.train.comfy import check_comfy_mappable, lora_module_names
+    from e2v.models.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=targets))
@@ -311,10 +311,10 @@ def test_export_tool_rebuilds_the_same_files_offline(zero3_offload_run, tmp_path
 def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
     from diffusers import WanTransformer3DModel
 
-    from e2v.export import export_lora
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.train.export import export_lora
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["model.training_type=full"], check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -351,8 +351,8 @@ def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.export import COMFY_FILE, write_lora_exports
-    from e2v.tiny import build_tiny_parts
+    from e2v.train.export import COMFY_FILE, write_lora_exports
+    from e2v.models.tiny import build_tiny_parts
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "patch_embedding"]))

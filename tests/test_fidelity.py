@@ -39,13 +39,13 @@ def synthetic_video(subject=SUBJECT, obj=None, frames: int = 17, size: int = 64)
 
 def blocky(video: np.ndarray) -> np.ndarray:
     """What the tiny VAE decodes: every 8 x 8 block its mean colour."""
-    from e2v.fidelity import block_colours
+    from e2v.eval.fidelity import block_colours
 
     return block_colours(video, 8).repeat(8, axis=-3).repeat(8, axis=-2).round().astype(np.uint8)
 
 
 def test_subject_colour_on_frames_of_known_colours():
-    from e2v.fidelity import element_colour, hit_rate, nearest, subject_colour
+    from e2v.eval.fidelity import element_colour, hit_rate, nearest, subject_colour
 
     video, background = synthetic_video()
     measured = subject_colour(video, background)
@@ -81,9 +81,9 @@ def test_subject_colour_on_frames_of_known_colours():
 @pytest.fixture(scope="module")
 def validator(tiny_parts, demo_data, tmp_path_factory):
     """A Validator on the 6 held-out samples of the 8-sample demo data, subject colour on."""
-    from e2v.config import load_config
-    from e2v.data import index_samples
-    from e2v.validation import Validator, split_held_out
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples
+    from e2v.eval.validation import Validator, split_held_out
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [
         f"data.datasets.0.data_root={demo_data}", "validation.every_n_steps=1", "validation.num_videos=6",
@@ -97,7 +97,7 @@ def validator(tiny_parts, demo_data, tmp_path_factory):
 
 def clips(validator) -> np.ndarray:
     """The held-out samples' own clips, uint8 [N,F,H,W,3]: what a perfect model would generate."""
-    from e2v.data import E2VDataset
+    from e2v.data.dataset import E2VDataset
 
     ds = E2VDataset(validator.cfg, validator.samples)
     return np.stack([ds[i]["video"].permute(1, 2, 3, 0).numpy() for i in range(len(ds))])
@@ -158,8 +158,9 @@ def test_element_similarity_gap_is_zero_for_identical_references_and_positive_fo
 
 
 def test_config_keys_of_the_demo_and_their_errors():
-    from e2v.config import ConfigError, load_config
-    from e2v.plan import transformer_config
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
+    from e2v.models.plan import transformer_config
 
     demo = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)
     shape = transformer_config(demo)  # the demo's bigger transformer, through the tiny preset

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from e2v.schema import Flow
-from e2v.flow import add_noise, sample_sigmas, shift_sigma, velocity_target, x0_from_velocity
+from e2v.config.schema import Flow
+from e2v.train.flow import add_noise, sample_sigmas, shift_sigma, velocity_target, x0_from_velocity
 
 
 def test_shift_equals_diffusers_flow_match_scheduler():

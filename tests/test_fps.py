@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from e2v.cache import fingerprint
-from e2v.config import ConfigError
-from e2v.data import E2VDataset, index_samples
-from e2v.media import (NoClockError, TooShortError, frame_indices, frames_at_rate, frames_to_video, load_video,
-                       supported_frames, time_indices)
+from e2v.data.store import fingerprint
+from e2v.config.schema import ConfigError
+from e2v.data.dataset import E2VDataset, index_samples
+from e2v.data.media import (NoClockError, TooShortError, frame_indices, frames_at_rate, frames_to_video, load_video,
+    supported_frames, time_indices)
 from test_check_dataset import CONFIG, clean_set, clip, run_check, sample
 from test_hostile_data import _cfg, vfr_clip
 
@@ -139,8 +139,8 @@ def test_fps_bound(tmp_path):
 
 def test_validation_and_sample_references_obey_max_image_pixels(tmp_path):
     from tools.sample import read_elements
-    from e2v.media import ImageTooLargeError
-    from e2v.validation import Validator
+    from e2v.data.media import ImageTooLargeError
+    from e2v.eval.validation import Validator
 
     clean_set(tmp_path / "data", n=2)
     big = tmp_path / "big.png"

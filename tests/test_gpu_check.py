@@ -79,7 +79,7 @@ def test_overhead_check_reads_what_bench_model_writes(tmp_path, demo_data):
 def test_the_real_shape_runs_settings_load_and_have_a_gpu_estimate(tmp_path):
     """The 1.3B runs' --set list is a valid config of configs/e2v_t2v_1.3b.yaml, and estimate_memory
     gives each a GPU figure (checkpointing the smaller): a typo here would only show on a GPU."""
-    from e2v.config import load_config
+    from e2v.config.load import load_config
     from tools.gpu_check import e2v_sets, estimate_gpu
     from tools.smokelib.build import transformer_config
 

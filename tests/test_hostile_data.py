@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from conftest import ROOT
-from e2v.config import ConfigError, load_config
-from e2v.media import ImageTooLargeError, MediaError, load_image
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config
+from e2v.data.media import ImageTooLargeError, MediaError, load_image
 from test_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, run_check, sample
 
 # --- references: modes, orientation, size ------------------------------------------------------
@@ -68,7 +69,7 @@ def test_palette_modes_composite_transparency_on_white(tmp_path):
     assert [tuple(p) for p in np.asarray(load_image(tmp_path / "p.png"))[0]] == [(255, 255, 255), (10, 20, 30)]
     pa = Image.frombytes("PA", (2, 1), bytes([1, 0, 1, 255]))
     pa.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
-    from e2v.media import to_rgb8
+    from e2v.data.media import to_rgb8
 
     assert [tuple(p) for p in np.asarray(to_rgb8(pa))[0]] == [(255, 255, 255), (10, 20, 30)]
 
@@ -113,7 +114,7 @@ import sys
 sys.path.insert(0, {root!r})
 from transformers.utils import is_torchvision_available
 from transformers.image_processing_backends import PilBackend
-from e2v.parts import clip_image_processor
+from e2v.models.parts import clip_image_processor
 
 assert is_torchvision_available(), "the stub must make transformers see torchvision"
 from transformers import CLIPImageProcessor
@@ -155,7 +156,7 @@ def _cfg(tmp_path, config, *sets):
 
 def _index_both_policies(tmp_path, config, named, sample_id, kind, *sets):
     """error: index_samples stops, naming `named`; skip: the sample is left out and counted."""
-    from e2v.data import BadSampleError, index_samples
+    from e2v.data.dataset import BadSampleError, index_samples
 
     with pytest.raises(BadSampleError, match=named):
         index_samples(_cfg(tmp_path, config, *sets), verbose=False)
@@ -204,7 +205,7 @@ def test_paths_outside_the_root_are_refused_unless_allowed(tmp_path):
         p = _index_both_policies(tmp_path, CSV_CONFIG, r"meta.csv line 3: 'person' path .*outside the dataset root "
                                  r".*data.allow_outside_root: true", "000001_001", "outside_root")
         assert str(outside / "secret.png") in p.problem
-        from e2v.data import index_samples
+        from e2v.data.dataset import index_samples
 
         allowed = index_samples(_cfg(tmp_path, CSV_CONFIG, "data.allow_outside_root=true"), verbose=False)
         assert len(allowed) == 4
@@ -216,7 +217,7 @@ def test_paths_outside_the_root_are_refused_unless_allowed(tmp_path):
 
 
 def test_oversized_reference_is_a_bad_sample_in_training(tmp_path):
-    from e2v.data import BadSampleError, E2VDataset, index_samples
+    from e2v.data.dataset import BadSampleError, E2VDataset, index_samples
 
     data = clean_set(tmp_path / "data", n=3)
     Image.new("RGB", (400, 300)).save(data / "001_person.png")

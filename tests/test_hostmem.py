@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2v.hostmem import return_freed_memory
+from e2v.runtime.hostmem import return_freed_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ RETAINED = """
 import ctypes, os, sys
 sys.path.insert(0, {root!r})
 if sys.argv[1] == "fixed":
-    from e2v.hostmem import return_freed_memory
+    from e2v.runtime.hostmem import return_freed_memory
     print(return_freed_memory(), file=sys.stderr)
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from e2v.media import MediaError, TooShortError, load_video, probe_video
+from e2v.data.media import MediaError, TooShortError, load_video, probe_video
 
 
 def test_npz_probe_reads_only_the_header_and_load_normalises(tmp_path):
@@ -45,7 +45,7 @@ def test_clip_resize_matches_pil_per_frame(resize_mode, reshape_mode):
     crop arithmetic (center_crop / resize of e2v.media)."""
     from PIL import Image
 
-    from e2v.media import RESAMPLE, center_crop, frames_to_video, resize
+    from e2v.data.media import RESAMPLE, center_crop, frames_to_video, resize
 
     rng = np.random.default_rng(1)
     frames = (rng.integers(0, 256, (3, 36, 60, 3)) // 32 * 32).astype(np.uint8).repeat(2, 1).repeat(2, 2)

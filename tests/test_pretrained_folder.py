@@ -13,7 +13,7 @@ from conftest import launch_train, read_scalars, wait_all
 def pipeline_folder(tmp_path_factory):
     from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     p = build_tiny_parts(seed=0)
     out = tmp_path_factory.mktemp("pretrained") / "Wan-tiny-I2V-Diffusers"

@@ -21,9 +21,9 @@ from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_tr
 # live engine on a fixed probe (a collective under ZeRO-3), rank 0 saves the output (the wrapper
 # make smoke-real uses too).
 from tools.smokelib.probe import WRAPPER as ENGINE_PROBE_WRAPPER
-from e2v.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
-from e2v.export import load_extra_modules
-from e2v.tiny import build_tiny_parts
+from e2v.train.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
+from e2v.train.export import load_extra_modules
+from e2v.models.tiny import build_tiny_parts
 
 
 def _probe() -> dict:

@@ -14,7 +14,7 @@ from conftest import ROOT
 
 
 def _cfg(*sets):
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     return load_config(ROOT / "configs/e2v_tiny_lora.yaml", list(sets), check_paths=False)
 
@@ -27,10 +27,10 @@ def _images():
 
 
 def test_first_step_is_a_hand_built_transformer_call(tiny_parts):
-    from e2v.conditioning import build_vae_condition, encode_clip_images, encode_text
-    from e2v.data import collate
-    from e2v.media import image_to_tensor, pad_white, center_crop
-    from e2v.sampling import denoise, element_item, encode_conditions
+    from e2v.conditioning.encode import build_vae_condition, encode_clip_images, encode_text
+    from e2v.data.dataset import collate
+    from e2v.data.media import image_to_tensor, pad_white, center_crop
+    from e2v.eval.sampling import denoise, element_item, encode_conditions
 
     cfg, images, p = _cfg(), _images(), tiny_parts
     g = torch.Generator().manual_seed(3)
@@ -68,10 +68,10 @@ def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
     A2's layout is the Wan I2V layout."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.config import load_config
-    from e2v.models import load_parts
-    from e2v.tiny import build_tiny_parts
-    from e2v.sampling import generate, load_trained, make_scheduler
+    from e2v.config.load import load_config
+    from e2v.models.load import load_parts
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.eval.sampling import generate, load_trained, make_scheduler
 
     tool = _sample_tool()
     cfg = load_config(viz_run / "config.yaml", check_paths=False)
@@ -116,7 +116,7 @@ def test_bf16_sampling_keeps_diffusers_fp32_modules(tmp_path):
     import imageio.v3 as iio
     from diffusers import WanTransformer3DModel
 
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     tool = _sample_tool()
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -145,8 +145,8 @@ def test_exact_velocity_model_lands_on_its_clean_latents():
     UniPC update wrong does not land on x0 (the Wan pipelines' integer timesteps cost ~1e-3)."""
     import dataclasses
 
-    from e2v.conditioning import Conditions
-    from e2v.sampling import denoise
+    from e2v.conditioning.encode import Conditions
+    from e2v.eval.sampling import denoise
 
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(1, 16, 5, 8, 8, generator=g)
@@ -169,7 +169,7 @@ def test_one_reference_matches_diffusers_i2v_pipeline(tiny_parts):
     trajectory must equal WanImageToVideoPipeline's (noise first, CFG with the same image tokens)."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.sampling import generate, make_scheduler
+    from e2v.eval.sampling import generate, make_scheduler
 
     cfg = _cfg("data.elements=[{name: person, suffixes: [_p.png], vae: {repeat: 1, position: 0}}]")
     p = tiny_parts
@@ -188,8 +188,8 @@ def test_one_reference_matches_diffusers_i2v_pipeline(tiny_parts):
 def test_t2v_matches_diffusers_wan_pipeline():
     from diffusers import WanPipeline
 
-    from e2v.tiny import build_tiny_parts
-    from e2v.sampling import generate, make_scheduler
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.eval.sampling import generate, make_scheduler
 
     cfg = _cfg("e2v_type=none", "model.base=t2v")
     p = build_tiny_parts(seed=0, base="t2v")
@@ -202,9 +202,9 @@ def test_t2v_matches_diffusers_wan_pipeline():
 
 
 def test_element_item_matches_training_item(demo_data):
-    from e2v.data import E2VDataset, index_samples
-    from e2v.media import load_image
-    from e2v.sampling import element_item
+    from e2v.data.dataset import E2VDataset, index_samples
+    from e2v.data.media import load_image
+    from e2v.eval.sampling import element_item
 
     cfg = _cfg(f"data.datasets.0.data_root={demo_data}")
     sample = index_samples(cfg, verbose=False)[0]

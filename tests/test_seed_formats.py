@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from e2v.config import ConfigError, load_config
-from e2v.seed_formats import map_seed_flags
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config
+from e2v.config.seed_formats import map_seed_flags
 
 # The seed's nested-style example (docs/formats.md, "Element keys"), verbatim except the
 # resolution (854 is tested on its own below).

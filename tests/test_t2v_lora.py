@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
-from e2v.device import as_pixels
+from e2v.runtime.device import as_pixels
 from helpers_t2v import PROMPTS, make_npz_manifest, make_video_folder
 
 CONFIG = str(ROOT / "configs/t2v_lora.yaml")
@@ -34,7 +34,7 @@ def npz_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def t2v_parts():
     """What load_parts builds for this config with model.preset tiny (built once: ~3 s)."""
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0, base="t2v")
 
@@ -49,7 +49,7 @@ def trained_run(npz_data, tmp_path_factory):
 
 
 def test_shipped_config_is_the_seed_recipe():
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     cfg = load_config(CONFIG, check_paths=False)
     assert cfg.e2v_type == "none" and cfg.model.base == "t2v"
@@ -66,10 +66,10 @@ def test_shipped_config_is_the_seed_recipe():
 def test_npz_frames_reach_the_vae_in_minus_one_to_one(npz_data, t2v_parts, monkeypatch):
     """The tensor the VAE encodes is the npz's uint8 frames / 127.5 - 1 in [B,3,F,H,W]: no other
     scaling, no channel/frame mix-up, exactly -1 and 1 at the ends of the uint8 range."""
-    from e2v.conditioning import encode_batch
-    from e2v.config import load_config
-    from e2v.data import index_samples, make_loader
-    from e2v.models import load_parts
+    from e2v.conditioning.encode import encode_batch
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples, make_loader
+    from e2v.models.load import load_parts
 
     cfg = load_config(CONFIG, tiny_sets(npz_data) + ["train.micro_batch_size=2"])
     transformer = load_parts(cfg, with_encoders=False).transformer
@@ -100,8 +100,8 @@ def test_npz_frames_reach_the_vae_in_minus_one_to_one(npz_data, t2v_parts, monke
 
 def test_plain_video_folder_is_a_t2v_source(tmp_path):
     """`ID.mp4 + ID.txt` with no element images: every clip is a sample with its prompt."""
-    from e2v.config import load_config
-    from e2v.data import E2VDataset, index_samples
+    from e2v.config.load import load_config
+    from e2v.data.dataset import E2VDataset, index_samples
 
     root = make_video_folder(tmp_path / "videos", num_clips=2, num_frames=NUM_FRAMES, height=SIZE, width=SIZE)
     cfg = load_config(CONFIG, tiny_sets(root) + ["data.datasets.0.dataset_type=e2v", "data.datasets.0.metadata_path=null"])
@@ -172,9 +172,9 @@ def test_exported_lora_in_wan_pipeline_reproduces_the_trained_model(trained_run,
     assert (video_lora - video_base).abs().max() > 1e-3, "the LoRA did not change the generated latents"
 
     # Second path: the DeepSpeed checkpoint's module weights in a freshly built peft-wrapped model.
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer

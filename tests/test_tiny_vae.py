@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from e2v.tiny_vae import build_tiny_vae, pooled_targets, synthetic_videos
+from e2v.models.tiny_vae import build_tiny_vae, pooled_targets, synthetic_videos
 
 FRAMES, SIZE = 17, 64
 LATENT_FRAMES = 1 + (FRAMES - 1) // 4

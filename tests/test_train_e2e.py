@@ -24,7 +24,7 @@ def trained_run(viz_run, viz_run_output):
 def _pipe():
     from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     p = build_tiny_parts(seed=0)
     return WanImageToVideoPipeline(
@@ -79,7 +79,7 @@ def test_golden_losses(trained_run):
 
 def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(trained_run):
     run, _ = trained_run
-    from e2v.export import load_extra_modules
+    from e2v.train.export import load_extra_modules
 
     pipe = _pipe()
     with torch.no_grad():
@@ -94,9 +94,9 @@ def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(traine
         exported = pipe.transformer(**_probe_inputs())[0]
 
     # Second path: the DeepSpeed checkpoint's module weights in a freshly built peft model.
-    from e2v.config import load_config
-    from e2v.tiny import build_tiny_parts
-    from e2v.trainable import setup_training
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
 
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, with_encoders=False).transformer

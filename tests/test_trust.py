@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
-from e2v import checkpoint as ckpt
-from e2v.integrity import UnsafeCheckpoint, load_rng, save_rng, weights_only_load
+from e2v.train import checkpoint as ckpt
+from e2v.runtime.integrity import UnsafeCheckpoint, load_rng, save_rng, weights_only_load
 
 
 class Payload:
@@ -140,7 +140,7 @@ def test_a_manifest_of_sizes_only_still_resumes(tmp_path):
 HOLD = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from e2v.runlock import RunLock
+from e2v.runtime.runlock import RunLock
 lock = RunLock(sys.argv[2])
 print("locked", flush=True)
 time.sleep(600)
@@ -154,7 +154,7 @@ def _holder(run_dir):
 
 
 def test_live_holder_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
-    from e2v.runlock import RunFolderBusy, RunLock
+    from e2v.runtime.runlock import RunFolderBusy, RunLock
 
     proc = _holder(tmp_path)
     try:

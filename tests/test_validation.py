@@ -58,11 +58,11 @@ def test_logged_at_steps_and_videos_written(viz_run):
 def trained_validator(viz_run, tiny_parts):
     from dataclasses import replace
 
-    from e2v.config import load_config
-    from e2v.data import index_samples
-    from e2v.tiny import build_tiny_parts
-    from e2v.sampling import load_trained
-    from e2v.validation import Validator, split_held_out
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.eval.sampling import load_trained
+    from e2v.eval.validation import Validator, split_held_out
 
     cfg = load_config(viz_run / "config.yaml")
     assert cfg.model.preset == "tiny" and cfg.model.tiny_seed == 0  # tiny_parts are the run's frozen parts
@@ -102,8 +102,8 @@ def test_gaps_are_zero_for_a_model_that_ignores_references(viz_run, trained_vali
 def test_held_out_split():
     from types import SimpleNamespace
 
-    from e2v.elements import Sample
-    from e2v.validation import split_held_out
+    from e2v.data.elements import Sample
+    from e2v.eval.validation import split_held_out
 
     samples = [Sample(f"{i:02d}", None, "p", dataset=d) for d in (0, 1) for i in range(5)] * 2  # repeat 2
     cfg = SimpleNamespace(validation=SimpleNamespace(every_n_steps=10, num_samples=3, seed=1))
@@ -137,7 +137,7 @@ def test_videos_leave_the_training_rngs_alone(trained_validator, tmp_path):
 
 
 def test_console_line_shows_difference_and_percent():
-    from e2v.validation import summary
+    from e2v.eval.validation import summary
 
     scalars = {"val/loss": 1.04, "val/reference_gap_shuffle": 0.177, "val/reference_gap_shuffle_rel": 0.170,
                "val/reference_gap_drop": -0.02, "val/reference_gap_drop_rel": -0.0192}
@@ -152,9 +152,10 @@ def test_console_line_shows_difference_and_percent():
 def test_sets_alone_validate_with_videos_only(tiny_parts, demo_data, tmp_path):
     """validation.sets without held-out samples: videos at every_n_steps (and the last step), no
     losses; the config accepts it, and still rejects validation with nothing to do."""
-    from e2v.config import ConfigError, load_config
-    from e2v.data import index_samples
-    from e2v.validation import Validator, split_held_out
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples
+    from e2v.eval.validation import Validator, split_held_out
 
     base = [f"data.datasets.0.data_root={demo_data}", "validation.every_n_steps=3", "train.max_steps=4",
             "validation.num_inference_steps=1"]

@@ -38,7 +38,7 @@ def scalars(trained_run):
 
 
 def test_shipped_config_maps_the_seed_keys():
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     cfg = load_config(CONFIG, check_paths=False)
     ds = cfg.data.datasets[0]
@@ -51,7 +51,8 @@ def test_shipped_config_maps_the_seed_keys():
 
 def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
     """A config written with the seed's own key names maps onto the same schema, with a note per key."""
-    from e2v.config import ConfigError, load_config
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
 
     (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -77,7 +78,8 @@ def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
 def test_only_a_recognisable_seed_file_is_mapped(tmp_path, monkeypatch, capsys):
     """The seed mapping applies only to a YAML with a top-level dataset_base_path (docs/formats.md);
     it says when it sets e2v_type: none, and refuses to drop elements the file names."""
-    from e2v.config import ConfigError, load_config
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
 
     (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -104,8 +106,8 @@ def test_seed_csv_elsewhere_and_short_clips_train_at_their_largest_4k_plus_1(tmp
     trains at 9 (its first 9 frames), a 20-frame clip at 17, and a 3-frame clip is too short."""
     import numpy as np
 
-    from e2v.config import load_config
-    from e2v.data import BadSampleError, E2VDataset, index_samples
+    from e2v.config.load import load_config
+    from e2v.data.dataset import BadSampleError, E2VDataset, index_samples
     from helpers_t2v import make_clip
 
     monkeypatch.chdir(tmp_path)
@@ -135,7 +137,7 @@ def test_x0_loss_equals_the_euler_jump_to_sigma_zero():
     identity: x0_hat - x0 = sigma * (v_target - v), so the x0 loss is sigma^2 times the flow loss."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from e2v.flow import add_noise, per_sample_mse, velocity_target, x0_from_velocity
+    from e2v.train.flow import add_noise, per_sample_mse, velocity_target, x0_from_velocity
 
     g = torch.Generator().manual_seed(3)
     x0, noise, v = (torch.randn(3, 16, 2, 4, 4, generator=g) for _ in range(3))
@@ -155,7 +157,7 @@ def test_x0_loss_equals_the_euler_jump_to_sigma_zero():
 
 
 def test_only_listed_timesteps_are_sampled():
-    from e2v.flow import sample_sigmas
+    from e2v.train.flow import sample_sigmas
 
     g = torch.Generator().manual_seed(0)
     for mode in ("uniform", "logit_normal"):
@@ -178,12 +180,12 @@ def test_run_logs_the_seed_names_and_only_listed_timesteps(scalars):
 def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
     """Rebuild the run's first batch, sigmas and noise from its config and seed (the order
     train_e2v.py draws them), run the untrained transformer, and compute the x0 loss by hand."""
-    from e2v.conditioning import encode_batch
-    from e2v.config import load_config
-    from e2v.data import index_samples, make_loader
-    from e2v.flow import sample_sigmas
-    from e2v.models import load_parts
-    from e2v.trainable import setup_training
+    from e2v.conditioning.encode import encode_batch
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples, make_loader
+    from e2v.train.flow import sample_sigmas
+    from e2v.models.load import load_parts
+    from e2v.models.trainable import setup_training
 
     run, _ = trained_run
     cfg = load_config(run / "config.yaml")

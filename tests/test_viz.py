@@ -59,9 +59,9 @@ def test_predicted_latents_decode_to_the_sheet(viz_run):
 
 
 def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
-    from e2v.conditioning import Conditions
-    from e2v.schema import VisProcessor
-    from e2v.viz import Visualizer
+    from e2v.conditioning.encode import Conditions
+    from e2v.config.schema import VisProcessor
+    from e2v.eval.viz import Visualizer
 
     vis_cfg = SimpleNamespace(enabled=True, output_dir="vis/{run_id}", frequency=3, sheet_frames=[0, -1], processors=[
         VisProcessor(type="latent_save", data=["input_latents", "noisy_latents", "reference_images"], format="safetensors"),
@@ -94,7 +94,7 @@ def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
 
 
 def test_other_ranks_and_disabled_write_nothing(tiny_parts, tmp_path):
-    from e2v.viz import Visualizer
+    from e2v.eval.viz import Visualizer
 
     cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, processors=[]),
                           cache=SimpleNamespace(enabled=False))
@@ -104,7 +104,7 @@ def test_other_ranks_and_disabled_write_nothing(tiny_parts, tmp_path):
 
 
 def test_contact_sheet_layout():
-    from e2v.viz import GAP, contact_sheet
+    from e2v.eval.viz import GAP, contact_sheet
 
     def tile(v):
         return np.full((4, 4, 3), v, np.uint8)
@@ -122,7 +122,8 @@ def test_contact_sheet_layout():
     ({"type": "vae_decode", "format": "pt"}, "not valid for vae_decode"),
 ])
 def test_config_rejects_bad_processors(bad, match):
-    from e2v.config import ConfigError, load_config
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
 
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"visualization.processors=[{json.dumps(bad)}]"], check_paths=False)
@@ -135,7 +136,8 @@ def test_config_rejects_bad_processors(bad, match):
 ])
 def test_config_rejects_frames_out_of_range(key, value, match):
     """Rejected at load, not as an IndexError at the first visualization step mid-run."""
-    from e2v.config import ConfigError, load_config
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
 
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"{key}={value}"], check_paths=False)
@@ -152,8 +154,9 @@ def test_config_rejects_frames_out_of_range(key, value, match):
 def test_frames_are_bounded_by_the_shortest_bucket(sets):
     """With auto frame buckets the shortest batch bounds the index; the oracle is the bucket list
     data.py draws from (config.py keeps its own copy of the rule)."""
-    from e2v.config import ConfigError, load_config
-    from e2v.data import frame_bucket_list
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
+    from e2v.data.dataset import frame_bucket_list
 
     tiny = ROOT / "configs/e2v_tiny_lora.yaml"
     short = min(frame_bucket_list(load_config(tiny, sets, check_paths=False)))
@@ -168,9 +171,9 @@ def _dump(cfg, tmp_path, tiny_parts, dropout: float):
     caption dropout; returns the step folder."""
     import random
 
-    from e2v.conditioning import encode_batch
-    from e2v.data import E2VDataset, collate, index_samples
-    from e2v.viz import Visualizer
+    from e2v.conditioning.encode import encode_batch
+    from e2v.data.dataset import E2VDataset, collate, index_samples
+    from e2v.eval.viz import Visualizer
 
     cfg.conditioning.reference_dropout = cfg.conditioning.caption_dropout = dropout
     samples = index_samples(cfg, verbose=False)[:2]
@@ -187,8 +190,8 @@ def _dump(cfg, tmp_path, tiny_parts, dropout: float):
 def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_data, tmp_path):
     """With reference_dropout 1.0 the model saw no references: the sheet shows blank (mid-grey)
     tiles, reference_images are zeros, and meta.json says so; with 0.0 the real references."""
-    from e2v.config import load_config
-    from e2v.viz import to_uint8
+    from e2v.config.load import load_config
+    from e2v.eval.viz import to_uint8
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"data.datasets.0.data_root={demo_data}",
                                                        "visualization.frequency=1"])
@@ -223,8 +226,8 @@ def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_d
 
 
 def test_write_errors_raise_at_the_next_dump_and_finished_writes_are_dropped(tiny_parts, tmp_path):
-    from e2v.conditioning import Conditions
-    from e2v.viz import Visualizer
+    from e2v.conditioning.encode import Conditions
+    from e2v.eval.viz import Visualizer
 
     cfg = SimpleNamespace(visualization=SimpleNamespace(enabled=True, output_dir="v", frequency=1, sheet_frames=[0],
                                                         processors=[]), flow=SimpleNamespace(objective="flow"),

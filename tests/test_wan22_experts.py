@@ -16,7 +16,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from conftest import ROOT, early, launch_train, read_scalars, starts_early
-from e2v.config import ConfigError, load_config
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config
 
 TINY = ("model.preset=tiny_wan22_a14b",)
 ONE_ELEMENT = "data.elements=[{name: person, suffixes: [_person.png], vae: {repeat: 1, position: 0}}]"
@@ -33,8 +34,8 @@ def _image(seed=1):
 def _pipe(parts, high, low, **kw):
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.experts import TINY_BOUNDARY_RATIO
-    from e2v.sampling import make_scheduler
+    from e2v.config.experts import TINY_BOUNDARY_RATIO
+    from e2v.eval.sampling import make_scheduler
 
     return WanImageToVideoPipeline(tokenizer=parts.tokenizer, text_encoder=parts.text_encoder, vae=parts.vae,
                                    transformer=high, transformer_2=low, boundary_ratio=TINY_BOUNDARY_RATIO,
@@ -51,7 +52,7 @@ def _pipeline_latents(pipe, image):
 
 
 def _our_latents(model, parts, cfg, image):
-    from e2v.sampling import generate
+    from e2v.eval.sampling import generate
 
     return generate(model, parts, cfg, [SAMPLE["prompt"]], [{"person": image}], seed=SAMPLE["seed"],
                     num_steps=SAMPLE["steps"], guidance_scale=SAMPLE["guidance"], shift=3.0,
@@ -69,7 +70,7 @@ def _pipeline_folder(tmp_path, name: str, index: dict):
 
 
 def test_wan22_model_expert_rules_name_key_and_fix(tmp_path):
-    from e2v.experts import boundary_ratio
+    from e2v.config.experts import boundary_ratio
 
     with pytest.raises(ConfigError, match=r"model.expert: both, but model.preset tiny has one transformer.*remove "
                                           r"model.expert.*tiny_wan22_a14b"):
@@ -107,10 +108,10 @@ def test_wan22_pretrained_folder_written_by_diffusers_loads_the_expert(tmp_path)
     weights alone, and the plan builds from its config without reading weights."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.experts import boundary_ratio
-    from e2v.models import load_parts
-    from e2v.plan import build_meta_transformer
-    from e2v.tiny import build_tiny_experts, build_tiny_parts
+    from e2v.config.experts import boundary_ratio
+    from e2v.models.load import load_parts
+    from e2v.models.plan import build_meta_transformer
+    from e2v.models.tiny import build_tiny_experts, build_tiny_parts
 
     p = build_tiny_parts(0, with_encoders=True)
     experts = build_tiny_experts(0, ("high_noise", "low_noise"))
@@ -136,8 +137,9 @@ def test_wan22_sigma_draw_per_expert_and_both(flow):
     """One expert: every drawn sigma's timestep is its expert's by the pipeline's rule, and the
     draw is the unrestricted one conditioned on that range (oracle: unrestricted draws, filtered).
     Both: each micro-batch stays on one side, and the mixture is the unrestricted distribution."""
-    from e2v.experts import EXPERTS, expert_for, expert_sigma_range, sigma_range
-    from e2v.flow import sample_sigmas
+    from e2v.config.experts import EXPERTS, expert_for, sigma_range
+    from e2v.train.step import expert_sigma_range
+    from e2v.train.flow import sample_sigmas
 
     n = 4000
     free = _cfg(*flow).flow
@@ -178,7 +180,7 @@ def test_wan22_switch_matches_pipeline_trajectory():
     on the TwoExperts module gives the trajectory of WanImageToVideoPipeline(transformer,
     transformer_2, boundary_ratio) exactly; the schedule's timesteps (999, 900, 750, 500) put the
     boundary timestep itself on the high-noise side, and both experts ran."""
-    from e2v.models import load_parts
+    from e2v.models.load import load_parts
 
     cfg = _cfg(*TINY, "model.expert=both", "e2v_type=vae", ONE_ELEMENT)
     parts = load_parts(cfg)
@@ -203,9 +205,9 @@ def test_wan22_clip_pathway_adds_zero_initialised_image_attention():
     """e2v_type dual on the two experts: each gains image attention (the T2V expansion's modules,
     trained in full) and keeps its 36-channel patch embedding (not retrained); at step 0 each
     expert's output with CLIP tokens equals the base expert's without them."""
-    from e2v.engine import prepare_for_training
-    from e2v.models import load_parts
-    from e2v.tiny import build_tiny_experts
+    from e2v.train.engine import prepare_for_training
+    from e2v.models.load import load_parts
+    from e2v.models.tiny import build_tiny_experts
 
     cfg = _cfg(*TINY, "model.expert=both", "train.trainable=[]")
     parts = load_parts(cfg, with_encoders=False)
@@ -235,7 +237,7 @@ def test_wan22_memory_plan_of_the_released_model():
 
     from diffusers import WanTransformer3DModel
 
-    from e2v.plan import KNOWN_WAN_CONFIGS, build_meta_transformer, count_params, describe_plan
+    from e2v.models.plan import KNOWN_WAN_CONFIGS, build_meta_transformer, count_params, describe_plan
 
     sets = ("model.preset=null", "model.pretrained=Wan-AI/Wan2.2-I2V-A14B-Diffusers", "e2v_type=vae")
     one = build_meta_transformer(load_config(ROOT / "configs/e2v_wan22_i2v_a14b.yaml", [*sets, "model.expert=low_noise"],
@@ -323,7 +325,7 @@ def test_wan22_runs_train_validate_and_export_per_expert(wan22_runs):
 
 
 def test_wan22_offline_export_of_a_checkpoint_matches_the_run_export(wan22_runs, tmp_path):
-    from e2v.checkpoint import export_checkpoint
+    from e2v.train.checkpoint import export_checkpoint
 
     run = wan22_runs["both"]
     export_checkpoint(run / "checkpoints/step_000004", tmp_path)
@@ -339,11 +341,11 @@ def test_wan22_both_expert_exports_load_into_the_pipeline(wan22_runs):
     shape (expand_from_export), its LoRA (`load_into_transformer_2=True` for low noise) and its
     modules trained in full, in WanImageToVideoPipeline with CLIP: the trajectory equals our
     sampler's on the model tools/sample.py loads, and differs from the base pipeline's."""
-    from e2v.expand import expand_from_export
-    from e2v.export import load_extra_modules
-    from e2v.models import load_parts
-    from e2v.sampling import load_trained
-    from e2v.tiny import build_tiny_experts
+    from e2v.models.expand import expand_from_export
+    from e2v.train.export import load_extra_modules
+    from e2v.models.load import load_parts
+    from e2v.eval.sampling import load_trained
+    from e2v.models.tiny import build_tiny_experts
 
     run = wan22_runs["both"]
     cfg = load_config(run / "config.yaml", check_paths=False)
@@ -375,10 +377,10 @@ def test_wan22_one_expert_export_loads_into_transformer_2(wan22_runs, tmp_path):
 
     import imageio.v3 as iio
 
-    from e2v.export import load_extra_modules
-    from e2v.models import load_parts
-    from e2v.sampling import load_trained
-    from e2v.tiny import build_tiny_experts
+    from e2v.train.export import load_extra_modules
+    from e2v.models.load import load_parts
+    from e2v.eval.sampling import load_trained
+    from e2v.models.tiny import build_tiny_experts
     from helpers_comfy import apply_diffs, split
 
     run = wan22_runs["low"]

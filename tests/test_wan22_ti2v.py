@@ -24,7 +24,7 @@ S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 
 
 
 def _cfg(*sets):
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     return load_config(TINY_TI2V, [f"data.resolution=[{S},{S}]", *sets], check_paths=False)
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def ti2v_parts():
-    from e2v.tiny import build_tiny_parts
+    from e2v.models.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0, base="ti2v")
 
@@ -60,8 +60,8 @@ def test_wan22_tiny_vae_is_the_wan22_structure_and_keeps_the_video(ti2v_parts):
     (the decoded video against the half-group means: > 60 dB). Deterministic in the seed."""
     import torch.nn.functional as F
 
-    from e2v.tiny_vae import synthetic_videos
-    from e2v.tiny_vae22 import build_tiny_vae22
+    from e2v.models.tiny_vae import synthetic_videos
+    from e2v.models.tiny_vae22 import build_tiny_vae22
 
     vae = ti2v_parts.vae
     assert vae.config.is_residual and vae.config.patch_size == 2 and vae.config.z_dim == 48
@@ -105,8 +105,8 @@ def test_wan22_ti2v_one_reference_equals_the_pipeline_at_every_step(ti2v_parts):
     sampled clip equals the pipeline's frames 1.. (its frame 0 is the reference's latent)."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.device import randn
-    from e2v.sampling import generate, latent_shape, make_scheduler
+    from e2v.runtime.device import randn
+    from e2v.eval.sampling import generate, latent_shape, make_scheduler
 
     p, cfg, image = ti2v_parts, _cfg(), _image(1)
     calls = []
@@ -162,7 +162,7 @@ def _batch(counts: list[int], seed: int = 0) -> dict:
 
 
 def _encode(batch, parts, cfg, train=False, seed=0):
-    from e2v.conditioning import encode_batch
+    from e2v.conditioning.encode import encode_batch
 
     with torch.no_grad():
         return encode_batch(batch, parts, cfg, rng=random.Random(seed), generator=torch.Generator().manual_seed(seed),
@@ -174,7 +174,7 @@ def test_wan22_ti2v_n_references_extend_the_layout_over_n_frames(ti2v_parts):
     frames in front of a sample with fewer; the transformer gets cat([refs, x_t]) and timestep 0 on
     the N (h/2)(w/2) reference tokens; the loss is the MSE of its prediction for the clip's frames
     only (a hand-made transformer call, sliced); reference dropout gives zero frames."""
-    from e2v.step import draw_flow, forward_loss
+    from e2v.train.step import draw_flow, forward_loss
 
     p, cfg = ti2v_parts, _cfg()
     batch = _batch([3, 1])
@@ -219,8 +219,8 @@ def test_wan22_ti2v_n_references_extend_the_layout_over_n_frames(ti2v_parts):
 def test_wan22_ti2v_cached_conditions_equal_the_encoded_ones(ti2v_parts):
     """tools/precompute.py's entries (each reference on its own: the combine-after format the
     layout implies) give the encoded tensors, posterior samples drawn in the same order."""
-    from e2v.cache import compute_entry, conditions_from_cache
-    from e2v.conditioning import encode_text
+    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.encode import encode_text
 
     p = ti2v_parts
     cfg = _cfg("processors.vae.sample_mode=sample", "conditioning.target_sample_mode=sample",
@@ -248,11 +248,11 @@ def test_wan22_ti2v_text_to_video_equals_wanpipeline_and_its_lora_loads(ti2v_par
     changes its output, to what tools/sample.py's loader gives."""
     from diffusers import WanPipeline
 
-    from e2v.engine import prepare_for_training
-    from e2v.export import export_lora
-    from e2v.sampling import generate, load_trained, make_scheduler
-    from e2v.step import draw_flow, forward_loss
-    from e2v.tiny import build_tiny_parts
+    from e2v.train.engine import prepare_for_training
+    from e2v.train.export import export_lora
+    from e2v.eval.sampling import generate, load_trained, make_scheduler
+    from e2v.train.step import draw_flow, forward_loss
+    from e2v.models.tiny import build_tiny_parts
 
     p = ti2v_parts
     cfg = _cfg("e2v_type=none", "conditioning.target_layout=overlay", "train.trainable=[]")
@@ -302,12 +302,12 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
     device, online and from the cache."""
     import transformers.masking_utils as masking
 
-    from e2v.cache import compute_entry, conditions_from_cache
-    from e2v.conditioning import encode_text
-    from e2v.device import to_device
-    from e2v.parts import place_encoders
-    from e2v.sampling import generate
-    from e2v.step import draw_flow, forward_loss
+    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.encode import encode_text
+    from e2v.runtime.device import to_device
+    from e2v.models.parts import place_encoders
+    from e2v.eval.sampling import generate
+    from e2v.train.step import draw_flow, forward_loss
 
     meta, cfg = torch.device("meta"), _cfg()
     entries = [compute_entry({k: v[i] for k, v in _batch([3, 1]).items() if k not in ("id", "skipped")}, ti2v_parts,
@@ -339,8 +339,9 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
 
 def test_wan22_ti2v_config_checks_name_the_key_and_the_fix():
     """What the model's shape allows, checked on the meta device before any weight loads."""
-    from e2v.config import ConfigError, load_config
-    from e2v.plan import preflight
+    from e2v.config.schema import ConfigError
+    from e2v.config.load import load_config
+    from e2v.models.plan import preflight
 
     preflight(_cfg())
     preflight(_cfg("e2v_type=none", "conditioning.target_layout=overlay"))  # plain TI2V text-to-video
@@ -365,8 +366,9 @@ def test_wan22_ti2v_5b_yaml_plans_the_published_model(demo_data, capsys, monkeyp
     import sys
 
     import train_e2v
-    from e2v.config import load_config
-    from e2v.plan import build_meta_transformer, count_params, encoder_bytes, vae_config
+    from e2v.config.load import load_config
+    from e2v.models.plan import build_meta_transformer, count_params, encoder_bytes
+    from e2v.config.bases import vae_config
 
     sys.path.insert(0, str(ROOT / "tools"))
     import estimate_memory as em
@@ -488,11 +490,11 @@ def test_wan22_ti2v_export_loads_into_the_diffusers_pipeline_and_changes_its_out
     output, to exactly what the trainer's sampler gives with the weights tools/sample.py loads."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.config import load_config
-    from e2v.device import randn
-    from e2v.export import load_extra_modules
-    from e2v.sampling import generate, latent_shape, load_trained, make_scheduler
-    from e2v.tiny import build_tiny_parts
+    from e2v.config.load import load_config
+    from e2v.runtime.device import randn
+    from e2v.train.export import load_extra_modules
+    from e2v.eval.sampling import generate, latent_shape, load_trained, make_scheduler
+    from e2v.models.tiny import build_tiny_parts
 
     p, image = ti2v_parts, _image(2)
     cfg = load_config(ti2v_run / "config.yaml", check_paths=False)

@@ -81,9 +81,9 @@ def test_expanded_t2v_base_is_partitioned_at_load_with_the_whole_loads_weights(t
     import torch
     import deepspeed
 
-    from e2v.config import load_config
-    from e2v.models import load_transformer
-    from e2v.tiny import build_tiny_parts
+    from e2v.config.load import load_config
+    from e2v.models.load import load_transformer
+    from e2v.models.tiny import build_tiny_parts
 
     build_tiny_parts(seed=3, base="t2v", with_encoders=False).transformer.save_pretrained(
         tmp_path / "transformer", max_shard_size="50KB")

@@ -51,8 +51,8 @@ def preload() -> None:
     for name in ("WanTransformer3DModel", "AutoencoderKLWan", "WanImageToVideoPipeline", "WanPipeline",
                  "UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"):
         getattr(diffusers, name)  # diffusers imports its models lazily, on first attribute access
-    for path in sorted((ROOT / "e2v").glob("*.py")):
-        importlib.import_module(f"e2v.{path.stem}")
+    for path in sorted((ROOT / "e2v").rglob("*.py")):
+        importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
     importlib.import_module("train_e2v")
     import deepspeed.runtime.engine  # noqa: F401
     import deepspeed.runtime.zero.stage3  # noqa: F401

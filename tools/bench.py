@@ -185,7 +185,7 @@ def main(argv=None):
     if args.child:
         import torch
 
-        from e2v.hostmem import return_freed_memory
+        from e2v.runtime.hostmem import return_freed_memory
 
         return_freed_memory()  # the step processes run as train_e2v.py's ranks do
         if args.threads:

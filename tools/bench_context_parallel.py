@@ -54,9 +54,9 @@ def measure(rank: int, world: int, port: int, ulysses: int, ring: int, checkpoin
     import torch
     from diffusers import WanTransformer3DModel
 
-    from e2v import context_parallel
-    from e2v.config import load_config
-    from e2v.distributed import init_distributed
+    from e2v.models import context_parallel
+    from e2v.config.load import load_config
+    from e2v.runtime.distributed import init_distributed
 
     init_distributed()
     torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def measure(rank: int, world: int, port: int, ulysses: int, ring: int, checkpoin
 
 def estimate_mb(ulysses: int, ring: int, checkpointing: bool) -> tuple[float, float]:
     """(saved for backward, exchange buffers) in MB by e2v.plan's formulas."""
-    from e2v.plan import ModelShape, activation_bytes, activation_terms, exchange_bytes
+    from e2v.models.plan import ModelShape, activation_bytes, activation_terms, exchange_bytes
 
     shape = ModelShape(MODEL["num_attention_heads"] * MODEL["attention_head_dim"], MODEL["ffn_dim"], MODEL["num_layers"])
     t = (CLIP["frames"] - 1) // 4 + 1

@@ -40,13 +40,14 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.conditioning import TEXT_LEN  # noqa: E402
-from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.data import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
-from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
-from e2v.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, frame_intervals,  # noqa: E402
-                       load_image, probe_video, supported_frames)
-from e2v.models import load_tokenizer  # noqa: E402
+from e2v.config.schema import TEXT_LEN  # noqa: E402
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config  # noqa: E402
+from e2v.data.dataset import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
+from e2v.data.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
+from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, frame_intervals, load_image,
+    probe_video, supported_frames)
+from e2v.models.load import load_tokenizer  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from e2v.config import load_config  # noqa: E402
-from e2v.models import load_vae  # noqa: E402
-from e2v.viz import contact_sheet, decode_pixels, frame_strip, to_uint8, vstack, write_mp4, write_png  # noqa: E402
+from e2v.config.load import load_config  # noqa: E402
+from e2v.models.load import load_vae  # noqa: E402
+from e2v.eval.viz import contact_sheet, decode_pixels, frame_strip, to_uint8, vstack, write_mp4, write_png  # noqa: E402
 
 LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
 

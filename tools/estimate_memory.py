@@ -66,12 +66,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from e2v.config import Config, load_config  # noqa: E402
-from e2v.context_parallel import check_heads, layout  # noqa: E402
-from e2v.expand import is_expanded  # noqa: E402
-from e2v.plan import (activation_bytes, activation_terms, build_meta_transformer,  # noqa: E402,F401
-                      encoder_bytes, exchange_bytes, per_token_time, tokens)
-from e2v.trainable import setup_training  # noqa: E402
+from e2v.config.schema import Config
+from e2v.config.load import load_config  # noqa: E402
+from e2v.models.context_parallel import check_heads, layout  # noqa: E402
+from e2v.models.expand import is_expanded  # noqa: E402
+from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, encoder_bytes,  # noqa: E402,F401
+    exchange_bytes, per_token_time, tokens)
+from e2v.models.trainable import setup_training  # noqa: E402
 
 GB = 2**30
 OVERHEAD_GB = 2.0
@@ -166,7 +167,7 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     """Host memory (GiB) of a CPU-only run of `cfg` with `procs` ranks on this machine: the
     configured ds_config and checkpointing, every term per rank and the node total (module
     docstring, `--cpu`)."""
-    from e2v.zero3_load import zero3_load_blocker
+    from e2v.models.zero3_load import zero3_load_blocker
 
     c = count_model(cfg)
     s, ctx = tokens(cfg)

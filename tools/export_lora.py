@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.checkpoint import export_checkpoint, read_latest  # noqa: E402
-from e2v.integrity import UnsafeCheckpoint  # noqa: E402
+from e2v.train.checkpoint import export_checkpoint, read_latest  # noqa: E402
+from e2v.runtime.integrity import UnsafeCheckpoint  # noqa: E402
 
 
 def main() -> None:

@@ -98,7 +98,7 @@ def e2v_sets(folders: dict, data: Path, steps: int, ckpt: bool, run_id: str) -> 
 
 
 def estimate_gpu(sets: list[str], ckpt: bool) -> float:
-    from e2v.config import load_config
+    from e2v.config.load import load_config
     from tools.estimate_memory import estimate
 
     cfg = load_config(str(ROOT / "configs/e2v_t2v_1.3b.yaml"), sets, check_paths=False)

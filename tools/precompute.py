@@ -22,12 +22,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.cache import CacheStore, bad_entries_message, compute_entry  # noqa: E402
-from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.data import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
-from e2v.hostmem import return_freed_memory  # noqa: E402
-from e2v.media import MediaError  # noqa: E402
-from e2v.models import load_parts  # noqa: E402
+from e2v.data.store import CacheStore, bad_entries_message
+from e2v.conditioning.cached import compute_entry, shared_entry  # noqa: E402
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config  # noqa: E402
+from e2v.data.dataset import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
+from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
+from e2v.data.media import MediaError  # noqa: E402
+from e2v.models.load import load_parts  # noqa: E402
 
 
 class _Pixels(torch.utils.data.Dataset):
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parts = load_parts(cfg, device=device, with_transformer=False)  # the transformer's config is all it reads
     if rank == 0:
-        store.write_shared(parts)
+        store.write_shared(*shared_entry(parts))
     dataset = E2VDataset(cfg, mine)
     workers = loader_workers(cfg)
     loader = torch.utils.data.DataLoader(_Pixels(dataset, todo), batch_size=None, collate_fn=_as_is, num_workers=workers,

@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.hostmem import return_freed_memory  # noqa: E402
-from e2v.media import load_image  # noqa: E402
-from e2v.models import load_parts  # noqa: E402
-from e2v.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
-from e2v.sampling import decode, generate, load_trained  # noqa: E402
-from e2v.viz import write_mp4  # noqa: E402
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config  # noqa: E402
+from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
+from e2v.data.media import load_image  # noqa: E402
+from e2v.models.load import load_parts  # noqa: E402
+from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
+from e2v.eval.sampling import decode, generate, load_trained  # noqa: E402
+from e2v.eval.viz import write_mp4  # noqa: E402
 
 
 def parse_args(argv=None):

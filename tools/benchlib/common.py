@@ -116,6 +116,6 @@ def config_sets(preset: str, data_root: Path, model: str | None, extra_sets: lis
 
 
 def make_config(preset: str, data_root: Path, model: str | None, extra_sets: list[str], cached: bool = False):
-    from e2v.config import load_config
+    from e2v.config.load import load_config
 
     return load_config(TINY_CONFIG, config_sets(preset, data_root, model, extra_sets, cached))

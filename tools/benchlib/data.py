@@ -55,7 +55,7 @@ def make_data_clips(root: Path) -> Path:
 
 def decode_decord(path) -> np.ndarray:
     """What e2v.media.load_video does before resizing: decord, one thread, a batch of indices."""
-    from e2v.media import _reader, frame_indices
+    from e2v.data.media import _reader, frame_indices
 
     vr = _reader(path)
     return vr.get_batch(frame_indices(len(vr), DATA_FRAMES)).asnumpy()
@@ -65,7 +65,7 @@ def decode_opencv(path) -> np.ndarray:
     """The alternative: OpenCV's VideoCapture, sequential reads, BGR -> RGB."""
     import cv2
 
-    from e2v.media import MediaError, frame_indices
+    from e2v.data.media import MediaError, frame_indices
 
     cap = cv2.VideoCapture(str(path))
     frames = []
@@ -85,7 +85,7 @@ DECODERS = {"decord": decode_decord, "opencv": decode_opencv}
 
 def timed_load_video(decode, phases: Phases):
     """e2v.media.load_video with a given decoder, decode and resize timed apart."""
-    from e2v.media import frames_to_video
+    from e2v.data.media import frames_to_video
 
     def load_video(path, num_frames, height, width, *, stride=1, fps=None, resize_mode="center_crop",
                    reshape_mode="bicubic"):
@@ -103,7 +103,7 @@ def pil_frames_to_video(frames_FHWC, height: int, width: int):
     import torch
     from PIL import Image
 
-    from e2v.media import center_crop
+    from e2v.data.media import center_crop
 
     frames = np.stack([np.asarray(center_crop(Image.fromarray(f), height, width)) for f in frames_FHWC])
     return torch.from_numpy(frames).permute(3, 0, 1, 2).contiguous()
@@ -112,7 +112,7 @@ def pil_frames_to_video(frames_FHWC, height: int, width: int):
 def resize_alternative(samples, h: int, w: int, repeats: int) -> dict:
     """e2v.media.frames_to_video (torch, whole clip) against PIL per frame on the same decoded
     clips, interleaved."""
-    from e2v.media import frames_to_video
+    from e2v.data.media import frames_to_video
 
     cur, pil, diffs = [], [], []
     for _ in range(repeats):
@@ -140,8 +140,8 @@ def child_data(a) -> dict:
     DataLoader over the same dataset (decord, e2v's path) with 0, 1 and 2 workers."""
     import torch
 
-    import e2v.data as data
-    from e2v.data import E2VDataset, collate, index_samples
+    import e2v.data.dataset as data
+    from e2v.data.dataset import E2VDataset, collate, index_samples
 
     torch.set_num_threads(1)  # a worker's view: one sample, one core
     root = make_data_clips(BENCH_DIR / "tmp")

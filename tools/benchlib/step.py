@@ -22,17 +22,18 @@ from pathlib import Path
 
 import torch
 
-import e2v.conditioning as conditioning
-from e2v.cache import batch_conditions
-from e2v.distributed import any_rank, init_distributed
-from e2v.guard import NonFiniteGuard
-from e2v.config import resolve_deepspeed_config
-from e2v.device import to_device
-from e2v.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
-from e2v.models import load_parts
-from e2v.tiny import tiny_transformer_config
-from e2v.runlog import Log
-from e2v.step import add_step_stats, draw_flow, forward_loss, step_scalars
+import e2v.conditioning.encode as conditioning
+from e2v.conditioning.cached import batch_conditions
+from e2v.runtime.distributed import any_rank, init_distributed
+from e2v.train.guard import NonFiniteGuard
+from e2v.train.ds_config import resolve_deepspeed_config
+from e2v.runtime.device import to_device
+from e2v.train.engine import (initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs,
+    training_dtype)
+from e2v.models.load import load_parts
+from e2v.models.tiny import tiny_transformer_config
+from e2v.train.runlog import Log
+from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 
 from tools.benchlib.common import PRESETS, Phases, timed_functions
 

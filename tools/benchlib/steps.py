@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from e2v.config import resolve_deepspeed_config
-from e2v.data import index_samples, make_loader
+from e2v.train.ds_config import resolve_deepspeed_config
+from e2v.data.dataset import index_samples, make_loader
 
 from tools.benchlib.common import BENCH_DIR, GOAL_RATIO, ROOT, Phases, make_config, stats, summarise_phases
 from tools.benchlib.memory import current_rss_mb, reading

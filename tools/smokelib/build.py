@@ -57,7 +57,7 @@ def fill_(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> torch.nn.Mod
 
 
 def transformer_config(scale: str) -> dict:
-    from e2v.plan import KNOWN_WAN_CONFIGS
+    from e2v.models.plan import KNOWN_WAN_CONFIGS
 
     return {**KNOWN_WAN_CONFIGS[T2V_ID], "num_layers": DEPTHS[scale]["transformer"]}
 
@@ -86,7 +86,7 @@ def build_text_encoder(tokenizer, seed: int):
     from transformers import UMT5Config, UMT5EncoderModel
     from transformers.initialization import no_init_weights
 
-    from e2v.plan import UMT5_XXL
+    from e2v.models.plan import UMT5_XXL
 
     config = UMT5Config(**{**UMT5_XXL, "num_layers": 1, "vocab_size": len(tokenizer)}, dropout_rate=0.0)
     with no_init_weights():
@@ -98,7 +98,7 @@ def build_clip(scale: str, seed: int):
     from transformers import CLIPVisionConfig, CLIPVisionModel
     from transformers.initialization import no_init_weights
 
-    from e2v.plan import CLIP_VIT_H14
+    from e2v.models.plan import CLIP_VIT_H14
 
     config = CLIPVisionConfig(**{**CLIP_VIT_H14, "num_hidden_layers": DEPTHS[scale]["clip"]}, hidden_act="gelu",
                               layer_norm_eps=1e-5)
@@ -110,7 +110,7 @@ def build_clip(scale: str, seed: int):
 def wan_image_processor():
     """Wan I2V's CLIPImageProcessor settings: shortest edge 224, 224 x 224 centre crop, bicubic,
     OpenAI CLIP mean / std (the class defaults), through e2v.parts' PIL class."""
-    from e2v.parts import clip_image_processor
+    from e2v.models.parts import clip_image_processor
 
     return clip_image_processor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
                                 do_center_crop=True, do_resize=True, resample=3)
@@ -127,7 +127,7 @@ def build_folders(root: Path, scale: str = "full", seed: int = 0, log=print) -> 
     before with the same parameters (a `.smoke_complete` marker), else rebuilt."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from e2v.tiny import build_tiny_tokenizer
+    from e2v.models.tiny import build_tiny_tokenizer
 
     what = {"version": BUILD_VERSION, "scale": scale, "seed": seed, "std": STD}
     t2v, clip = root / f"Wan2.1-T2V-1.3B-{scale}", root / f"Wan2.1-CLIP-ViT-H14-{scale}"

@@ -1,0 +1,385 @@
+"""Condition tensors, built exactly as SkyReels-A2 inference builds them (docs/conditioning.md).
+
+VAE pathway: references in position order, reference k repeated `repeat[k]` times, zero (mid-grey)
+frames to F, ONE VAE encode of the whole condition video (`combine: before`; the causal VAE makes
+the padding latents depend on the references), the Wan I2V mask, `cat([mask, latents])`.
+CLIP pathway: each reference -> CLIPImageProcessor -> vision `hidden_states[-2]` (penultimate,
+CLS kept) -> 257 tokens; concatenated along tokens. Text: UMT5 last hidden state, zeroed after
+each prompt's length, padded to exactly 512 (Wan takes the LAST 512 context tokens as text).
+Wan2.2 TI2V (`target_layout: clean_prefix`): each reference encoded alone, its latent frames
+placed before the clip's instead of in condition channels (e2v/ti2v.py).
+
+Legend: B batch, F pixel frames, T = (F-1)/4+1 latent frames, H/W pixels, h/w = H/s, W/s latent
+size (s the VAE's stride: 8 for Wan2.1's, 16 for Wan2.2's), N references, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from e2v.runtime.device import as_pixels, module_device
+from e2v.config.schema import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
+from e2v.conditioning.ti2v import pad_prefix
+
+
+# --- latents -----------------------------------------------------------------------------------
+
+
+def _latent_stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = vae.config.z_dim
+    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(like.device, like.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(like.device, like.dtype)
+    return mean, inv_std
+
+
+def normalize_latents(z_BCTHW: torch.Tensor, vae) -> torch.Tensor:
+    """`(z - mean) * (1 / std)`: multiply by the reciprocal, the exact arithmetic of A2 and diffusers."""
+    mean, inv_std = _latent_stats(vae, z_BCTHW)
+    return (z_BCTHW - mean) * inv_std
+
+
+def denormalize_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
+    mean, inv_std = _latent_stats(vae, latents_BCTHW)
+    return latents_BCTHW / inv_std + mean
+
+
+def _vae_input(video_BCFHW: torch.Tensor, vae) -> torch.Tensor:
+    """Pixels (uint8, or float in [-1, 1]) on the VAE's device and in its dtype, shape and range
+    checked (the range where values exist: not on the meta device tests use for a second device)."""
+    video_BCFHW = as_pixels(video_BCFHW.to(vae.device))
+    assert video_BCFHW.ndim == 5 and video_BCFHW.shape[1] == 3, f"expected [B,3,F,H,W], got {tuple(video_BCFHW.shape)}"
+    assert (video_BCFHW.shape[2] - 1) % VAE_T == 0, f"F={video_BCFHW.shape[2]} must be 4k+1"
+    if not video_BCFHW.is_meta:
+        lo, hi = video_BCFHW.aminmax()
+        assert lo >= -1.0001 and hi <= 1.0001, f"pixels must be in [-1, 1], got [{lo:.3f}, {hi:.3f}]"
+    return video_BCFHW.to(vae.dtype)
+
+
+def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pixels -> normalised latents [B,C,T,h,w] on the VAE's device (posterior mean, or a sample
+    drawn from the CPU `generator` and moved, as diffusers' randn_tensor does)."""
+    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    z = dist.sample(generator) if sample_mode == "sample" else dist.mode()
+    return normalize_latents(z.float(), vae)
+
+
+@torch.no_grad()
+def decode_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
+    """Normalised latents (the VAE's C channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
+    [-1, 1]; callers clamp as their output needs)."""
+    z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
+    return vae.decode(z, return_dict=False)[0].float()
+
+
+def encode_video_stats(video_BCFHW: torch.Tensor, vae) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised posterior mean and std, for caches that must still allow sampling."""
+    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    _, inv_std = _latent_stats(vae, dist.mean)
+    return normalize_latents(dist.mean.float(), vae), (dist.std * inv_std).float()
+
+
+# --- the VAE condition -------------------------------------------------------------------------
+
+
+def condition_video(ref_pixels: list[torch.Tensor], repeats: list[int], num_frames: int) -> torch.Tensor:
+    """[r0 x rep0, r1 x rep1, ..., zeros] -> [B,3,F,H,W]; zeros are mid-grey in [-1, 1]."""
+    if len(ref_pixels) != len(repeats):
+        raise ValueError(f"{len(ref_pixels)} references but {len(repeats)} repeats")
+    frames = [r.expand(-1, -1, n, -1, -1) for r, n in zip(ref_pixels, repeats)]
+    f_ref = sum(repeats)
+    if f_ref > num_frames:
+        raise ValueError(f"references take {f_ref} frames but the video has only {num_frames}")
+    if (num_frames - 1) % VAE_T:
+        raise ValueError(f"num_frames={num_frames} must be 4k+1")
+    b, c, _, h, w = ref_pixels[0].shape
+    pad = ref_pixels[0].new_zeros(b, c, num_frames - f_ref, h, w)
+    return torch.cat(frames + [pad], dim=2)
+
+
+def condition_mask(ref_frames_B: list[int], num_frames: int, h: int, w: int, device=None) -> torch.Tensor:
+    """The Wan I2V mask rule, per sample: pixel frames [0, F_ref) are 1, frame 0 is repeated 4
+    times, the F+3 frames fold to [B,4,T,h,w]. One reference gives the plain I2V mask (A2 crashes
+    there: it repeats frame 0 eight times)."""
+    b = len(ref_frames_B)
+    mask_B1Fhw = torch.zeros(b, 1, num_frames, h, w, device=device)
+    for i, n in enumerate(ref_frames_B):
+        mask_B1Fhw[i, :, :n] = 1
+    first = mask_B1Fhw[:, :, :1].repeat_interleave(VAE_T, dim=2)
+    mask = torch.cat([first, mask_B1Fhw[:, :, 1:]], dim=2)  # [B,1,F+3,h,w]
+    t = (num_frames - 1) // VAE_T + 1
+    return mask.view(b, t, VAE_T, h, w).transpose(1, 2)
+
+
+def build_vae_condition(ref_pixels: list[torch.Tensor], repeats: list[int], num_frames: int, vae, *,
+                        sample_mode: str = "argmax", generator: torch.Generator | None = None) -> torch.Tensor:
+    """A2's `prepare_latents` condition: `ref_pixels` is a list (position order) of [B,3,1,H,W]
+    float tensors in [-1,1]; returns [B,20,T,H/8,W/8] = cat([mask4, latents16]).
+
+    With sample_mode="sample" the posterior sample consumes `generator` as A2's pipeline does
+    after its noise draw, so a caller that draws the noise first gets A2's tensors bit for bit."""
+    video_BCFHW = condition_video(ref_pixels, repeats, num_frames)
+    latents = encode_video(video_BCFHW, vae, sample_mode=sample_mode, generator=generator)
+    b, _, _, h, w = latents.shape
+    mask = condition_mask([sum(repeats)] * b, num_frames, h, w, latents.device)
+    return torch.cat([mask, latents], dim=1)
+
+
+# --- CLIP and text -----------------------------------------------------------------------------
+
+
+def encode_clip_images(images: list[np.ndarray], image_encoder, image_processor) -> torch.Tensor:
+    """uint8 [S,S,3] images (already brought to the CLIP resolution) -> [n, L, D] penultimate-layer
+    tokens (CLS kept, no post-layernorm), as A2 feeds Wan's image embedder."""
+    device = module_device(image_encoder)
+    pixel_values = image_processor(images=images, return_tensors="pt").pixel_values
+    out = image_encoder(pixel_values=pixel_values.to(device, image_encoder.dtype), output_hidden_states=True)
+    return out.hidden_states[-2].float()
+
+
+def clean_prompt(prompt: str) -> str:
+    """The cleaning diffusers' Wan pipelines (and A2's) apply before tokenizing: ftfy, HTML
+    unescape, whitespace collapsed. Without it a caption with `&amp;`, curly quotes or a newline
+    embeds differently in training than at inference."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    return prompt_clean(prompt)
+
+
+def encode_text(prompts: list[str], tokenizer, text_encoder, max_length: int = TEXT_LEN) -> torch.Tensor:
+    """UMT5 last hidden state of the cleaned prompts, zero after each prompt's true length, padded
+    to exactly 512."""
+    prompts = [clean_prompt(p) for p in prompts]
+    tok = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True,
+                    add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+    device = module_device(text_encoder)
+    ids, mask = tok.input_ids.to(device), tok.attention_mask.to(device)
+    hidden = text_encoder(ids, mask).last_hidden_state.float()
+    text_BLD = hidden * mask.unsqueeze(-1).to(hidden.dtype)
+    assert text_BLD.shape[1] == TEXT_LEN, f"text must be exactly {TEXT_LEN} tokens, got {text_BLD.shape[1]}"
+    return text_BLD
+
+
+# --- element selection (frame-conditioning modes) ----------------------------------------------
+
+
+def select_elements(n: int, mode: str, rng: random.Random, frame_index: int = 0) -> list[int]:
+    """Which of n present elements (position order) a sample keeps. Dropped ones are treated as
+    absent, so training sees exactly the layouts inference with fewer references produces.
+    `index` counts the present elements; a sample with fewer keeps its last one (config.py checks
+    frame_index against the configured elements)."""
+    if n == 0:
+        return []
+    if mode == "full":
+        return list(range(n))
+    if mode == "index":
+        return [min(frame_index, n - 1)]
+    if mode == "prefix":
+        return list(range(rng.randint(1, n)))
+    if mode == "random":
+        k = rng.randint(1, n)
+        return sorted(rng.sample(range(n), k))
+    if mode == "first_and_last":
+        return sorted({0, n - 1})
+    raise ValueError(f"processors.vae.frame_conditioning: unknown mode {mode!r}")
+
+
+# --- a whole batch -----------------------------------------------------------------------------
+
+
+@dataclass
+class Conditions:
+    latents_BCTHW: torch.Tensor  # target x0
+    text_BLD: torch.Tensor  # [B,512,D_text]
+    cond_BCTHW: torch.Tensor | None = None  # [B,20,T,h,w] (16+4), or [B,16,...] without mask
+    clip_BLD: torch.Tensor | None = None  # [B,L_img*N_max,D_clip]
+    kept: list[list[str]] | None = None  # element names each sample was conditioned on
+    ref_dropped: list[bool] | None = None
+    caption_dropped: list[bool] | None = None
+    ref_latents_BCNhw: torch.Tensor | None = None  # clean_prefix: [B,C,N,h,w] frames before the clip (e2v/ti2v.py)
+
+
+def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torch.Generator | None = None,
+                 train: bool = True) -> Conditions:
+    """Raw batch (from data.py) -> every tensor the transformer step needs.
+
+    rng drives the discrete choices (which elements, dropouts); generator drives posterior
+    samples. Both are owned by the caller so a resumed run repeats them."""
+    pv = cfg.processors.vae
+    cd = cfg.conditioning
+    video_BCFHW = as_pixels(batch["video"])  # on the device (to_device), uint8 from the loader
+    b, _, f, hh, ww = video_BCFHW.shape
+    kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
+
+    # VAE condition, one encode for the whole batch (each sample's own layout); or, in the
+    # clean_prefix layout (Wan2.2 TI2V), each reference encoded alone, in front of the clip.
+    cond, ref_latents = None, None
+    ref_videos = []
+    if cfg.uses_vae_condition and cd.target_layout == "clean_prefix":
+        ref_latents = _encode_each_reference(batch, kept, parts.vae, pv.sample_mode, generator)
+    elif cfg.uses_vae_condition:
+        ref_frames = []
+        for i in range(b):
+            names = [k for k in kept[i] if k in batch["vae_refs"][i]]
+            refs = [batch["vae_refs"][i][k].unsqueeze(0).unsqueeze(2) for k in names]
+            reps = [batch["vae_repeats"][i][k] for k in names]
+            if refs:
+                ref_videos.append(condition_video(refs, reps, f))
+            else:
+                ref_videos.append(video_BCFHW.new_zeros(1, 3, f, hh, ww))
+            ref_frames.append(cfg.reference_frames(names))
+        cond_video = torch.cat(ref_videos)
+        if pv.combine == "before":
+            cond_lat = encode_video(cond_video, parts.vae, sample_mode=pv.sample_mode, generator=generator)
+        else:
+            cond_lat, ref_latent_frames = _encode_after(batch, kept, parts.vae, f, pv.sample_mode, generator)
+            ref_frames = after_ref_frames(ref_latent_frames)
+        cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
+
+    # Target: the clip itself, or (prepend) the reference frames followed by the clip.
+    target_video = video_BCFHW
+    if cd.target_layout == "prepend" and ref_videos:
+        rows = []
+        for i in range(b):
+            n_ref = cfg.reference_frames([k for k in kept[i] if k in batch["vae_refs"][i]])
+            rows.append(torch.cat([ref_videos[i][:, :, :n_ref], video_BCFHW[i:i + 1, :, : f - n_ref]], dim=2))
+        target_video = torch.cat(rows)
+    latents = encode_video(target_video, parts.vae, sample_mode=cd.target_sample_mode, generator=generator)
+    cond = condition_or_zeros(cond, latents, parts.transformer)
+    if ref_latents is not None:
+        ref_latents = pad_prefix(ref_latents, ref_drop, latents)
+
+    clip = None
+    if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
+        clip = _encode_clip_batch(batch, kept, ref_drop, parts, cfg, latents.device)
+
+    prompts = ["" if d else p for p, d in zip(batch["prompt"], cap_drop)]
+    text = encode_text(prompts, parts.tokenizer, parts.text_encoder)
+    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop, ref_latents)
+
+
+def condition_or_zeros(cond_BCTHW: torch.Tensor | None, latents_BCTHW: torch.Tensor, transformer):
+    """The condition, or, when there is none (e2v_type clip or none) but the model has condition
+    channels (an I2V base), zeros: they read "no reference", the zero condition and zero mask that
+    reference dropout also gives. None for a model without condition channels."""
+    cond_channels = transformer.config.in_channels - latents_BCTHW.shape[1]
+    if cond_BCTHW is None and cond_channels > 0:
+        b, _, *thw = latents_BCTHW.shape
+        return latents_BCTHW.new_zeros(b, cond_channels, *thw)
+    return cond_BCTHW
+
+
+def draw_choices(element_names: list[list[str]], cfg, rng: random.Random,
+                 train: bool = True) -> tuple[list[list[str]], list[bool], list[bool]]:
+    """Per sample (present element names in position order): the kept element names, reference
+    dropout, caption dropout. cache.py calls this too, so a cached run consumes `rng` exactly as
+    an encoding run does."""
+    pv, cd = cfg.processors.vae, cfg.conditioning
+    kept, ref_drop, cap_drop = [], [], []
+    for names in element_names:
+        idx = select_elements(len(names), pv.frame_conditioning, rng, pv.frame_index) if cfg.e2v_type != "none" else []
+        kept.append([names[k] for k in idx])
+        ref_drop.append(train and cd.reference_dropout > 0 and rng.random() < cd.reference_dropout)
+        cap_drop.append(train and cd.caption_dropout > 0 and rng.random() < cd.caption_dropout)
+    return kept, ref_drop, cap_drop
+
+
+def finish_condition(cond_lat_BCTHW: torch.Tensor, ref_frames_B: list[int], kept: list[list[str]],
+                     ref_drop: list[bool], num_frames: int, concatenate_mask: bool) -> torch.Tensor:
+    """Condition latents -> cat([mask4, latents16]), with dropped (or absent) references as a zero
+    condition AND a zero mask (A2's unconditional layout). A sample with no reference frame (all
+    kept elements CLIP-only) gets the same exact zeros, not the encoded grey video."""
+    b, _, _, h, w = cond_lat_BCTHW.shape
+    mask = condition_mask(ref_frames_B, num_frames, h, w, cond_lat_BCTHW.device)
+    keep = torch.tensor([0.0 if (d or not kept[i] or not ref_frames_B[i]) else 1.0 for i, d in enumerate(ref_drop)],
+                        device=cond_lat_BCTHW.device).view(b, 1, 1, 1, 1)
+    cond_lat_BCTHW, mask = cond_lat_BCTHW * keep, mask * keep
+    return torch.cat([mask, cond_lat_BCTHW], dim=1) if concatenate_mask else cond_lat_BCTHW
+
+
+def pad_after_latents(chunks: list[torch.Tensor], t: int, z: int, h: int, w: int, device=None
+                      ) -> tuple[torch.Tensor, int]:
+    """One sample's per-reference latents [1,z,t_k,h,w] (position order) -> concatenated in time and
+    zero-padded to [1,z,T,h,w], plus how many latent frames hold references."""
+    lat = torch.cat(chunks, dim=2) if chunks else torch.zeros(1, z, 0, h, w, device=device)
+    if lat.shape[2] > t:
+        raise ValueError(f"combine: after gives {lat.shape[2]} latent frames, more than T={t}")
+    return torch.cat([lat, lat.new_zeros(1, z, t - lat.shape[2], h, w)], dim=2), lat.shape[2]
+
+
+def clip_names(kept: list[str], available, ref_dropped: bool, cfg) -> list[str]:
+    """The elements whose CLIP tokens a sample gets: kept, in the CLIP stream, references not dropped."""
+    return [k for k in kept if k in available] if (cfg.uses_clip and not ref_dropped) else []
+
+
+def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: int, device=None) -> torch.Tensor:
+    """Per sample [n_i, L, D] (n_i may be 0) -> [B, L*N_max, D] on `device`, zero blocks after each
+    sample's own."""
+    n_max = max(1, max(len(t) for t in tokens_per_sample))
+    rows = []
+    for tokens in tokens_per_sample:
+        row = torch.zeros(n_max * n_tok, width, device=device)
+        if len(tokens):
+            row[: len(tokens) * n_tok] = tokens.reshape(-1, width)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def _encode_each_reference(batch, kept, vae, sample_mode, generator) -> list[list[torch.Tensor]]:
+    """Per sample, each kept VAE reference encoded on its own (position order), with its repeat as
+    `after_frames` gives it: [1,C,t_k,h,w] latents each (t_k = 1 for repeat <= 4)."""
+    rows = []
+    for i, names in enumerate(kept):
+        chunks = []
+        for k in names:
+            if k not in batch["vae_refs"][i]:
+                continue
+            n = batch["vae_repeats"][i][k]
+            ref = batch["vae_refs"][i][k].view(1, 3, 1, *batch["vae_refs"][i][k].shape[-2:])
+            chunks.append(encode_video(ref.expand(-1, -1, after_frames(n), -1, -1), vae, sample_mode=sample_mode,
+                                       generator=generator))
+        rows.append(chunks)
+    return rows
+
+
+def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Tensor, list[int]]:
+    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
+    latents concatenated in time and zero-padded in latent space to T. Returns the latents and,
+    per sample, how many latent frames hold references."""
+    t, h, w = latent_size(f, *batch["video"].shape[-2:], vae.config)
+    rows, ref_latent_frames = [], []
+    for chunks in _encode_each_reference(batch, kept, vae, sample_mode, generator):
+        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, h, w, vae.device)
+        ref_latent_frames.append(n_lat)
+        rows.append(row)
+    return torch.cat(rows), ref_latent_frames
+
+
+def _encode_clip_batch(batch, kept, ref_drop, parts, cfg, device) -> torch.Tensor:
+    """[B, L*N_max, D]: samples with fewer CLIP references are padded with zero tokens (the same
+    tokens reference dropout uses), so one batch can mix element counts; a sample with none (or
+    e2v_type vae on an image-attention model) gets one zero block.
+
+    Padding rather than grouping batches by element count: the sampler stays a plain resumable
+    shuffle, and a zero block is what the model already learns to read as "no reference" from
+    reference dropout. The cost: a padded sample's cross-attention also sees the zero blocks
+    (they are not masked; Wan's attention takes no image mask), a layout inference with fewer
+    references never shows. With micro_batch_size 1 (the 14B recipe) nothing is ever padded."""
+    names_per_sample = [clip_names(kept[i], batch["clip_refs"][i], ref_drop[i], cfg) for i in range(len(kept))]
+    flat = [batch["clip_refs"][i][k] for i, names in enumerate(names_per_sample) for k in names]
+    n_tok, width = image_token_shape(parts)
+    tokens = (encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat
+              else torch.zeros(0, n_tok, width, device=device))
+    return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width, device)
+
+
+def image_token_shape(parts) -> tuple[int, int]:
+    """(tokens per reference, width): 257 x 1280 for CLIP ViT-H/14 at 224 px."""
+    if parts.image_encoder is None:  # e2v_type vae on an image-attention model: zero blocks only
+        return 257, parts.transformer.config.image_dim
+    c = parts.image_encoder.config
+    return (c.image_size // c.patch_size) ** 2 + 1, c.hidden_size

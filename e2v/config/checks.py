@@ -1,0 +1,240 @@
+"""Config validation (e2v.config.load_config runs it after loading and `normalise`): the bounds
+declared beside each field (schema.bounded), then the cross-field checks, each failing with the
+key, the problem and the fix. It reads the config and never changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from e2v.config.experts import check_expert_config
+from e2v.config.schema import (PATCH, PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
+    TinyShape, frame_bucket_list, latent_size, nearest_valid_sizes, resolve_repo_path)
+
+
+def _bound_problem(value: float, bounds: dict) -> str | None:
+    """What `value` must be under a field's declared bounds (schema.bounded), or None if it is."""
+    lo = ("[", bounds["min"]) if "min" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
+    hi = ("]", bounds["max"]) if "max" in bounds else (")", bounds["lt"]) if "lt" in bounds else None
+    ok = (math.isfinite(value) and (lo is None or (value >= lo[1] if lo[0] == "[" else value > lo[1]))
+          and (hi is None or (value <= hi[1] if hi[0] == "]" else value < hi[1])))
+    if ok:
+        return None
+    if lo and hi:
+        return f"within {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return "a positive number" if lo == ("(", 0) else f"{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    return f"{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+
+
+def check_bounds(node: Any, path: str = "") -> None:
+    """Every field declared with bounds (schema.bounded), in every section and list of sections."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{path}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{key}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                check_bounds(item, f"{key}[{i}].")
+        elif "bounds" in f.metadata and value is not None:
+            for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                problem = _bound_problem(v, f.metadata["bounds"])
+                if problem:
+                    at = f"{key}: {v}" if i is not None else f"{key}={v}"
+                    note = f" {f.metadata['note']}" if f.metadata["note"] else ""
+                    raise ConfigError(f"{at} must be {problem}{note}")
+
+
+def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) -> None:
+    """Cross-field checks, after the per-field bounds: everything that would otherwise fail deep
+    inside the VAE or the loop. Reads the config, never changes it (normalise fills defaults)."""
+    check_bounds(cfg)
+    d = cfg.data
+    f = d.num_frames
+    if f < 1 or (f - 1) % VAE_T:
+        lo = (f - 1) // VAE_T * VAE_T + 1
+        raise ConfigError(
+            f"data.num_frames={f}: Wan's VAE needs 4k+1 frames (T=(F-1)/4+1 latent frames); "
+            f"use {max(lo, 1)} or {lo + 4}"
+        )
+    for fb in d.frame_buckets:
+        if fb < 1 or (fb - 1) % VAE_T:
+            raise ConfigError(f"data.frame_buckets: {fb} is not 4k+1")
+    if len(d.resolution) != 2:
+        raise ConfigError(f"data.resolution: expected [height, width], got {d.resolution}")
+    for name, x in zip(("height", "width"), d.resolution):
+        if x % PIXELS_PER_TOKEN:
+            lo, hi = nearest_valid_sizes(x)
+            raise ConfigError(f"data.resolution: {name} {x} is not a multiple of 16 (VAE /8, then patch 2); "
+                              f"nearest valid sizes are {lo} and {hi}, or set data.resolution_policy: round")
+    for res in d.resolution_buckets:
+        if len(res) != 2 or res[0] % PIXELS_PER_TOKEN or res[1] % PIXELS_PER_TOKEN:
+            raise ConfigError(f"data.resolution_buckets: {res} must be [H, W], multiples of 16")
+    pv = cfg.processors.vae
+    if pv.resolution is not None and list(pv.resolution) != list(d.resolution):
+        raise ConfigError(
+            f"processors.vae.resolution {pv.resolution} differs from data.resolution {d.resolution}: "
+            "the condition video has the target's size; drop the key or make them equal"
+        )
+    if d.time_division_factor is not None:
+        if d.time_division_factor != 4:
+            raise ConfigError("data.time_division_factor: Wan's VAE compresses time by 4; only 4 is valid")
+        if d.frame_buckets:
+            raise ConfigError("data.time_division_factor and data.frame_buckets both set the frame counts: keep one")
+    if not d.datasets:
+        raise ConfigError("data.datasets: at least one dataset is needed, e.g. [{data_root: path/to/data}]")
+    for i, ds in enumerate(d.datasets):
+        if not ds.data_root:
+            raise ConfigError(f"data.datasets[{i}].data_root is missing: the folder with the samples")
+        if check_paths and not (Path.cwd() / ds.data_root).exists():  # an absolute data_root stays itself
+            raise ConfigError(f"data.datasets[{i}].data_root: {ds.data_root} does not exist "
+                              "(for the demo: python tools/make_demo_dataset.py <dir>)")
+        if ds.dataset_type in ("csv", "jsonl") and not ds.metadata_path:
+            raise ConfigError(f"data.datasets[{i}].metadata_path: a {ds.dataset_type} dataset needs its file")
+    _validate_elements(cfg)
+    if not pv.concatenate_mask and cfg.model.base != "t2v":
+        raise ConfigError("processors.vae.concatenate_mask: false needs a 32-channel model: set model.base: t2v "
+                          "(expanded to 32 input channels)")
+    if (cfg.model.preset is None) == (cfg.model.pretrained is None):
+        raise ConfigError("model: set exactly one of model.preset (tiny) or model.pretrained (a diffusers folder)")
+    if cfg.model.tiny.head_dim % 2:
+        raise ConfigError(f"model.tiny.head_dim={cfg.model.tiny.head_dim} must be even (Wan's rope rotates pairs)")
+    if cfg.model.preset is None and cfg.model.tiny != TinyShape():
+        raise ConfigError("model.tiny sizes a tiny preset's transformer; with model.pretrained the folder's "
+                          "transformer/config.json does: remove model.tiny")
+    check_expert_config(cfg)
+    if pv.frame_conditioning == "index" and cfg.uses_vae_condition:
+        n_vae = len(cfg.vae_elements)
+        if not 0 <= pv.frame_index < n_vae:
+            raise ConfigError(f"processors.vae.frame_index={pv.frame_index}: frame_conditioning: index keeps the "
+                              f"element at that place in vae.position order; use 0..{n_vae - 1}")
+    if len(cfg.processors.clip.resolution) != 2:
+        raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
+    if cfg.conditioning.target_layout in ("prepend", "clean_prefix") and not cfg.uses_vae_condition:
+        raise ConfigError(f"conditioning.target_layout: {cfg.conditioning.target_layout} puts the VAE reference "
+                          f"frames before the clip, but e2v_type={cfg.e2v_type} has no VAE condition: use "
+                          "target_layout: overlay")
+    _validate_validation(cfg)
+    _validate_cache(cfg)
+    _validate_parallel(cfg)
+    ds_path = resolve_repo_path(cfg.deepspeed.config)
+    if not ds_path.exists():
+        raise ConfigError(
+            f"deepspeed.config: {cfg.deepspeed.config} not found; shipped: "
+            f"{', '.join(sorted(p.name for p in (REPO_ROOT / 'ds_configs').glob('*.json')))}"
+        )
+
+
+def _validate_elements(cfg: Config) -> None:
+    """data.elements against each other, e2v_type and the frame counts."""
+    d = cfg.data
+    names = [e.name for e in d.elements]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"data.elements: duplicate element name(s) {sorted(dup)}")
+    for i, e in enumerate(d.elements):
+        if not e.suffixes and d.datasets[0].dataset_type == "e2v":
+            raise ConfigError(f"data.elements[{i}] ({e.name}): suffixes is empty")
+    positions = [e.vae.position for e in d.elements if e.vae is not None]
+    if len(set(positions)) != len(positions):
+        raise ConfigError(f"data.elements: vae.position values must be distinct, got {positions}")
+    if cfg.e2v_type != "none" and not d.elements:
+        raise ConfigError(f"e2v_type={cfg.e2v_type} needs data.elements (or set e2v_type: none)")
+    ref = cfg.reference_frames()
+    if ref > d.num_frames:
+        raise ConfigError(f"the elements take {ref} condition frames (sum of vae.repeat) but data.num_frames is "
+                          f"{d.num_frames}")
+    short = [fb for fb in d.frame_buckets if fb < ref]
+    if d.auto_frame_buckets and short:
+        raise ConfigError(f"data.frame_buckets {short}: shorter than the {ref} condition frames the "
+                          "elements take (sum of vae.repeat); remove them")
+
+
+def _validate_cache(cfg: Config) -> None:
+    """The cache must be able to hold what a step needs."""
+    pv = cfg.processors.vae
+    if not cfg.cache.enabled:
+        return
+    if cfg.uses_vae_condition and pv.combine == "before" and pv.frame_conditioning in ("prefix", "random"):
+        raise ConfigError(
+            f"cache.enabled with processors.vae.frame_conditioning: {pv.frame_conditioning} and combine: before: "
+            "the condition video depends on a random element choice each step, so one cached encode cannot "
+            "hold it. Use combine: after (each element cached on its own), frame_conditioning full / index / "
+            "first_and_last, or cache.enabled: false")
+    if cfg.conditioning.target_layout == "prepend":
+        raise ConfigError("cache.enabled with conditioning.target_layout: prepend: the target then depends on the "
+                          "references chosen each step; use target_layout: overlay or cache.enabled: false")
+
+
+def _validate_parallel(cfg: Config) -> None:
+    """Context parallelism splits the video tokens of every clip evenly over ulysses x ring ranks,
+    so every shape the run can meet (each frame bucket at each resolution bucket, and the
+    validation videos at data.num_frames x data.resolution) must divide. The heads (a model
+    property) and the world size (a launch property) are checked at start: e2v.context_parallel."""
+    p = cfg.parallel
+    degree = p.ulysses_degree * p.ring_degree
+    if degree == 1:
+        return
+    from e2v.config.bases import vae_config  # the model's VAE strides (plan loads after this module)
+
+    d, vae = cfg.data, vae_config(cfg)
+    frames = set(frame_bucket_list(cfg) if d.auto_frame_buckets else []) | {d.num_frames}
+    for f in sorted(frames):
+        for h, w in d.resolution_buckets or [d.resolution]:
+            t, lh, lw = latent_size(f, h, w, vae)
+            n = t * (lh // PATCH) * (lw // PATCH)
+            if n % degree:
+                fits = [k for k in range(2, 17) if n % k == 0]
+                raise ConfigError(
+                    f"parallel: ulysses_degree {p.ulysses_degree} x ring_degree {p.ring_degree} = {degree} ranks "
+                    f"share each clip's video tokens evenly, but {f} frames at {h} x {w} make {n} tokens "
+                    f"({t} latent frames x {lh // PATCH} x {lw // PATCH}), not a multiple of {degree}: use a degree "
+                    f"that divides {n} ({', '.join(map(str, fits)) or 'none up to 16'}) or change data.num_frames / "
+                    "data.resolution / the buckets")
+
+
+def _validate_validation(cfg: Config) -> None:
+    """validation: and visualization: keys."""
+    v, vis = cfg.validation, cfg.visualization
+    if v.every_n_steps and not v.num_samples and not v.sets:
+        raise ConfigError("validation.every_n_steps > 0 with num_samples 0 and no validation.sets: nothing to "
+                          "validate; hold out samples (num_samples >= 2), give sets, or set every_n_steps: 0")
+    if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples == 1:
+        raise ConfigError("validation.num_samples must be >= 2 (or 0 for videos from validation.sets only): "
+                          "the shuffled-reference gap swaps references between held-out samples")
+    names = {e.name for e in cfg.data.elements}
+    for i, st in enumerate(v.sets):
+        unknown = sorted(set(st.elements) - names)
+        if unknown:
+            raise ConfigError(f"validation.sets[{i}].elements: unknown element(s) {unknown}; "
+                              f"data.elements names are {sorted(names)}")
+    sc = v.subject_colour
+    if sc is not None:
+        unknown = sorted({sc.subject, *([sc.background] if sc.background else []), *sc.distractors} - names)
+        if unknown:
+            raise ConfigError(f"validation.subject_colour: unknown element(s) {unknown}; data.elements names are "
+                              f"{sorted(names)}")
+        if v.sets or v.num_samples < 2 or not v.num_videos:
+            raise ConfigError("validation.subject_colour measures videos generated from held-out samples: it needs "
+                              "num_samples >= 2, num_videos >= 1 and no validation.sets (remove it, or those)")
+    for i, p in enumerate(vis.processors):
+        bad = [d for d in p.data if d not in VIS_DATA]
+        if bad:
+            raise ConfigError(f"visualization.processors[{i}].data: unknown {bad}; valid: {', '.join(VIS_DATA)}")
+        if p.format not in VIS_FORMATS[p.type]:
+            raise ConfigError(f"visualization.processors[{i}].format: {p.format!r} is not valid for {p.type}; "
+                              f"use {' or '.join(VIS_FORMATS[p.type])}")
+    # Both index the decoded pixel frames of a training batch; with auto buckets the shortest batch
+    # can have fewer than num_frames.
+    short = min(frame_bucket_list(cfg)) if cfg.data.auto_frame_buckets else cfg.data.num_frames
+    lists = [("visualization.sheet_frames", vis.sheet_frames)]
+    lists += [(f"visualization.processors[{i}].frames", p.frames) for i, p in enumerate(vis.processors)
+              if p.type == "vae_decode"]
+    for key, frames in lists:
+        bad = [f for f in frames if not -short <= f < short]
+        if bad:
+            raise ConfigError(f"{key}: {bad} out of range for {short} decoded frames (the shortest training "
+                              f"video, data.num_frames / frame_buckets); valid indexes are {-short}..{short - 1}")

@@ -1,0 +1,531 @@
+"""The config schema: every key a user can write is a field of the dataclasses below, its bounds
+declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whether it shapes
+the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
+modules need, each written once: the VAE's strides, latent channels and the latent size (per model,
+from its VAE config), the reference-frame count, the frame-bucket list, what a model's shape allows.
+About 500 lines: the schema is one table a user reads through; splitting it would scatter the keys
+of one YAML.
+
+Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
+foreign formats in e2v/seed_formats.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # e2v/config/schema.py -> the repository
+
+
+def resolve_repo_path(p: str) -> Path:
+    """Paths like ds_configs/zero2.json resolve against the cwd first, then the repository."""
+    path = Path(p)
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: which key, what is wrong, how to fix it."""
+
+
+def bounded(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, note: str = "",
+            shapes_cache: bool = False, **bounds: float) -> Any:
+    """A field with its allowed range beside it: min / max (inclusive), gt / lt (exclusive); on a
+    list field each item is checked. `note` is appended to the error (why, or what 0 means)."""
+    assert set(bounds) <= {"min", "max", "gt", "lt"}, bounds
+    return field(default=default, default_factory=default_factory,
+                 metadata={"bounds": bounds, "note": note, "shapes_cache": shapes_cache})
+
+
+def cached(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field whose value shapes the tensors tools/precompute.py stores: the cache fingerprint
+    (e2v/cache.py) holds every such field, so changing one makes the entries stale, by name."""
+    return field(default=default, default_factory=default_factory, metadata={"shapes_cache": True})
+
+
+def cache_shaping_values(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> JSON value of every field declared `cached` (or bounded with shapes_cache)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("shapes_cache"):
+            plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else (
+                [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+                if isinstance(value, list) else value)
+            out[f"{prefix}{f.name}"] = json.dumps(plain, sort_keys=True)
+        elif dataclasses.is_dataclass(value):
+            out.update(cache_shaping_values(value, f"{prefix}{f.name}."))
+    return out
+
+
+Preprocess = Literal["resize", "center_crop", "pad_white", "letterbox"]
+
+
+@dataclass
+class ElementVAE:
+    repeat: int = bounded(1, min=1)  # frames this element occupies in the condition video (A2: 1, 4, 4)
+    position: int = 0  # order in the condition video; missing optional elements are compacted
+    preprocess: Optional[Preprocess] = None  # None -> processors.vae.default_preprocess
+
+
+@dataclass
+class ElementCLIP:
+    preprocess: Optional[Preprocess] = None  # None -> processors.clip.default_preprocess
+
+
+@dataclass
+class Element:
+    name: str
+    suffixes: list[str]
+    required: bool = True
+    vae: Optional[ElementVAE] = field(default_factory=ElementVAE)  # None: not in the VAE stream
+    clip: Optional[ElementCLIP] = field(default_factory=ElementCLIP)  # None: not in the CLIP stream
+
+
+@dataclass
+class Dataset:
+    data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v); csv / jsonl: metadata_path's base
+    dataset_type: Literal["e2v", "csv", "jsonl"] = "e2v"
+    metadata_path: Optional[str] = None  # csv / jsonl file (relative to data_root if not absolute)
+    # folder the csv / jsonl paths are relative to (default: the metadata file's folder)
+    media_root: Optional[str] = None
+    # sampling weight when several datasets are mixed
+    weight: float = bounded(1.0, gt=0, note="(remove the dataset instead)")
+    repeat: int = bounded(1, min=1)  # times each sample appears per epoch
+
+
+# A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
+# larger image costs seconds and GBs to decode per load and is more likely a mistake or a bomb.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
+@dataclass
+class Data:
+    datasets: list[Dataset] = field(default_factory=list)
+    elements: list[Element] = cached(default_factory=list)
+    num_frames: int = 81  # F, must be 4k+1 (Wan's causal VAE: T = (F-1)/4 + 1 latent frames)
+    resolution: list[int] = field(default_factory=lambda: [480, 832])  # [H, W] of the target video
+    resolution_policy: Literal["error", "round"] = "error"  # sizes not a multiple of 16
+    reshape_mode: Literal["bicubic", "bilinear", "area", "nearest"] = cached("bicubic")
+    video_resize: Literal["center_crop", "resize"] = cached("center_crop")  # how clips reach resolution
+    # take every n-th frame of the clip (with fps: every n-th sample)
+    frame_stride: int = bounded(1, min=1, shapes_cache=True)
+    # Sample frames by time at this rate from the container's timestamps (the frame nearest each
+    # t0 + k / fps), so a variable-rate clip keeps its motion speed; null: by index. Not for .npz.
+    fps: Optional[float] = bounded(None, gt=0, note="(null samples frames by index)", shapes_cache=True)
+    # Video regression seed: each clip trains at its largest k * factor + 1 frames up to num_frames
+    # (auto frame buckets in steps of factor, so a short clip trains shorter instead of failing).
+    time_division_factor: Optional[int] = None
+    # Per clip, the largest count of frame_buckets the clip supports (empty list: 17, 33, ... up to
+    # num_frames); off: every clip gives num_frames frames (too short = a bad sample).
+    auto_frame_buckets: bool = False
+    frame_buckets: list[int] = field(default_factory=list)  # allowed 4k+1 counts for auto buckets
+    resolution_buckets: list[list[int]] = field(default_factory=list)  # [[H, W], ...]: nearest aspect wins
+    # A bucket with fewer samples than micro_batch_size x world size: error (named at start),
+    # repeat (its samples repeat within a step) or drop (its samples leave training, listed).
+    small_bucket: Literal["error", "repeat", "drop"] = "error"
+    remove_common_llm_caption_prefixes: bool = False
+    # DataLoader worker processes per rank; null = auto: with CUDA min(4, CPU cores per local rank)
+    # (decoding 81 x 480 x 832 takes ~1 s: on the main thread it stalls the GPU), without CUDA 0.
+    num_workers: Optional[int] = bounded(None, min=0)
+    prefetch_factor: int = bounded(2, min=1)
+    on_bad_sample: Literal["error", "skip"] = "error"
+    shuffle: bool = True
+    # larger element images are bad samples, named
+    max_image_pixels: int = bounded(MAX_IMAGE_PIXELS, min=1, note=f"(default {MAX_IMAGE_PIXELS}, a 50 MP photo)")
+    # csv / jsonl paths (and e2v-folder symlinks) that resolve outside data_root (or media_root
+    # when set) are bad samples unless true: a shared metadata file cannot read arbitrary files
+    allow_outside_root: bool = False
+
+
+@dataclass
+class VAEProcessor:
+    resolution: Optional[list[int]] = None  # must equal data.resolution when given (seed key)
+    combine: Literal["before", "after"] = cached("before")  # one VAE pass over the condition video (A2)
+    default_preprocess: Preprocess = cached("pad_white")
+    frame_conditioning: Literal["full", "index", "prefix", "random", "first_and_last"] = cached("full")
+    frame_index: int = cached(0)
+    concatenate_mask: bool = True
+    sample_mode: Literal["argmax", "sample"] = "argmax"
+
+
+@dataclass
+class CLIPProcessor:
+    resolution: list[int] = field(default_factory=lambda: [512, 512])
+    default_preprocess: Preprocess = "pad_white"
+
+
+@dataclass
+class Processors:
+    vae: VAEProcessor = field(default_factory=VAEProcessor)
+    clip: CLIPProcessor = cached(default_factory=CLIPProcessor)
+
+
+@dataclass
+class Conditioning:
+    reference_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.1 (drops all: zero cond, zero mask, zero CLIP tokens)
+    caption_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.3 (empty-prompt embedding)
+    # overlay: the target is the clip; prepend: reference frames then the clip (docs/conditioning.md);
+    # clean_prefix (Wan2.2 TI2V): each reference a clean latent frame before the clip's, timestep 0,
+    # the loss on the clip's frames only (e2v/ti2v.py)
+    target_layout: Literal["overlay", "prepend", "clean_prefix"] = "overlay"
+    target_sample_mode: Literal["argmax", "sample"] = "argmax"  # target latents: mean or sample
+
+
+@dataclass
+class LoRA:
+    rank: int = bounded(16, min=1)
+    alpha: float = 16.0
+    dropout: float = bounded(0.0, min=0, lt=1)
+    target_modules: list[str] = field(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj"]
+    )
+    init_weights: Literal["gaussian", "default"] = "default"
+
+
+@dataclass
+class TinyShape:
+    """The tiny preset's transformer size (e2v/tiny.py; its defaults are the tests' ~30k-parameter
+    model). Width = heads x head_dim; Wan's rope splits head_dim into time / height / width parts
+    of 2 * (head_dim // 6) each for height and width, so it must be even and at least 6."""
+    layers: int = bounded(2, min=1)
+    heads: int = bounded(2, min=1)
+    head_dim: int = bounded(12, min=6, note="(even: Wan's rope splits it in pairs)")
+    ffn_dim: int = bounded(32, min=1)
+
+
+@dataclass
+class Model:
+    # random-weight parts built in code (CPU demo, tests): tiny (Wan2.1: I2V, or T2V with base t2v),
+    # tiny_ti2v (Wan2.2 TI2V-5B's layout: 48-channel VAE, 16x space, no image attention),
+    # tiny_wan22_a14b (Wan2.2 I2V-A14B's two experts)
+    preset: Optional[Literal["tiny", "tiny_ti2v", "tiny_wan22_a14b"]] = cached(None)
+    tiny: TinyShape = field(default_factory=TinyShape)  # a tiny preset's transformer size
+    pretrained: Optional[str] = cached(None)  # diffusers folder or hub id (Wan2.1-*, Wan2.2-*-Diffusers)
+    base: Literal["auto", "i2v", "t2v"] = "auto"  # t2v: widen patch embedding + add image attention
+    image_encoder: Optional[str] = cached(None)  # CLIP folder for T2V bases (I2V folders carry image_encoder/)
+    training_type: Literal["lora", "full"] = "lora"
+    weight_dtype: Literal["fp32", "bf16"] = cached("bf16")  # frozen encoders (VAE and CLIP stay fp32 as in A2)
+    tiny_seed: int = cached(0)
+    tiny_vae: Literal["informative", "random"] = cached("informative")
+    zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+    # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
+    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/experts.py).
+    expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
+
+
+@dataclass
+class Flow:
+    shift: float = bounded(5.0, gt=0)  # Wan scripts: 5 (3 for I2V 480p); A2 samples with 8
+    sigma_sampling: Literal["uniform", "logit_normal"] = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = bounded(1.0, gt=0)
+    weighting: Literal["none", "cosmap", "sigma_sqrt"] = "none"
+    objective: Literal["flow", "x0"] = "flow"  # x0: video regression (clean-latent target)
+    # timesteps (0..1000] to train at
+    denoising_step_list: list[float] = bounded(default_factory=list, gt=0, max=1000, note="(a timestep)")
+
+
+@dataclass
+class Train:
+    max_steps: int = bounded(1000, min=1)
+    lr: float = bounded(1e-4, gt=0)
+    micro_batch_size: int = bounded(1, min=1)
+    gradient_accumulation_steps: int = bounded(1, min=1)
+    grad_clip: float = bounded(1.0, gt=0)
+    warmup_steps: int = bounded(0, min=0)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    weight_decay: float = bounded(0.0, min=0)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = bounded(1e-8, gt=0)
+    mixed_precision: Literal["bf16", "no"] = "bf16"
+    gradient_checkpointing: bool = False
+    trainable: list[str] = field(default_factory=list)  # module-name regexes trained in full
+    checkpoint_every: int = bounded(500, min=1)
+    checkpoint_every_minutes: float = bounded(0.0, min=0)  # 0: off
+    keep_last: int = bounded(3, min=0, note="(0: keep all)")
+    log_every: int = bounded(1, min=1)
+    skip_nonfinite: bool = False  # skip (and count) a micro-batch whose loss, or a step whose grad norm, is inf/nan
+    # Offload the activations saved for backward to CPU RAM (torch.autograd.graph.save_on_cpu):
+    # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
+    # 480p x 81 frames (tools/estimate_memory.py). CUDA only; on a CPU-only machine a no-op.
+    activation_offload: bool = False
+
+
+@dataclass
+class DeepSpeed:
+    config: str = "ds_configs/zero2.json"
+    # true: torch.optim.AdamW, bit-exact resume. false: DeepSpeed's C++ Adam (DeepSpeedCPUAdam with
+    # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
+    # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
+    torch_adam: Optional[bool] = None
+
+
+@dataclass
+class Parallel:
+    # Context parallelism (docs/context_parallel.md): one sample's video tokens split over
+    # ulysses_degree x ring_degree ranks, which see the same micro-batch; the launched processes
+    # form world / (U x R) data-parallel groups. 1 x 1: plain data parallelism.
+    ulysses_degree: int = bounded(1, min=1, note="(DeepSpeed Ulysses: must divide the attention heads)")
+    ring_degree: int = bounded(1, min=1, note="(ring attention over the Ulysses head shards)")
+
+
+@dataclass
+class Cache:
+    enabled: bool = False
+    dir: Optional[str] = None  # default <data_root>/.e2v_cache (one sub-folder per dataset)
+    dtype: Literal["fp32", "bf16"] = cached("fp32")  # stored tensors; bf16 halves the disk, fp32 is exact
+
+
+@dataclass
+class ValidationSet:
+    prompt: str
+    elements: dict[str, str] = field(default_factory=dict)  # element name -> image path
+
+
+@dataclass
+class SubjectColour:
+    """Which elements the subject-colour metrics read (e2v/fidelity.py): data whose subject is one
+    flat colour on white, such as the demo's."""
+    subject: str  # the element whose reference holds the subject
+    # the element seen behind it, at the video's framing; none: each place's median over the frames
+    background: Optional[str] = None
+    distractors: list[str] = field(default_factory=list)  # elements in view whose colour is not the subject's
+
+
+@dataclass
+class Validation:
+    every_n_steps: int = bounded(0, min=0)  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
+    # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
+    # most at high noise; at low sigma the noisy input already shows the scene (e2v/validation.py).
+    sigmas: list[float] = bounded(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], gt=0, lt=1)
+    num_samples: int = bounded(4, min=0)  # sample ids held out of training (when every_n_steps > 0), validated on
+    seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
+    sets: list[ValidationSet] = field(default_factory=list)  # generate videos from these
+    num_videos: int = bounded(1, min=0)  # without sets: generate from the first n held-out samples' references
+    num_inference_steps: int = bounded(20, min=1)
+    guidance_scale: float = 5.0
+    sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
+    negative_prompt: str = ""
+    # val/sample_reference_match|swap on the held-out videos (e2v/fidelity.py); null: off. Each swap
+    # video (sample i with sample i+1's references) is a second generation.
+    subject_colour: Optional[SubjectColour] = None
+
+
+@dataclass
+class VisProcessor:
+    type: Literal["latent_save", "vae_decode"]
+    data: list[str] = field(default_factory=lambda: ["input_latents", "predicted_latents"])
+    format: Optional[str] = None  # latent_save: pt | safetensors; vae_decode: png. None: the type's first
+    frames: list[int] = field(default_factory=lambda: [0, -1])  # vae_decode: frames written as PNG
+    video: bool = False  # vae_decode: also an mp4 per sample
+
+
+# Visualization data names (docs/formats.md, "Visualization data names"); e2v/viz.py documents
+# each tensor.
+VIS_DATA = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents", "reference_images")
+VIS_FORMATS = {"latent_save": ("pt", "safetensors"), "vae_decode": ("png",)}
+
+
+@dataclass
+class Visualization:
+    enabled: bool = False
+    output_dir: str = "visualizations"  # relative to the run folder; may contain {run_id}
+    frequency: int = bounded(100, min=1)
+    processors: list[VisProcessor] = field(default_factory=list)
+    sheet_frames: list[int] = field(default_factory=lambda: [0, -1])  # contact sheet: target | prediction frames
+
+
+@dataclass
+class Config:
+    e2v_type: Literal["dual", "vae", "clip", "none"] = cached("dual")
+    output_dir: str = "runs"
+    run_id: Optional[str] = None  # default: <config name>-<timestamp>
+    seed: int = 42
+    model: Model = field(default_factory=Model)
+    lora: LoRA = field(default_factory=LoRA)
+    data: Data = field(default_factory=Data)
+    processors: Processors = field(default_factory=Processors)
+    conditioning: Conditioning = field(default_factory=Conditioning)
+    flow: Flow = field(default_factory=Flow)
+    train: Train = field(default_factory=Train)
+    deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
+    parallel: Parallel = field(default_factory=Parallel)
+    cache: Cache = field(default_factory=Cache)
+    validation: Validation = field(default_factory=Validation)
+    visualization: Visualization = field(default_factory=Visualization)
+
+    # -- derived views used across modules ------------------------------------------------------
+    @property
+    def uses_vae_condition(self) -> bool:
+        return self.e2v_type in ("dual", "vae")
+
+    @property
+    def uses_clip(self) -> bool:
+        return self.e2v_type in ("dual", "clip")
+
+    def reference_frames(self, names=None) -> int:
+        """Condition-video frames the named elements (all of them by default) take at the start of
+        the condition video: the sum of their vae.repeat; 0 without a VAE stream, and 0 in the
+        clean_prefix layout (the references are latent frames of their own, before the clip). The
+        one place F_ref is counted (the mask, the prepend layout, the cache, the sampler's dropped frames)."""
+        if not self.uses_vae_condition or self.conditioning.target_layout == "clean_prefix":
+            return 0
+        return sum(e.vae.repeat for e in self.data.elements if e.vae is not None and (names is None or e.name in names))
+
+    @property
+    def vae_elements(self) -> list[Element]:
+        """Elements in the VAE stream, in `vae.position` order."""
+        return sorted((e for e in self.data.elements if e.vae is not None), key=lambda e: e.vae.position)
+
+    @property
+    def ordered_elements(self) -> list[Element]:
+        """All elements in condition order: VAE position, then CLIP-only elements in config order."""
+        order = sorted(enumerate(self.data.elements), key=lambda ie: (0, ie[1].vae.position) if ie[1].vae else (1, ie[0]))
+        return [e for _, e in order]
+
+    @property
+    def clip_elements(self) -> list[Element]:
+        """Elements in the CLIP stream, in condition order (their token blocks follow it)."""
+        return [e for e in self.ordered_elements if e.clip is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# rules more than one module needs, each written once
+# ---------------------------------------------------------------------------------------------
+
+
+def nearest_valid_sizes(x: int, multiple: int = 16) -> tuple[int, int]:
+    lo = (x // multiple) * multiple
+    return lo, lo + multiple
+
+
+def nearest_valid_size(x: int, multiple: int = 16) -> int:
+    """The multiple of 16 (VAE /8, then the 2x2 patch) nearest x; a tie rounds down: less upscaling."""
+    lo, hi = nearest_valid_sizes(x, multiple)
+    return lo if x - lo <= hi - x else hi
+
+
+# Every Wan VAE divides time by VAE_T (causally: F pixel frames -> 1 + (F-1)/4 latent frames), and
+# every Wan transformer patches 2 x 2. Space is per VAE: Wan2.1's divides by 8, Wan2.2's (TI2V-5B)
+# by 16 (a 2x2 patchify, then 8). So a frame count is 4k+1 and a side a multiple of 16 pixels for
+# any Wan (PIXELS_PER_TOKEN, checked at config load), 32 for the Wan2.2 VAE (check_base, once the
+# model is known). A VAE config is a diffusers AutoencoderKLWan config (a dict, or `vae.config`);
+# e2v.plan.vae_config gives a model's without loading it.
+VAE_T, PATCH = 4, 2
+PIXELS_PER_TOKEN = 8 * PATCH
+
+
+def vae_space_stride(vae_config) -> int:
+    """Pixels per latent cell side: scale_factor_spatial (8 when absent: diffusers' default, the Wan2.1 VAE)."""
+    return vae_config.get("scale_factor_spatial") or 8
+
+
+def latent_channels(vae_config) -> int:
+    """Latent channels of the VAE: z_dim (16 when absent: the Wan2.1 VAE; Wan2.2's: 48)."""
+    return vae_config.get("z_dim") or 16
+
+
+def latent_size(num_frames: int, height: int, width: int, vae_config) -> tuple[int, int, int]:
+    """(T, h, w) of the latents of a num_frames x height x width clip under this VAE."""
+    s = vae_space_stride(vae_config)
+    return (num_frames - 1) // VAE_T + 1, height // s, width // s
+
+
+def frame_bucket_list(cfg: Config) -> list[int]:
+    """Allowed frame counts with auto frame buckets: data.frame_buckets, or 1 + step, 1 + 2 step, ...
+    up to num_frames (step: data.time_division_factor, else 16), without counts shorter than the
+    condition frames the elements take. The loader buckets clips by it (e2v/data.py); validation
+    bounds the visualised frame indexes by its shortest count (e2v/config_checks.py)."""
+    d = cfg.data
+    step = d.time_division_factor or 16
+    counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
+    return sorted(f for f in set(counts) if f >= max(cfg.reference_frames(), 1))
+
+
+def check_base(cfg: Config, transformer_config, vae_config) -> None:
+    """What the model's shape allows, once it is known: e2v.plan.preflight checks the transformer
+    as training builds it (expanded when model.base is t2v) on the meta device before loading, and
+    train_e2v.py checks the loaded one again (a hub id's shape is known only then). Its input is
+    its latents alone (in_channels == the VAE's z_dim: a T2V or a TI2V base) or latents plus
+    condition channels (I2V, expanded T2V); sides must fit the VAE's stride."""
+    name = cfg.model.pretrained or f"the {cfg.model.preset} preset"
+    in_channels, z = transformer_config["in_channels"], latent_channels(vae_config)
+    latents_only, layout = in_channels == z, cfg.conditioning.target_layout
+    if cfg.e2v_type == "none" and not latents_only:
+        raise ConfigError(f"e2v_type: none trains plain text-to-video, but {name} has {in_channels} input channels "
+                          f"for {z} latent channels: use a T2V or TI2V base (model.base: t2v with the tiny preset)")
+    if cfg.uses_vae_condition and latents_only and layout != "clean_prefix":
+        raise ConfigError(f"{name} takes its {z} latent channels alone (no condition channels, as Wan2.2 TI2V): "
+                          "its references go before the clip as clean latent frames; set "
+                          "conditioning.target_layout: clean_prefix (docs/conditioning.md)")
+    if layout == "clean_prefix" and not latents_only:
+        raise ConfigError(f"conditioning.target_layout: clean_prefix needs a model whose input is its latents alone, "
+                          f"but {name} has {in_channels} input channels for {z} latent channels (condition "
+                          "channels): use target_layout: overlay")
+    if cfg.uses_clip and transformer_config.get("added_kv_proj_dim") is None:
+        raise ConfigError(f"e2v_type: {cfg.e2v_type} feeds CLIP image tokens, but {name} has no image attention "
+                          "(Wan2.2 TI2V has none): use e2v_type: vae")
+    side = vae_space_stride(vae_config) * PATCH
+    bad = [hw for hw in [cfg.data.resolution, *cfg.data.resolution_buckets] if hw[0] % side or hw[1] % side]
+    if bad:
+        raise ConfigError(f"data.resolution / resolution_buckets {bad}: {name}'s VAE divides space by "
+                          f"{side // PATCH}, then the transformer patches 2x2: sides must be multiples of {side}")
+
+
+def schema_keys() -> dict[str, list[str]]:
+    """Field name -> the dotted keys it has in the schema, shallowest first ("lr" -> ["train.lr"];
+    a list of sections is written `data.elements[]`). Error hints for a key in the wrong section."""
+    out: dict[str, list[str]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            out.setdefault(f.name, []).append(key)
+            sub = _section_type(cls, f.name)
+            if sub is not None:
+                walk(sub[0], f"{key}{'[]' if sub[1] else ''}.")
+
+    walk(Config, "")
+    return {name: sorted(keys, key=lambda k: k.count(".")) for name, keys in out.items()}
+
+
+def _section_type(cls: type, name: str) -> tuple[type, bool] | None:
+    """(dataclass, is a list of them) when field `name` of cls holds sections, else None."""
+    tp = typing.get_type_hints(cls)[name]
+    is_list = typing.get_origin(tp) is list
+    for arg in (typing.get_args(tp) if is_list or typing.get_origin(tp) else (tp,)):
+        if dataclasses.is_dataclass(arg):
+            return arg, is_list
+    return None
+
+
+# --- reference latent layouts (conditioning, the cache and the plan share them) ---
+
+TEXT_LEN = 512  # Wan's cross-attention splits image | text at the last 512 context tokens
+
+
+def after_ref_frames(ref_latent_frames_B: list[int]) -> list[int]:
+    """`combine: after`: the mask marks the latent frames that hold reference latents (the same as
+    `before` for repeats 1, 4, 4; without repeats each reference still takes one latent frame)."""
+    return [1 + VAE_T * (t - 1) if t else 0 for t in ref_latent_frames_B]
+
+
+def after_frames(repeat: int) -> int:
+    """`combine: after`: pixel frames one reference is encoded with (the VAE keeps 4k+1 frames)."""
+    return 1 + (repeat - 1) // VAE_T * VAE_T if repeat > 1 else 1
+
+
+def prefix_frames_of(cfg) -> int:
+    """N of a sample that keeps every VAE element, for shape and memory plans: each reference takes
+    the latent frames conditioning encodes it to (after_frames(repeat) pixel frames: one latent
+    frame for repeat <= 4); 0 outside the clean_prefix layout."""
+    if cfg.conditioning.target_layout != "clean_prefix" or not cfg.uses_vae_condition:
+        return 0
+    return sum((after_frames(e.vae.repeat) - 1) // VAE_T + 1 for e in cfg.vae_elements)

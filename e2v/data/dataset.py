@@ -1,0 +1,384 @@
+"""Dataset, bucket sampler and collate: sample files -> a raw batch for conditioning.encode_batch,
+or (cache.enabled) the sample's precomputed tensors for cache.conditions_from_cache.
+
+One item: the target video_CFHW in [-1,1], the prompt, and per element (position order) the
+VAE-path image at the video size and the CLIP-path image at the CLIP resolution. Element images
+are preprocessed here so DataLoader workers do it in parallel with the step.
+
+Buckets: every sample trains at a (F, H, W) bucket: F is `data.num_frames`, or with
+`auto_frame_buckets` the largest of `frame_buckets` the clip supports (`time_division_factor`:
+every k * factor + 1 up to num_frames), counting the clip's frames at `data.fps` when set
+(media.supported_frames, as tools/check_dataset.py does); (H, W) is
+`data.resolution`, or the `resolution_buckets` entry nearest the clip's aspect ratio. A batch
+holds one bucket, and all ranks take the same bucket at every step (the global batch is drawn
+first, then split by rank), so nothing waits on a rank with a different shape.
+
+Bad samples (`data.on_bad_sample`): `error` stops with the file named; `skip` takes the next
+sample of the same bucket instead and reports the skipped one in the batch the first time this
+worker meets it, so the loop counts it once; the worker then remembers it and never decodes it
+again. Index-time problems (missing required element, unreadable or too-short clip) are
+reported the same way before the first step.
+"""
+
+from __future__ import annotations
+
+
+import math
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from e2v.data.store import CacheStore
+from e2v.config.schema import Config, ConfigError
+from e2v.data.elements import Problem, Sample, discover, sample_bucket
+from e2v.data.media import (MediaError, NoClockError, TooShortError, check_clock, image_to_tensor, load_image,
+    load_video, preprocess_image, probe_video, supported_frames)
+from e2v.config.schema import frame_bucket_list
+
+Bucket = tuple[int, int, int]  # (F, H, W)
+
+
+class BadSampleError(RuntimeError):
+    pass
+
+
+# --- buckets -----------------------------------------------------------------------------------
+
+
+def uses_buckets(cfg: Config) -> bool:
+    return cfg.data.auto_frame_buckets or bool(cfg.data.resolution_buckets)
+
+
+def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
+    """The clip's bucket; MediaError when the clip is too short for every frame bucket. `frames`
+    is what the clip supports: media.supported_frames (with data.fps, its samples at that rate)."""
+    d = cfg.data
+    at = f" at data.fps {d.fps:g}" if d.fps is not None else ""
+
+    def span(f: int) -> int:  # source frames (with fps: samples at that rate) a count of f needs at this stride
+        return (f - 1) * d.frame_stride + 1
+
+    if d.auto_frame_buckets:
+        fits = [f for f in frame_bucket_list(cfg) if span(f) <= frames]
+        if not fits:
+            shortest = frame_bucket_list(cfg)[0]
+            raise TooShortError(f"too short: {frames} frames{at}, the shortest frame bucket {shortest} needs "
+                                f"{span(shortest)} (frame_stride {d.frame_stride})")
+        f = fits[-1]
+    else:
+        f = d.num_frames
+        if span(f) > frames:
+            raise TooShortError(f"too short: {frames} frames{at}, data.num_frames {f} needs {span(f)} (frame_stride "
+                                f"{d.frame_stride}); lower num_frames or turn on data.auto_frame_buckets")
+    h, w = d.resolution
+    if d.resolution_buckets:  # nearest aspect ratio, in log space (2:1 and 1:2 are equally far from 1:1)
+        aspect = math.log(width / height)
+        h, w = min(d.resolution_buckets, key=lambda hw: abs(math.log(hw[1] / hw[0]) - aspect))
+    return (f, h, w)
+
+
+def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list[Problem]:
+    """Probe every clip (header + one frame, in threads: decord releases the GIL) and set its
+    bucket. Without buckets nothing is probed (a too-short clip then fails at load)."""
+    if not uses_buckets(cfg):
+        return []
+
+    def probe(s: Sample):
+        try:
+            info = probe_video(s.video)
+            frames = supported_frames(s.video, info.frames, cfg.data.fps)
+            s.bucket = choose_bucket(frames, info.height, info.width, cfg)
+            return None
+        except TooShortError as e:
+            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
+                           "use a longer clip, or allow shorter data.frame_buckets", "too_short")
+        except (MediaError, OSError) as e:
+            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
+                           "re-encode or replace the clip, or remove the sample", "video_unreadable")
+
+    unique = {id(s): s for s in samples}.values()  # repeats share one Sample object
+    with ThreadPoolExecutor(workers) as pool:
+        return [p for p in pool.map(probe, unique) if p is not None]
+
+
+def bucket_name(b: Bucket) -> str:
+    return f"{b[0]}x{b[1]}x{b[2]}"
+
+
+def with_repeats(samples: list[Sample], cfg: Config) -> list[Sample]:
+    """Each dataset's samples `repeat` times (the list repeated whole, the order index_samples has
+    always used): what training indexes and what tools/check_dataset.py counts."""
+    out = []
+    for d, ds in enumerate(cfg.data.datasets):
+        out += [s for s in samples if s.dataset == d] * ds.repeat
+    return out
+
+
+def bucket_counts(samples: list[Sample], cfg: Config) -> Counter:
+    """Samples per bucket in one epoch as the sampler draws them: the indexed list (repeats
+    included) times each dataset's weight, rounded (a fractional weight draws a random subset of
+    the dataset, so a bucket's share varies a little between epochs)."""
+    weighted = Counter()
+    for s in samples:
+        weighted[sample_bucket(s, cfg)] += cfg.data.datasets[s.dataset].weight
+    return Counter({b: round(n) for b, n in weighted.items()})
+
+
+# --- indexing ----------------------------------------------------------------------------------
+
+
+def require_clocks(samples: list[Sample]) -> None:
+    """data.fps samples by time: a clip without timestamps (.npz) is a config error, not a bad
+    sample to skip (the config asks for what the files cannot give), named with its fix."""
+    for s in samples:
+        try:
+            check_clock(s.video)
+        except NoClockError as e:
+            raise ConfigError(f"sample {s.id}: {e}") from None
+
+
+def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None) -> list[Sample]:
+    """Every sample of every dataset, with its bucket. Problems are reported by name: with
+    on_bad_sample error they stop here, with skip the samples are left out, listed, and appended
+    to `excluded` (so the run can count them beside the samples skipped while loading)."""
+    samples, problems = [], []
+    for i, ds in enumerate(cfg.data.datasets):
+        found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
+                                cfg.data.allow_outside_root)
+        if cfg.data.fps is not None:
+            require_clocks(found)
+        probs += assign_buckets(found, cfg)
+        bad = {p.sample for p in probs}
+        samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
+        problems.extend(probs)
+    if problems:
+        lines = "\n  ".join(str(p) for p in problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        msg = f"{len(problems)} sample(s) excluded:\n  {lines}{more}"
+        if cfg.data.on_bad_sample == "error":
+            raise BadSampleError(msg + "\n(set data.on_bad_sample: skip to train without them; "
+                                       "tools/check_dataset.py lists every problem)")
+        if verbose:
+            print(f"[e2v data] {msg}")
+        if excluded is not None:
+            excluded.extend(problems)
+    if not samples:
+        roots = ", ".join(d.data_root for d in cfg.data.datasets)
+        raise BadSampleError(f"no samples found in {roots}")
+    return samples
+
+
+# --- dataset -----------------------------------------------------------------------------------
+
+
+def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
+    """One sample's reference images (name -> PIL, absent optional elements left out) -> the
+    per-element inputs collate stacks: the VAE references at the video size (image_CHW in
+    [-1, 1]) with their repeats, and the CLIP references as uint8 HWC at the CLIP resolution, in
+    element order (absent elements compact the positions)."""
+    d, pv, pc = cfg.data, cfg.processors.vae, cfg.processors.clip
+    out = {"element_names": [], "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
+    for el in cfg.ordered_elements if cfg.e2v_type != "none" else []:
+        img = images.get(el.name)
+        if img is None:
+            continue
+        out["element_names"].append(el.name)
+        if el.vae is not None:
+            mode = el.vae.preprocess or pv.default_preprocess
+            out["vae_refs"][el.name] = image_to_tensor(preprocess_image(img, height, width, mode, d.reshape_mode))
+            out["vae_repeats"][el.name] = el.vae.repeat
+        if el.clip is not None:
+            mode = el.clip.preprocess or pc.default_preprocess
+            out["clip_refs"][el.name] = np.asarray(preprocess_image(img, *pc.resolution, mode, d.reshape_mode))
+    return out
+
+
+def load_element_inputs(cfg: Config, files: dict, height: int, width: int) -> dict:
+    """element_inputs of a sample's element files (name -> path)."""
+    return element_inputs(cfg, {name: load_image(path, cfg.data.max_image_pixels) for name, path in files.items()},
+                          height, width)
+
+
+class E2VDataset(torch.utils.data.Dataset):
+    def __init__(self, cfg: Config, samples: list[Sample], cache: CacheStore | None = None):
+        self.cfg = cfg
+        self.samples = samples
+        self.cache = cache
+        # ids found bad in this process (each DataLoader worker has its own copy): skipped without
+        # decoding again, and reported only the first time, so one bad clip counts once, not per epoch
+        self.known_bad: dict[tuple[int, str], str] = {}  # (dataset, id): two datasets may share ids
+        self.elements = cfg.ordered_elements if cfg.e2v_type != "none" else []
+        groups: dict[Bucket, list[int]] = {}
+        for i, s in enumerate(samples):
+            groups.setdefault(sample_bucket(s, cfg), []).append(i)
+        # a replacement for a bad sample comes from the same bucket: the batch keeps one shape
+        self.same_bucket = {i: (g, pos) for g in groups.values() for pos, i in enumerate(g)}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, s: Sample) -> dict:
+        if not s.prompt.strip():
+            raise MediaError(f"{s.prompt_source or s.video}: empty prompt")
+        f, h, w = sample_bucket(s, self.cfg)
+        files = {el.name: s.elements[el.name] for el in self.elements if el.name in s.elements}
+        if self.cache is not None:  # the element files ride along: the visualizer shows the references
+            return {**self.cache.load(s), "element_files": files, "size": (h, w)}
+        d = self.cfg.data
+        video = load_video(s.video, f, h, w, stride=d.frame_stride, fps=d.fps,
+                           resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
+        return {"id": s.id, "video": video, "prompt": s.prompt, **load_element_inputs(self.cfg, files, h, w)}
+
+    def __getitem__(self, index: int) -> dict:
+        skipped = []
+        group, start = self.same_bucket[index]
+        for attempt in range(len(group)):
+            s = self.samples[group[(start + attempt) % len(group)]]
+            if (s.dataset, s.id) in self.known_bad:
+                continue
+            try:
+                item = self.load(s)
+                item["skipped"] = skipped
+                return item
+            except (MediaError, OSError, ValueError) as e:
+                if self.cfg.data.on_bad_sample == "error":
+                    raise BadSampleError(
+                        f"sample {s.id}: {e}\n(set data.on_bad_sample: skip to skip and count bad samples)"
+                    ) from e
+                self.known_bad[s.dataset, s.id] = str(e)
+                skipped.append((s.id, str(e)))
+                print(f"[e2v data] skipped bad sample {s.id}: {e}", flush=True)  # counted by the loop too
+        first = [(sid, err) for (_, sid), err in self.known_bad.items()][:3]
+        raise BadSampleError(f"every sample of bucket {bucket_name(sample_bucket(self.samples[index], self.cfg))} "
+                             f"failed to load; first: {first}")
+
+
+def collate(items: list[dict]) -> dict:
+    batch = {k: [it[k] for it in items] for k in items[0] if k != "video"}
+    if "video" in items[0]:
+        batch["video"] = torch.stack([it["video"] for it in items])  # [B,3,F,H,W]
+    batch["skipped"] = [s for it in items for s in it["skipped"]]
+    return batch
+
+
+# --- sampler -----------------------------------------------------------------------------------
+
+
+class BucketBatchSampler(Sampler):
+    """Yields this rank's micro-batches (lists of dataset indices), forever.
+
+    Per epoch (seed + epoch): each dataset contributes round(n x weight) samples (weight 2 = each
+    sample twice, 0.5 = a different half every epoch); each bucket is shuffled and cut into global
+    batches of micro_batch x world (the tail wraps around to the bucket's start: repeated, never
+    dropped); the global batches are shuffled; rank r takes every world-th index of each. The
+    generator is seeded identically on every rank, so all ranks agree on the bucket of each step.
+    `start_sample` (samples this rank already consumed) skips ahead, so a resumed run continues
+    the same order. With one bucket and unit weights the order is the plain seeded shuffle."""
+
+    def __init__(self, buckets: list[Bucket], datasets: list[int], weights: list[float], *, batch_size: int,
+                 rank: int = 0, world: int = 1, seed: int = 0, shuffle: bool = True, start_sample: int = 0):
+        self.buckets, self.datasets, self.weights = buckets, datasets, weights
+        self.batch_size, self.rank, self.world, self.seed, self.shuffle = batch_size, rank, world, seed, shuffle
+        self.start_sample = start_sample
+
+    def epoch_indices(self, epoch: int) -> list[int]:
+        """The weighted multiset of sample indices of one epoch."""
+        out = []
+        g = torch.Generator().manual_seed(self.seed + epoch + 7919)  # its own stream: unit weights draw nothing
+        for d, w in enumerate(self.weights):
+            members = [i for i, ds in enumerate(self.datasets) if ds == d]
+            whole, frac = divmod(w, 1.0)
+            out += members * int(whole)
+            extra = round(frac * len(members))
+            if extra:
+                out += [members[j] for j in torch.randperm(len(members), generator=g)[:extra].tolist()]
+        return sorted(out)
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        by_bucket: dict[Bucket, list[int]] = {}
+        for i in self.epoch_indices(epoch):
+            by_bucket.setdefault(self.buckets[i], []).append(i)
+        size = self.batch_size * self.world
+        batches = []
+        for key in sorted(by_bucket):
+            idx = by_bucket[key]
+            if self.shuffle:
+                idx = [idx[j] for j in torch.randperm(len(idx), generator=g).tolist()]
+            idx = idx * math.ceil(size / len(idx)) if len(idx) < size else idx
+            idx = idx + idx[: (-len(idx)) % size]
+            batches += [idx[k:k + size] for k in range(0, len(idx), size)]
+        if self.shuffle and len(by_bucket) > 1:
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+        return batches
+
+    def __iter__(self):
+        skip, epoch = self.start_sample // self.batch_size, 0
+        while True:  # infinite: the loop stops at max_steps
+            batches = self.global_batches(epoch)
+            for gb in batches[skip:]:
+                yield gb[self.rank::self.world]
+            skip = max(0, skip - len(batches))
+            epoch += 1
+
+    def __len__(self) -> int:
+        return len(self.global_batches(0))
+
+
+def bucket_table(samples: list[Sample], cfg: Config, world: int) -> tuple[str, list[Bucket]]:
+    """The printed table (bucket, samples, global batches per epoch, status) and the buckets too
+    small for micro_batch x world."""
+    need = cfg.train.micro_batch_size * world
+    counts = bucket_counts(samples, cfg)
+    small = sorted(b for b, n in counts.items() if n < need)
+    rows = [f"  {'bucket FxHxW':>16} {'per epoch':>9} {'batches':>8}"]
+    for b in sorted(counts):
+        status = f"  < {need} (micro_batch_size x world): {cfg.data.small_bucket}" if b in small else ""
+        rows.append(f"  {bucket_name(b):>16} {counts[b]:>9} {math.ceil(counts[b] / need):>8}{status}")
+    return "\n".join(rows), small
+
+
+def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, start_sample: int = 0) -> DataLoader:
+    table, small = bucket_table(samples, cfg, world)
+    if small and cfg.data.small_bucket == "error":
+        raise BadSampleError(
+            f"bucket(s) {', '.join(bucket_name(b) for b in small)} hold fewer samples than micro_batch_size "
+            f"{cfg.train.micro_batch_size} x world {world}:\n{table}\nfix: add clips of that size, change "
+            "data.frame_buckets / data.resolution_buckets, or set data.small_bucket: repeat (samples repeat "
+            "within a step) or drop (they leave training)")
+    if small and cfg.data.small_bucket == "drop":
+        samples = [s for s in samples if sample_bucket(s, cfg) not in small]
+        if not samples:
+            raise BadSampleError(f"data.small_bucket: drop left no samples:\n{table}")
+    if rank == 0:
+        print(f"[e2v data] {len(samples)} samples in {len(Counter(sample_bucket(s, cfg) for s in samples))} "
+              f"bucket(s):\n{table}")
+    cache = CacheStore(cfg) if cfg.cache.enabled else None
+    if cache is not None:
+        cache.verify_all(samples)  # a missing or stale entry fails now, not hours in
+    dataset = E2VDataset(cfg, samples, cache)
+    sampler = BucketBatchSampler(
+        [sample_bucket(s, cfg) for s in samples], [s.dataset for s in samples],
+        [d.weight for d in cfg.data.datasets], batch_size=cfg.train.micro_batch_size, rank=rank, world=world,
+        seed=cfg.seed, shuffle=cfg.data.shuffle, start_sample=start_sample)
+    workers = loader_workers(cfg)
+    return DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate,
+        num_workers=workers, pin_memory=torch.cuda.is_available(),
+        prefetch_factor=cfg.data.prefetch_factor if workers else None, persistent_workers=workers > 0,
+    )
+
+
+def loader_workers(cfg: Config) -> int:
+    """data.num_workers, or (null) 4 worker processes per rank with CUDA, as many as the cores per
+    local rank allow, and none on a CPU-only machine (the training itself needs the cores)."""
+    if cfg.data.num_workers is not None:
+        return cfg.data.num_workers
+    if not torch.cuda.is_available():
+        return 0
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
+    return max(0, min(4, (os.cpu_count() or 1) // local_ranks - 1))

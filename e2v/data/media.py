@@ -1,0 +1,389 @@
+"""Pixels in: video decoding (decord), frame sampling, image loading, and the resize / crop / pad
+modes of both conditioning pathways, with A2's arithmetic to the pixel.
+
+Legend: F frames, H/W height/width, C=3 channels. Videos leave this module as uint8 video_CFHW
+(the per-sample slice of the diffusers [B,C,F,H,W] layout; pixels in [-1, 1] are made on the
+device, e2v/device.py), images as float32 image_CHW in [-1, 1].
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from e2v.config.schema import MAX_IMAGE_PIXELS
+
+RESAMPLE = {
+    "bicubic": Image.BICUBIC,
+    "bilinear": Image.BILINEAR,
+    "area": Image.BOX,
+    "nearest": Image.NEAREST,
+}
+
+
+class MediaError(RuntimeError):
+    """A file that cannot be used, with its path in the message."""
+
+
+class TooShortError(MediaError):
+    """A clip with fewer frames than the frame count (or every frame bucket) needs."""
+
+
+# --- images ------------------------------------------------------------------------------------
+
+
+class ImageTooLargeError(MediaError):
+    """An image over data.max_image_pixels, refused before its pixels are decoded."""
+
+
+# data.max_image_pixels replaces Pillow's own bomb limit: Pillow's raises DecompressionBombError
+# without the file name (and only above 2 x 89 MP, warning below). Every image the trainer reads
+# goes through load_image, which checks the size from the header before decoding anything.
+Image.MAX_IMAGE_PIXELS = None
+
+
+def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """8-bit RGB image, upright, from any Pillow mode a reference may come in.
+
+    The EXIF orientation is applied (ImageOps.exif_transpose, as diffusers' load_image does in
+    A2's inference), so a phone photo trains the way it is shown. Transparency (RGBA, LA, PA,
+    palette with a transparent colour) is composited on white, because A2's subjects are
+    segmented and placed on white (docs/conditioning.md); the other modes map by to_rgb8."""
+    try:
+        img = Image.open(path)
+    except Exception as e:  # PIL raises many types; the user needs the path either way
+        raise MediaError(f"cannot read image {path}: {e}") from e
+    w, h = img.size
+    if w * h > max_pixels:
+        img.close()
+        raise ImageTooLargeError(f"{path}: {w}x{h} = {w * h / 1e6:.1f} MP is over data.max_image_pixels "
+                                 f"({max_pixels / 1e6:g} MP); downscale the image (references are resized to "
+                                 "the video size anyway) or raise data.max_image_pixels")
+    try:
+        img.load()
+        img = ImageOps.exif_transpose(img)
+    except Exception as e:
+        raise MediaError(f"cannot read image {path}: {e}") from e
+    return to_rgb8(img, path)
+
+
+TRANSPARENT_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+
+
+def to_rgb8(img: Image.Image, path: str | Path = "image") -> Image.Image:
+    """Any Pillow mode -> 8-bit RGB. `img.convert("RGB")` alone clips high-bit-depth images:
+    a 16-bit grey PNG (I;16, levels 0..65535) comes out nearly all white. So:
+    - I;16*: 16-bit levels, / 257 (65535 -> 255);
+    - I (32-bit integer): levels within 0..255 are taken as 8-bit, within 0..65535 as 16-bit
+      (/ 257; an image darker than 256/65536 everywhere is then read as 8-bit), else an error;
+    - F (float): values within [0, 1] are scaled by 255, within [0, 255] taken as 8-bit, else
+      an error (no scale can be guessed);
+    - transparent modes: composited on white; everything else: Pillow's conversion."""
+    mode = img.mode
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return Image.fromarray(_gray_levels_u8(np.asarray(img), mode, path)).convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        img, mode = img.convert("RGBA"), "RGBA"
+    if mode in TRANSPARENT_MODES:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    try:
+        return img.convert("RGB")
+    except ValueError as e:  # e.g. HSV, LAB: no conversion in Pillow
+        raise MediaError(f"{path}: image mode {mode} cannot be converted to RGB ({e}); save it as an RGB PNG") from e
+
+
+def _gray_levels_u8(arr, mode: str, path) -> np.ndarray:
+    """One grey channel of a high-bit-depth mode -> uint8 levels (the rules in to_rgb8)."""
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise MediaError(f"{path}: {mode} image holds NaN or infinite values; save it as an 8-bit RGB PNG")
+    lo, hi = (arr.min(), arr.max()) if arr.size else (0.0, 0.0)
+    if mode.startswith("I;16"):
+        scale = 257.0
+    elif mode == "I" and lo >= 0 and hi <= 255:
+        scale = 1.0
+    elif mode == "I" and lo >= 0 and hi <= 65535:
+        scale = 257.0
+    elif mode == "F" and lo >= 0 and hi <= 1:
+        scale = 1 / 255
+    elif mode == "F" and lo >= 0 and hi <= 255:
+        scale = 1.0
+    else:
+        raise MediaError(f"{path}: {mode} image with values {lo:g}..{hi:g}: no 8-bit scale can be inferred "
+                         "(expected 0..255 or 0..65535, or 0..1 for floats); save it as an 8-bit RGB PNG")
+    return np.round(arr / scale).clip(0, 255).astype(np.uint8)
+
+
+def pad_white(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Pad with white, centred, to the target aspect ratio, then resize (A2's infer script).
+    The pad is `int(((H/W)*w - h)/2)` rows when the image is too wide, else `int(((W/H)*h - w)/2)`
+    columns; int() truncates, and we keep that so our tensors equal A2's to the pixel."""
+    return _pad(img, height, width, (255, 255, 255), resample)
+
+
+def letterbox(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Like pad_white with black bars."""
+    return _pad(img, height, width, (0, 0, 0), resample)
+
+
+def _pad(img: Image.Image, height: int, width: int, fill, resample) -> Image.Image:
+    w, h = img.size
+    arr = np.asarray(img)
+    if w / h > width / height:  # too wide: pad rows top and bottom
+        pad = int(((height / width) * w - h) / 2)
+        arr = np.pad(arr, ((pad, pad), (0, 0), (0, 0)), constant_values=0)
+        if pad:
+            arr[:pad] = fill
+            arr[-pad:] = fill
+    else:  # too tall: pad columns left and right
+        pad = int(((width / height) * h - w) / 2)
+        arr = np.pad(arr, ((0, 0), (pad, pad), (0, 0)), constant_values=0)
+        if pad:
+            arr[:, :pad] = fill
+            arr[:, -pad:] = fill
+    return Image.fromarray(arr).resize((width, height), resample)
+
+
+def center_crop(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    """Centre-crop to the target aspect, then resize (A2's background path): crop size
+    int(h/H*W) or int(w/W*H), offset (size difference)//2."""
+    w, h = img.size
+    if w / h > width / height:
+        cw = int(h / height * width)
+        left = (w - cw) // 2
+        img = img.crop((left, 0, left + cw, h))
+    else:
+        ch = int(w / width * height)
+        top = (h - ch) // 2
+        img = img.crop((0, top, w, top + ch))
+    return img.resize((width, height), resample)
+
+
+def resize(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) -> Image.Image:
+    return img.resize((width, height), resample)
+
+
+PREPROCESS = {"pad_white": pad_white, "letterbox": letterbox, "center_crop": center_crop, "resize": resize}
+
+
+def preprocess_image(img: Image.Image, height: int, width: int, mode: str, reshape_mode: str = "bicubic") -> Image.Image:
+    return PREPROCESS[mode](img, height, width, RESAMPLE[reshape_mode])
+
+
+def image_to_tensor(img: Image.Image) -> torch.Tensor:
+    """PIL RGB -> image_CHW float32 in [-1, 1] (uint8 / 127.5 - 1, the diffusers VaeImageProcessor value)."""
+    arr = torch.from_numpy(np.array(img, dtype=np.uint8, copy=True)).permute(2, 0, 1)
+    return arr.float() / 127.5 - 1.0
+
+
+# --- video -------------------------------------------------------------------------------------
+
+
+@dataclass
+class VideoInfo:
+    frames: int
+    height: int
+    width: int
+    fps: float  # 0.0 for .npz frames (no clock)
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Frame count, size and fps without decoding the clip: decord decodes one frame (also the
+    check for its width bug below); for `.npz` only the array header is read."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return _probe_npz(path)
+    vr = _reader(path)
+    try:
+        first = vr[0].shape
+    except Exception as e:
+        raise MediaError(f"cannot decode the first frame of {path}: {e}") from e
+    _check_channels(first, path)
+    return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
+
+
+class NoClockError(MediaError):
+    """data.fps asks for a clip's timestamps, and the clip (.npz frames) has none."""
+
+
+def check_clock(path: str | Path) -> None:
+    """NoClockError, naming the file and the fix, for a clip without timestamps (`.npz` frames)."""
+    if Path(path).suffix == ".npz":
+        raise NoClockError(f"{path}: .npz frames have no timestamps, so data.fps cannot sample them by time; "
+                           "remove data.fps (frames are then taken by index) or give the clip as a video file (mp4)")
+
+
+def frame_times(path: str | Path) -> np.ndarray:
+    """Presentation time (seconds) of every frame, from the container's timestamps (read from the
+    index: nothing is decoded). `.npz` frames have no clock: check_clock's error."""
+    check_clock(path)
+    return _frame_times(_reader(path), path)
+
+
+def _frame_times(vr, path) -> np.ndarray:
+    try:
+        # [F, 2] (start, end); only the start is the container's: decord writes end as start + the
+        # stream's nominal frame duration, which a variable-rate clip does not keep
+        starts = vr.get_frame_timestamp(list(range(len(vr))))[:, 0]
+    except Exception as e:
+        raise MediaError(f"cannot read the frame timestamps of {path}: {e}") from e
+    if np.any(np.diff(starts) < 0) or not np.isfinite(starts).all():
+        raise MediaError(f"{path}: frame timestamps are not increasing; re-encode the clip, e.g. "
+                         "ffmpeg -i IN -fps_mode cfr -r 16 OUT")
+    return starts
+
+
+def frame_intervals(path: str | Path) -> np.ndarray:
+    """Seconds between consecutive frames; empty for `.npz` (no clock) and one-frame clips. A
+    constant-rate clip has one value throughout."""
+    if Path(path).suffix == ".npz":
+        return np.zeros(0)
+    return np.diff(frame_times(path))
+
+
+def frames_at_rate(times: np.ndarray, fps: float) -> int:
+    """Frames a clip with these frame times gives when sampled every 1/fps seconds from its first
+    frame: the target times t_0 + k / fps up to the last frame's time plus half a period (its frame
+    is then the nearest, at most half a period off). A constant-rate clip at its own rate gives
+    all its frames; at half its rate, about half. The frame-count rule of by-time sampling, for the
+    buckets (supported_frames) and for loading (time_indices) alike."""
+    if len(times) == 0:
+        return 0
+    return int(np.floor((times[-1] - times[0]) * fps + 0.5 + 1e-9)) + 1  # 1e-9: float noise at a whole count
+
+
+def time_indices(times: np.ndarray, fps: float, num_frames: int, stride: int = 1) -> list[int]:
+    """By-time sampling: for t_k = t_0 + k * stride / fps (k < num_frames) the index of the frame
+    whose time is nearest t_k (a tie takes the earlier frame). The clip is first sampled at fps,
+    then every stride-th sample is taken, as frame_indices does by index. Frames repeat when fps is
+    above the clip's rate and are skipped when below; too short is TooShortError as by index."""
+    need = (num_frames - 1) * stride + 1
+    have = frames_at_rate(times, fps)
+    if need > have:
+        raise TooShortError(f"too short: needs {need} frames at data.fps {fps:g} (num_frames {num_frames}, stride "
+                            f"{stride}) but its {times[-1] - times[0]:.3f} s give {have}")
+    targets = times[0] + np.arange(0, need, stride) / fps
+    after = np.clip(np.searchsorted(times, targets, side="left"), 0, len(times) - 1)  # first frame at or after
+    before = np.clip(after - 1, 0, len(times) - 1)
+    return np.where(targets - times[before] <= times[after] - targets, before, after).tolist()
+
+
+def supported_frames(path: str | Path, frames: int, fps: float | None) -> int:
+    """Frames a clip of `frames` frames gives the frame-count and bucket rules (e2v/data.py's
+    choose_bucket, tools/check_dataset.py): all of them by index (data.fps null), else
+    frames_at_rate of its timestamps."""
+    return frames if fps is None else frames_at_rate(frame_times(path), fps)
+
+
+def _check_channels(frame_shape, path) -> None:
+    # decord 0.6.0 mis-strides some widths (16, 24, 48, 72 px seen): the frame comes back with 4 or
+    # 6 "channels" and get_batch fails with "DECORDArrayCopyFromTo: The size must exactly match".
+    if frame_shape[-1] != 3:
+        raise MediaError(f"{path}: decord 0.6.0 cannot decode this {frame_shape[1]}-px-wide video (a known decord "
+                         f"bug at some widths, e.g. 16, 24, 48, 72 px); re-encode it to another width, e.g. "
+                         f"ffmpeg -i IN -vf scale=64:-2 OUT")
+
+
+def _probe_npz(path: Path) -> VideoInfo:
+    try:
+        with zipfile.ZipFile(path) as z, z.open("frames.npy") as f:
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            shape, _, dtype = read_header[np.lib.format.read_magic(f)](f)
+    except Exception as e:
+        raise MediaError(f"cannot read frames from {path}: {e} (expected uint8 [F,H,W,3] under 'frames')") from e
+    if dtype != np.uint8 or len(shape) != 4 or shape[-1] != 3:
+        raise MediaError(f"{path}: 'frames' must be uint8 [F,H,W,3], got {dtype} {shape}")
+    return VideoInfo(shape[0], shape[1], shape[2], 0.0)
+
+
+def _reader(path):
+    import decord  # imported here: the tiny tests that never touch video should not pay for it
+
+    try:
+        return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
+    except Exception as e:
+        raise MediaError(f"cannot decode video {path}: {e}") from e
+
+
+def frame_indices(available: int, num_frames: int, stride: int = 1, start: int = 0) -> list[int]:
+    """`num_frames` indices `stride` apart from `start`; fewer available is an error the caller
+    reports (the clip is too short for this frame count)."""
+    need = (num_frames - 1) * stride + 1
+    if start + need > available:
+        raise TooShortError(f"too short: needs {need} frames (num_frames {num_frames}, stride {stride}) but has {available}")
+    return list(range(start, start + need, stride))
+
+
+def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mode: str = "center_crop",
+                    reshape_mode: str = "bicubic") -> torch.Tensor:
+    """uint8 frames [F,H,W,3] -> uint8 video_CFHW at height x width (e2v/device.py's `as_pixels`
+    makes it [-1, 1] on the device: a quarter of the float bytes through the loader).
+
+    The crop box is center_crop's arithmetic. Bicubic and bilinear resize the whole clip at once
+    with torch's antialiased filter on uint8 (PIL's filter family: pixels within 2 levels of a
+    per-frame PIL resize, 4x faster at 81 x 480 x 832, see bench/RESULTS.md); area and nearest go
+    through PIL frame by frame."""
+    if frames_FHWC.dtype != np.uint8 or frames_FHWC.ndim != 4 or frames_FHWC.shape[-1] != 3:
+        raise MediaError(f"frames must be uint8 [F,H,W,3], got {frames_FHWC.dtype} {frames_FHWC.shape}")
+    if frames_FHWC.shape[1:3] != (height, width):
+        if resize_mode == "center_crop":
+            frames_FHWC = frames_FHWC[(slice(None), *_crop_box(frames_FHWC.shape[1:3], height, width))]
+        if reshape_mode in ("bicubic", "bilinear"):
+            u8_FCHW = torch.from_numpy(np.ascontiguousarray(frames_FHWC)).permute(0, 3, 1, 2)
+            u8_FCHW = torch.nn.functional.interpolate(u8_FCHW, size=(height, width), mode=reshape_mode,
+                                                      antialias=True)
+            return u8_FCHW.permute(1, 0, 2, 3).contiguous()
+        frames_FHWC = np.stack(
+            [np.asarray(resize(Image.fromarray(f), height, width, RESAMPLE[reshape_mode])) for f in frames_FHWC])
+    return torch.from_numpy(np.ascontiguousarray(frames_FHWC)).permute(3, 0, 1, 2).contiguous()
+
+
+def _crop_box(hw: tuple[int, int], height: int, width: int) -> tuple[slice, slice]:
+    """center_crop's box (rows, cols) for an h x w frame and a height x width target."""
+    h, w = hw
+    if w / h > width / height:
+        cw = int(h / height * width)
+        return slice(None), slice((w - cw) // 2, (w - cw) // 2 + cw)
+    ch = int(w / width * height)
+    return slice((h - ch) // 2, (h - ch) // 2 + ch), slice(None)
+
+
+def load_video(path: str | Path, num_frames: int, height: int, width: int, *, stride: int = 1,
+               fps: float | None = None, resize_mode: str = "center_crop",
+               reshape_mode: str = "bicubic") -> torch.Tensor:
+    """Decode `num_frames` frames (from the first, `stride` apart; with `fps`, by time:
+    time_indices) -> uint8 video_CFHW. `.npz` files hold uint8 frames [F,H,W,3] under `frames`
+    (the T2V seed format) and have no clock: `fps` with one is NoClockError."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        if fps is not None:
+            check_clock(path)
+        try:
+            with np.load(path) as z:
+                frames = z["frames"]
+        except Exception as e:
+            raise MediaError(f"cannot read frames from {path}: {e} (expected uint8 [F,H,W,3] under 'frames')") from e
+        try:
+            idx = frame_indices(len(frames), num_frames, stride)
+        except MediaError as e:
+            raise type(e)(f"{path}: {e}") from None
+        return frames_to_video(frames[idx], height, width, resize_mode, reshape_mode)
+    vr = _reader(path)
+    times = None if fps is None else _frame_times(vr, path)
+    try:
+        idx = frame_indices(len(vr), num_frames, stride) if times is None else time_indices(times, fps, num_frames,
+                                                                                            stride)
+        frames = vr.get_batch(idx).asnumpy()
+    except MediaError as e:
+        raise type(e)(f"{path}: {e}") from None
+    except Exception as e:
+        _check_channels(vr[0].shape, path)
+        raise MediaError(f"cannot decode frames of {path}: {e}") from e
+    return frames_to_video(frames, height, width, resize_mode, reshape_mode)

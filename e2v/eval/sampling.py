@@ -1,0 +1,174 @@
+"""The denoising loop SkyReels-A2 runs at inference, on the conditioning code training uses.
+
+UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 steps, CFG 5),
+text-only classifier-free guidance: the unconditional pass uses the negative prompt with the SAME
+image tokens and VAE condition (docs/conditioning.md, "Inference"). The conditions come from
+`conditioning.encode_batch` on a batch shaped exactly like data.py's, so inference sees the
+layouts training saw (element order, repeats, mask, zero-padded CLIP blocks, or Wan2.2 TI2V's
+clean reference frames in front), for any number of elements, and for a T2V base (`e2v_type:
+none`: no condition, no image tokens).
+
+Legend: B batch, C latent channels (16; 48 for the Wan2.2 VAE), T latent frames, h/w latent size, F pixel frames,
+H/W pixels, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2v.conditioning.encode import Conditions, decode_latents, encode_batch, encode_text
+from e2v.data.dataset import collate, element_inputs
+from e2v.runtime.device import randn, to_device
+from e2v.config.schema import latent_size
+from e2v.train.step import predict
+
+
+def make_scheduler(shift: float, num_train_timesteps: int = 1000):
+    """diffusers' UniPC in flow mode, as Wan's and A2's pipelines configure it."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift,
+                                   num_train_timesteps=num_train_timesteps)
+
+
+# --- conditions ----------------------------------------------------------------------------------
+
+
+def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
+    """One data.py item from in-memory element images (PIL RGB; RGBA must already be on white:
+    media.load_image does it), through the same `element_inputs` as `E2VDataset.load`.
+    The target video is a mid-grey placeholder: encode_batch encodes it too (one wasted VAE encode
+    per generation; the price of sharing the exact training code path)."""
+    d = cfg.data
+    h, w = d.resolution
+    known = {e.name for e in cfg.data.elements}
+    unknown = sorted(set(images) - known)
+    if unknown:
+        raise ValueError(f"unknown element(s) {unknown}: the config's data.elements names are {sorted(known)}")
+    return {"id": f"sample_{index}", "video": torch.full((3, d.num_frames, h, w), 128, dtype=torch.uint8),
+            "prompt": prompt, "skipped": [],
+            **element_inputs(cfg, images, h, w)}
+
+
+def inference_config(cfg):
+    """The training config with every training-only randomness off: all given elements are kept
+    (frame_conditioning `full`) and nothing is dropped (encode_batch(train=False))."""
+    cfg = copy.deepcopy(cfg)
+    cfg.processors.vae.frame_conditioning = "full"
+    return cfg
+
+
+@torch.no_grad()
+def encode_conditions(parts, cfg, batch: dict, generator: torch.Generator | None = None) -> Conditions:
+    """A raw batch -> Conditions via the training code (no dropout, all elements kept)."""
+    return encode_batch(batch, parts, inference_config(cfg), rng=random.Random(0), generator=generator, train=False)
+
+
+@torch.no_grad()
+def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_BCTHW: torch.Tensor, *,
+            num_steps: int, guidance_scale: float, shift: float, dtype=torch.float32,
+            on_step=None) -> torch.Tensor:
+    """UniPC flow-prediction loop from `noise_BCTHW` (on the model's device, as the conditions);
+    returns the clean latents (normalised) there. The schedule's timesteps stay on the CPU (the
+    scheduler looks its step up by value; its 0-dim sigmas combine with any device).
+    CFG (guidance_scale > 1, as diffusers decides) repeats the call with the negative text only.
+    `on_step(i, timestep, velocity)` sees every step's guided velocity (tests use it)."""
+    scheduler = make_scheduler(shift)
+    scheduler.set_timesteps(num_steps, device="cpu")
+    latents = noise_BCTHW.float()
+    b = latents.shape[0]
+    neg = None
+    if guidance_scale > 1.0:
+        neg = negative_text_BLD if negative_text_BLD.shape[0] == b else negative_text_BLD.expand(b, -1, -1)
+    for i, t in enumerate(scheduler.timesteps):
+        timestep = t.expand(b)  # int64, as the Wan pipelines pass it
+        v = predict(model, latents, timestep, c, c.text_BLD, dtype)
+        if neg is not None:
+            v_uncond = predict(model, latents, timestep, c, neg, dtype)
+            v = v_uncond + guidance_scale * (v - v_uncond)
+        if on_step is not None:
+            on_step(i, t, v)
+        latents = scheduler.step(v, t, latents, return_dict=False)[0]
+    return latents
+
+
+@torch.no_grad()
+def decode(latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
+    """Normalised latents -> uint8 video [B,F,H,W,3] on the CPU, for files (the VideoProcessor
+    arithmetic: /2 + 0.5, clamp)."""
+    video_BCFHW = (decode_latents(latents_BCTHW, vae) / 2 + 0.5).clamp(0, 1).cpu()
+    return (video_BCFHW.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).numpy()
+
+
+def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
+    """The clip's latents under this VAE: [B,C,T,h,w] (the clean_prefix layout's reference frames
+    are conditions, not sampled)."""
+    return (batch, vae.config.z_dim, *latent_size(cfg.data.num_frames, *cfg.data.resolution, vae.config))
+
+
+def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
+             num_steps: int = 50, guidance_scale: float = 5.0, shift: float = 8.0, negative_prompt: str = "",
+             device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """Prompts (+ one dict of element images per prompt) -> clean latents [B,C,T,h,w] of the clip.
+
+    The noise is drawn first, then the conditions are encoded with the same generator: A2's order,
+    so a `sample_mode: sample` posterior matches its pipeline bit for bit."""
+    elements = elements or [{} for _ in prompts]
+    generator = torch.Generator().manual_seed(seed)
+    noise = randn(latent_shape(cfg, parts.vae, len(prompts)), generator, device)
+    batch = to_device(collate([element_item(cfg, p, e, i) for i, (p, e) in enumerate(zip(prompts, elements))]), device)
+    with torch.no_grad():
+        c = encode_conditions(parts, cfg, batch, generator)
+        negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
+    return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
+                   dtype=dtype)
+
+
+# --- trained weights -----------------------------------------------------------------------------
+
+
+def load_trained(transformer, lora_dir: str | Path):
+    """A run's `lora/` folder into a plain transformer: the diffusers LoRA (with its adapter
+    metadata, so alpha is right) through diffusers' own Wan loader, then the modules trained in
+    full beside it (checkpoint.load_extra_modules). A full fine-tune's `lora/transformer/` folder
+    replaces the transformer. Wan2.2's experts (a TwoExperts): each expert from its folder
+    (`lora/high_noise/`, `lora/low_noise/`); an expert the run did not train stays the base.
+    Returns the transformer to use."""
+    from diffusers import WanTransformer3DModel
+    from diffusers.loaders import WanLoraLoaderMixin
+
+    from e2v.models.experts import TwoExperts
+    from e2v.train.export import FULL_DIR, LORA_FILE, load_extra_modules
+
+    lora_dir = Path(lora_dir)
+    if isinstance(transformer, TwoExperts):
+        found = {name: e for name, e in transformer.experts.items() if (lora_dir / name).is_dir()}
+        if not found:
+            raise FileNotFoundError(f"--lora {lora_dir}: no {' or '.join(transformer.experts)} folder: pass the "
+                                    "lora/ folder of a run on a two-expert base")
+        return TwoExperts({**transformer.experts, **{name: load_trained(e, lora_dir / name) for name, e in found.items()}},
+                          transformer.boundary_ratio)
+    if (lora_dir / FULL_DIR / "config.json").exists():
+        return WanTransformer3DModel.from_pretrained(str(lora_dir / FULL_DIR), torch_dtype=torch.float32)
+    if not (lora_dir / LORA_FILE).exists():
+        raise FileNotFoundError(f"--lora {lora_dir}: no {LORA_FILE} (nor {FULL_DIR}/); pass a run's lora/ folder")
+
+    # What WanLoraLoaderMixin.load_lora_weights does, without a pipeline object: read the LoRA and
+    # its metadata, zero-fill the image projections of a T2V LoRA, attach it to the transformer.
+    state_dict, metadata = WanLoraLoaderMixin.lora_state_dict(str(lora_dir), return_lora_metadata=True)
+    state_dict = WanLoraLoaderMixin._maybe_expand_t2v_lora_for_i2v(transformer=transformer, state_dict=state_dict)
+    with warnings.catch_warnings():
+        # On an image-attention transformer the zero-fill adds LoRA weights for add_k_proj /
+        # add_v_proj that the adapter metadata does not target (an expanded base trains them in
+        # full): peft leaves them out, which is right (they are zeros), and says so at length.
+        warnings.filterwarnings("ignore", message="While injecting the PEFT adapters, an inconsistency",
+                                category=RuntimeWarning)
+        WanLoraLoaderMixin.load_lora_into_transformer(state_dict, transformer=transformer, metadata=metadata)
+    load_extra_modules(transformer, lora_dir)
+    return transformer

@@ -1,0 +1,348 @@
+"""Validation during training: a loss at fixed sigmas, the reference-use metric, and generated videos.
+
+Held-out split: with `validation.every_n_steps > 0`, `validation.num_samples` sample ids (a seeded
+choice, all repeats of an id) are removed from training and only validated on.
+
+Loss at fixed sigmas: every held-out sample at every `validation.sigmas` value, with noise from a
+generator seeded by `validation.seed` alone, conditions encoded once (frozen encoders, no dropout,
+all elements kept). Nothing touches the training RNGs, so the curve is comparable between runs and
+two validations of the same weights give identical numbers.
+
+Reference use (README, "Look at what it learns"): at the same sigmas and
+noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens, zero
+reference frames in the clean_prefix layout: the reference-dropout layout) and with the
+references shuffled across samples (sample i gets the references of sample i+1; needs >= 2
+held-out samples). Logged as the plain difference and
+relative to the true-reference loss:
+    val/reference_gap_shuffle     = loss_shuffled - loss_true           (likewise _drop)
+    val/reference_gap_shuffle_rel = (loss_shuffled - loss_true) / loss_true
+positive = the model uses its references (the bar the demo is held to: shuffle gap above 10% of the
+true-reference loss, i.e. _rel > 0.1). The shuffle gap is the honest one: a zeroed condition
+is out of distribution unless reference dropout was on in training. References matter most at
+high noise (at low sigma the noisy input already shows the scene), so the per-sigma gaps are
+logged too (`val/reference_gap_shuffle_at_sigma_0.9`, `val/reference_gap_shuffle_rel_at_sigma_0.9`).
+
+Generated videos come from `validation.sets` (prompt + element images), else from the first
+`validation.num_videos` held-out samples. `validation.sets` alone (num_samples 0) validates too:
+videos only, no losses. Held-out videos are also measured against their references
+(e2v/fidelity.py): the CLIP element similarity and its gap to another held-out sample's references,
+and with `validation.subject_colour` whether the subject's colour follows its own references
+(val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
+`samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
+
+Wan2.2's two experts (e2v/experts.py): each sigma is scored by its expert; a run that trains one
+expert scores only that expert's sigmas, and its videos take the other expert's base weights for
+the other timesteps, switched at the boundary as diffusers' pipeline switches.
+
+Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2v.conditioning.encode import Conditions
+from e2v.data.dataset import E2VDataset, collate, element_inputs
+from e2v.runtime.device import randn, to_device
+from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
+from e2v.train.flow import add_noise, per_sample_mse
+from e2v.config.experts import trains_sigma
+from e2v.data.media import load_image
+from e2v.models.load import with_all_experts, with_encoders
+from e2v.eval.sampling import decode, encode_conditions, generate
+from e2v.train.step import predict, prediction_and_target
+from e2v.config.schema import vae_space_stride
+from e2v.conditioning.ti2v import pad_prefix
+from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
+
+
+def split_held_out(samples: list, cfg) -> tuple[list, list]:
+    """(training samples, held-out validation samples). Off (every_n_steps 0): nothing held out."""
+    v = cfg.validation
+    if v.every_n_steps <= 0:
+        return samples, []
+    keys = sorted({(s.dataset, s.id) for s in samples})
+    if v.num_samples >= len(keys):
+        raise ValueError(f"validation.num_samples={v.num_samples} would leave no training sample "
+                         f"({len(keys)} distinct samples); lower it")
+    held = set(random.Random(v.seed).sample(keys, v.num_samples))
+    train = [s for s in samples if (s.dataset, s.id) not in held]
+    seen, val = set(), []
+    for s in samples:  # one copy of each held-out id, in index order
+        if (s.dataset, s.id) in held and (s.dataset, s.id) not in seen:
+            seen.add((s.dataset, s.id))
+            val.append(s)
+    return train, val
+
+
+def _stack(conds: list[Conditions]) -> Conditions:
+    """Per-sample Conditions -> one batch. Image tokens are zero-padded to the longest, as
+    encode_batch pads a training batch whose samples have different element counts."""
+    clip = None
+    if conds[0].clip_BLD is not None:
+        n = max(c.clip_BLD.shape[1] for c in conds)
+        clip = torch.cat([torch.nn.functional.pad(c.clip_BLD, (0, 0, 0, n - c.clip_BLD.shape[1])) for c in conds])
+    cond = None if conds[0].cond_BCTHW is None else torch.cat([c.cond_BCTHW for c in conds])
+    latents = torch.cat([c.latents_BCTHW for c in conds])
+    # clean_prefix reference frames: zero frames in front of fewer, as encode_batch pads a batch
+    refs = pad_prefix([[] if c.ref_latents_BCNhw is None else [c.ref_latents_BCNhw] for c in conds],
+                      [False] * len(conds), latents)
+    return Conditions(latents, torch.cat([c.text_BLD for c in conds]), cond, clip, ref_latents_BCNhw=refs)
+
+
+def _with_references(c: Conditions, refs: Conditions | None) -> Conditions:
+    """c's target and prompt with the references of `refs` (None: references dropped)."""
+    if refs is None:
+        return replace(c, cond_BCTHW=None if c.cond_BCTHW is None else torch.zeros_like(c.cond_BCTHW),
+                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD),
+                       ref_latents_BCNhw=None if c.ref_latents_BCNhw is None else torch.zeros_like(c.ref_latents_BCNhw))
+    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD, ref_latents_BCNhw=refs.ref_latents_BCNhw)
+
+
+class Validator:
+    """Holds the encoded held-out samples; `maybe_run` validates at step 0, every n steps and at
+    the last step. Every rank runs the same work (ZeRO-3 forwards are collectives); rank 0 writes."""
+
+    def __init__(self, cfg, samples: list, parts, run_dir: Path, *, rank: int, device, dtype, tb=None):
+        self.cfg, self.samples, self.parts = cfg, samples, parts
+        self.rank, self.device, self.dtype, self.tb = rank, device, dtype, tb
+        self.out = Path(run_dir) / "samples"
+        self.conds: list[Conditions] | None = None
+        self.images: list[dict] | None = None  # held-out element images, loaded at the first validation
+        self.refs: list[dict] | None = None  # the same, preprocessed as conditioning takes them
+        # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
+        self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
+
+    def due(self, step: int) -> bool:
+        n = self.cfg.validation.every_n_steps
+        return self.enabled and (step % n == 0 or step == self.cfg.train.max_steps)
+
+    def maybe_run(self, model, step: int) -> dict:
+        if not self.due(step):
+            return {}
+        was_training = model.training
+        model.eval()
+        try:
+            with with_encoders(self.parts, self.cfg, self.device) as parts:  # a cached run loads them now
+                scalars = self.losses(model, parts) if self.samples else {}
+                written, video_scalars = self.videos(model, step, parts)
+                scalars.update(video_scalars)
+        finally:
+            model.train(was_training)
+        if self.rank == 0:
+            print(f"\n[e2v] validation step {step}: {summary(scalars, written)}")
+        return scalars
+
+    # -- loss and reference gaps ------------------------------------------------------------------
+
+    def encode(self, parts=None) -> list[Conditions]:
+        """Each held-out sample encoded alone (B=1), once: no padding depends on batching."""
+        if self.conds is None:
+            ds = E2VDataset(self.cfg, self.samples)
+            gen = torch.Generator().manual_seed(self.cfg.validation.seed)
+            with torch.no_grad():
+                self.conds = [encode_conditions(parts or self.parts, self.cfg, to_device(collate([ds[i]]), self.device),
+                                                gen)
+                              for i in range(len(ds))]
+        return self.conds
+
+    @torch.no_grad()
+    def losses(self, model, parts=None) -> dict:
+        """Mean MSE per sigma for true / dropped / shuffled references, same noise for all three."""
+        v = self.cfg.validation
+        conds = self.encode(parts)
+        n = len(conds)
+        with_refs = self.cfg.e2v_type != "none" and n > 1
+        variants = {"true": list(range(n))}
+        if with_refs:
+            variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
+        totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
+        # A run that trains one Wan2.2 expert scores only that expert's sigmas (experts.trains_sigma);
+        # each keeps its noise seed, so its numbers match a run that scores them all.
+        sigmas = [(si, float(s)) for si, s in enumerate(v.sigmas) if trains_sigma(self.cfg, s)]
+        for si, sigma in sigmas:
+            per_variant = self.per_sample_losses(model, conds, variants, sigma, seed=v.seed * 1000 + si)
+            for name, per_sample in per_variant.items():
+                totals[name].append(sum(per_sample.tolist()) / n)  # the scalars come back here, once per sigma
+        scored = [s for _, s in sigmas]
+        true = totals["true"]
+        out = {"val/loss": sum(true) / len(true)}
+        out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(scored, true)})
+        if with_refs:
+            for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):
+                mean = sum(totals[name]) / len(true)
+                out[f"val/loss_{name}_refs"] = mean
+                out[f"val/reference_gap_{tag}"] = mean - out["val/loss"]
+                out[f"val/reference_gap_{tag}_rel"] = (mean - out["val/loss"]) / out["val/loss"]
+                for s, l, t in zip(scored, totals[name], true):
+                    out[f"val/reference_gap_{tag}_at_sigma_{s:g}"] = l - t
+                    out[f"val/reference_gap_{tag}_rel_at_sigma_{s:g}"] = (l - t) / t
+        return out
+
+    def per_sample_losses(self, model, conds: list[Conditions], variants: dict[str, list], sigma: float, *,
+                          seed: int) -> dict[str, torch.Tensor]:
+        """Per variant, the loss of every held-out sample at one sigma (a tensor [n] on the device),
+        in micro-batches; the noise comes from a generator seeded by `seed` alone."""
+        fl, n, mb = self.cfg.flow, len(conds), max(1, self.cfg.train.micro_batch_size)
+        gen = torch.Generator().manual_seed(seed)
+        noise = [randn(c.latents_BCTHW.shape, gen, c.latents_BCTHW.device) for c in conds]
+        per_variant = {k: [] for k in variants}
+        for start in range(0, n, mb):
+            idx = range(start, min(n, start + mb))
+            target_c = _stack([conds[i] for i in idx])
+            latents = target_c.latents_BCTHW
+            noise_B = torch.cat([noise[i] for i in idx])
+            sigma_B = torch.full((len(idx),), sigma, device=latents.device)
+            noisy = add_noise(latents, noise_B, sigma_B)
+            for name, src in variants.items():
+                refs = None if src[0] is None else _stack([conds[src[i]] for i in idx])
+                c = _with_references(target_c, refs)
+                pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.dtype)
+                pred, target = prediction_and_target(fl, pred, noisy, sigma_B, latents, noise_B)
+                per_variant[name].append(per_sample_mse(pred, target))
+        return {k: torch.cat(v) for k, v in per_variant.items()}
+
+    # -- generated videos -------------------------------------------------------------------------
+
+    def video_inputs(self) -> list[tuple[str, dict]]:
+        """(prompt, element images) to generate from: `validation.sets`, else the first
+        `validation.num_videos` held-out samples with their own references."""
+        v, limit = self.cfg.validation, self.cfg.data.max_image_pixels
+        chosen = v.sets or self.samples[: v.num_videos]
+        return [(s.prompt, {k: load_image(p, limit) for k, p in s.elements.items()}) for s in chosen]
+
+    def generate(self, model, parts, inputs: list[tuple[str, dict]]) -> torch.Tensor:
+        """Latents of (prompt, element images) pairs, with the noise of `validation.seed`: row k
+        gets the same noise in every call with as many rows."""
+        v = self.cfg.validation
+        return generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs], seed=v.seed,
+                        num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
+                        negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
+
+    def videos(self, model, step: int, parts=None) -> tuple[int, dict]:
+        """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip; for held-out videos
+        also the sheet (references | frames, and the swapped generation beside it) and the
+        fidelity scalars. Returns (videos generated, scalars)."""
+        v, parts = self.cfg.validation, parts or self.parts
+        inputs = self.video_inputs()
+        if not inputs:
+            return 0, {}
+        with with_all_experts(model, parts, self.cfg, self.device, self.dtype) as full:  # Wan2.2: the other expert
+            latents = self.generate(full, parts, inputs)
+            swapped = None
+            if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
+                images = self.held_out_images()
+                swapped = self.generate(full, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
+        if self.rank != 0:
+            return len(inputs), {}
+        videos = decode(latents, parts.vae)
+        folder = self.out / f"step_{step:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for k, ((prompt, images), video) in enumerate(zip(inputs, videos)):
+            write_mp4(folder / f"{k:02d}.mp4", video)
+            (folder / f"{k:02d}.txt").write_text(prompt + "\n")
+            refs = [np.asarray(img.resize(video.shape[2:0:-1])) for img in images.values()]
+            strip = frame_strip(refs, video)
+            if self.tb is not None:
+                self.tb.add_image(f"val/video_{k:02d}", strip, step, dataformats="HWC")
+        if v.sets:  # prompts and images without held-out peers: nothing to compare with
+            return len(inputs), {}
+        swapped = None if swapped is None else decode(swapped, parts.vae)
+        sheet = self.generated_sheet(videos, swapped)
+        write_png(folder / "sheet.png", sheet)
+        if self.tb is not None:
+            self.tb.add_image("val/generated_sheet", sheet, step, dataformats="HWC")
+        return len(inputs), self.fidelity(videos, swapped, parts)
+
+    # -- do the held-out videos follow their references (e2v/fidelity.py) -------------------------
+
+    def held_out_images(self) -> list[dict]:
+        """Every held-out sample's element images (PIL), loaded once."""
+        if self.images is None:
+            limit = self.cfg.data.max_image_pixels
+            self.images = [{k: load_image(p, limit) for k, p in s.elements.items()} for s in self.samples]
+        return self.images
+
+    def partner(self, k: int) -> int:
+        """The held-out sample whose references video k is compared with (and, swapped, made with)."""
+        return (k + 1) % len(self.samples)
+
+    def element_inputs(self) -> list[dict]:
+        """Per held-out sample, its references as conditioning takes them (data.element_inputs):
+        uint8 HWC at the video's size (`vae`) and at the CLIP resolution (`clip`); made once."""
+        if self.refs is None:
+            h, w = self.cfg.data.resolution
+            self.refs = []
+            for images in self.held_out_images():
+                inputs = element_inputs(self.cfg, images, h, w)
+                self.refs.append({"vae": {k: to_uint8(t) for k, t in inputs["vae_refs"].items()},
+                                  "clip": inputs["clip_refs"]})
+        return self.refs
+
+    def generated_sheet(self, videos: np.ndarray, swapped: np.ndarray | None) -> np.ndarray:
+        """One row per held-out video: its references (as the VAE condition takes them) | every 4th
+        frame; with the swap, then the partner's references | the frames made with them."""
+        refs = [list(r["vae"].values()) for r in self.element_inputs()]
+        rows = []
+        for k, video in enumerate(videos):
+            tiles = [frame_strip(refs[k], video)]
+            if swapped is not None:
+                spacer = np.full((video.shape[1], 3 * GAP, 3), 255, np.uint8)
+                tiles += [spacer, frame_strip(refs[self.partner(k)], swapped[k])]
+            rows.append(hstack(tiles))
+        return vstack(rows)
+
+    def fidelity(self, videos: np.ndarray, swapped: np.ndarray | None, parts) -> dict:
+        """val/element_similarity[_gap][_<element>] with the CLIP at hand (none: skipped), and with
+        `validation.subject_colour` val/sample_reference_match and (given the swapped videos)
+        val/sample_reference_swap."""
+        refs, sc, out = self.element_inputs(), self.cfg.validation.subject_colour, {}
+        partners = [self.partner(k) for k in range(len(videos))]
+        if parts.image_encoder is not None and any(r["clip"] for r in refs[: len(videos)]):
+            sims = element_similarity(list(videos), [r["clip"] for r in refs], partners, parts.image_encoder,
+                                      parts.image_processor)
+            values = torch.stack([x for own, other in sims.values() for x in (own.mean(), (own - other).nanmean())])
+            values = values.tolist()  # the one copy to the host
+            for i, name in enumerate(sims):
+                out[f"val/element_similarity_{name}"] = values[2 * i]
+                out[f"val/element_similarity_gap_{name}"] = values[2 * i + 1]
+            out["val/element_similarity"] = float(np.mean(values[0::2]))
+            out["val/element_similarity_gap"] = float(np.nanmean(values[1::2]))
+        if sc is not None:
+            images, block = self.held_out_images(), vae_space_stride(parts.vae.config)
+            candidates = [element_colour(np.asarray(im[sc.subject])) for im in images]
+
+            def measured(video, j):  # video made with the references of held-out sample j
+                distractors = [element_colour(np.asarray(images[j][d])) for d in sc.distractors if d in images[j]]
+                return subject_colour(video, refs[j]["vae"].get(sc.background), distractors, block)
+
+            out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
+                                                         list(range(len(videos))))
+            if swapped is not None:
+                out["val/sample_reference_swap"] = hit_rate([measured(x, partners[k]) for k, x in enumerate(swapped)],
+                                                            candidates, partners)
+        return out
+
+
+def summary(scalars: dict, videos: int) -> str:
+    """The console line: loss, the gaps as difference and percent of the true loss, what the
+    generated videos took from their references, videos."""
+    parts = [f"loss {scalars['val/loss']:.4f}"] if "val/loss" in scalars else []
+    for tag in ("shuffle", "drop"):
+        if f"val/reference_gap_{tag}" in scalars:
+            parts.append(f"{tag} gap {scalars[f'val/reference_gap_{tag}']:+.3f} "
+                         f"({100 * scalars[f'val/reference_gap_{tag}_rel']:+.1f}%)")
+    if "val/sample_reference_match" in scalars:
+        parts.append(f"subject colour follows the references: match {scalars['val/sample_reference_match']:.2f}, "
+                     f"swap {scalars['val/sample_reference_swap']:.2f}")
+    if "val/element_similarity" in scalars:
+        parts.append(f"CLIP element similarity {scalars['val/element_similarity']:.3f} "
+                     f"(gap {scalars['val/element_similarity_gap']:+.3f})")
+    if videos:
+        parts.append(f"{videos} video(s)")
+    return ", ".join(parts)

@@ -1,0 +1,194 @@
+"""The Wan parts of a config: the tiny preset (e2v/tiny.py) or a diffusers folder / hub id
+(`from_pretrained`), the ZeRO-3 partitioned load when DeepSpeed asks for it (e2v/zero3_load.py),
+the T2V expansion when the base needs it (e2v/expand.py), Wan2.2's experts (e2v/experts.py) and
+the encoders frozen on the device (e2v/parts.py). Nothing here downloads anything unless `model.pretrained` names a hub id that is
+not in the local cache."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+from e2v.config.schema import Config
+from e2v.models.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
+from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, trained_experts
+from e2v.models.experts import TwoExperts, map_experts, switch
+from e2v.models.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_location, place_encoders
+from e2v.config.bases import resolve_pretrained
+from e2v.models.plan import build_meta_transformer
+from e2v.models.precision import to_inference_dtype
+from e2v.models.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer
+from e2v.config.bases import tiny_base
+from e2v.models.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
+
+
+def load_tokenizer(cfg: Config, offline: bool = True):
+    """The configured prompt tokenizer without its encoder (tools/check_dataset.py counts tokens
+    with it): the tiny one, or model.pretrained's tokenizer/ folder; None when that cannot be
+    loaded (offline: nothing is downloaded)."""
+    if cfg.model.preset is not None:
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(cfg.model.pretrained, subfolder="tokenizer", local_files_only=offline)
+    except Exception:  # not downloaded, no tokenizer/ folder, a missing sentencepiece: the caller estimates
+        return None
+
+
+def _transformer_dtype(cfg: Config) -> torch.dtype:
+    # Under bf16 DeepSpeed casts the module to bf16 before it makes the fp32 master copies, so
+    # loading in bf16 gives the same weights at half the CPU RAM per rank (31 GiB instead of 61 GiB
+    # for I2V-14B); diffusers keeps the _keep_in_fp32_modules in fp32 either way.
+    return torch.bfloat16 if cfg.train.mixed_precision == "bf16" else torch.float32
+
+
+def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dict | None = None,
+                     image_width: int = CLIP_VIT_H[1]) -> tuple[WanTransformer3DModel, dict | None]:
+    """One transformer of a pretrained folder (`transformer`, or a Wan2.2 expert's subfolder),
+    widened for elements as the config asks (e2v/expand.py; `image_width`: the CLIP's), and,
+    partitioned at load under a ZeRO-3 `ds_config` (load_transformer_zero3), its fp32 file values."""
+    path, tdtype = resolve_pretrained(cfg.model.pretrained), _transformer_dtype(cfg)
+    blocker = zero3_load_blocker(cfg, ds_config, subfolder)
+    if blocker is None:
+        folder = Path(path) / subfolder
+        config = WanTransformer3DModel.load_config(str(folder))
+        expand_to = expansion_shape(cfg, image_width, config["in_channels"]) if needs_expansion(config, cfg) else None
+        return load_transformer_zero3(folder, ds_config, tdtype, expand_to, seed=cfg.model.tiny_seed)
+    if blocker != "not ZeRO-3":
+        _print0(f"[e2v] note: ZeRO-3, but every rank loads the whole transformer: {blocker}")
+    transformer = WanTransformer3DModel.from_pretrained(path, subfolder=subfolder, torch_dtype=tdtype,
+                                                        low_cpu_mem_usage=True)
+    return expanded(transformer, cfg, image_width), None
+
+
+def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transformer: bool = True,
+                          ds_config: dict | None = None, experts: tuple[str, ...] = ()) -> Parts:
+    """Wan diffusers folders: transformer/ vae/ text_encoder/ tokenizer/ (+ image_encoder/,
+    image_processor/ for Wan2.1 I2V; + transformer_2/ for Wan2.2's two experts: `experts` names
+    those to load, held by a TwoExperts). VAE and CLIP stay fp32 as in A2's inference; UMT5 in
+    weight_dtype. Under a ZeRO-3 `ds_config` the transformer is partitioned at load
+    (load_transformer_zero3). Without `with_transformer` it is built on the meta device from its
+    config (tools that only read its shape, such as precompute)."""
+    from transformers import AutoTokenizer, CLIPVisionModel, UMT5EncoderModel
+
+    path = resolve_pretrained(cfg.model.pretrained)
+    wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
+    parts = Parts(transformer=None)  # the encoders first: expansion needs the CLIP's width
+    if with_encoders:
+        # The target video always goes through the VAE, whatever e2v_type.
+        parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
+        parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
+        parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
+        if cfg.uses_clip:
+            clip_path, in_pipeline = clip_location(cfg)
+            # A plain folder is subfolder "": transformers 5 fails on subfolder=None.
+            parts.image_encoder = CLIPVisionModel.from_pretrained(
+                clip_path, subfolder="image_encoder" if in_pipeline else "", torch_dtype=torch.float32)
+            parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else "")
+    if not with_transformer:
+        return parts  # load_parts puts the meta-device model here
+    width = clip_width(parts, cfg)
+    if experts:
+        loaded = {name: load_transformer(cfg, SUBFOLDERS[name], ds_config, width) for name in experts}
+        fp32 = {f"{name}.{k}": v for name, (_, values) in loaded.items() for k, v in (values or {}).items()}
+        parts.transformer = TwoExperts({name: m for name, (m, _) in loaded.items()}, boundary_ratio(cfg))
+        parts.fp32_file_values = fp32 or None
+    else:
+        parts.transformer, parts.fp32_file_values = load_transformer(cfg, "transformer", ds_config, width)
+    return parts
+
+
+def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config: dict | None = None,
+               with_transformer: bool = True, all_experts: bool = False) -> Parts:
+    """Every part of the config's model, encoders frozen on `device` (place_encoders).
+    `ds_config`: the resolved DeepSpeed config; under ZeRO-3 a pretrained transformer is
+    partitioned at load. Without it (tools, tests) every part loads whole. `with_transformer`
+    False: the transformer is the meta-device model of the config (its shape, no weights).
+    A two-expert base: a TwoExperts of the experts the run trains (model.expert), or of both
+    with `all_experts` (sampling)."""
+    experts = (EXPERTS if all_experts else trained_experts(cfg)) if boundary_ratio(cfg) is not None else ()
+    if cfg.model.preset is not None:
+        parts = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model), shape=cfg.model.tiny,
+                                 informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
+        if experts:  # the encoders are the Wan2.1 preset's; the transformer is the two tiny experts
+            experts = build_tiny_experts(cfg.model.tiny_seed, experts, cfg.model.tiny)
+            parts.transformer = TwoExperts(experts, boundary_ratio(cfg))
+        if with_transformer:
+            parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
+    else:
+        parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts)
+    place_encoders(parts, device)
+    if not with_transformer:
+        return replace(parts, transformer=build_meta_transformer(cfg))
+    return parts
+
+
+def expanded(transformer: WanTransformer3DModel, cfg: Config, image_width: int) -> WanTransformer3DModel:
+    """The transformer widened as the config needs (e2v/expand.py), or itself."""
+    if not needs_expansion(transformer.config, cfg):
+        return transformer
+    in_channels, image_dim = expansion_shape(cfg, image_width, transformer.config.in_channels)
+    return expand_for_elements(transformer, in_channels=in_channels, image_dim=image_dim, seed=cfg.model.tiny_seed)
+
+
+@contextlib.contextmanager
+def with_all_experts(model, parts: Parts, cfg: Config, device, dtype: torch.dtype):
+    """The model inference runs. A run that trains one of two experts: a callable that switches at
+    the boundary (experts.switch) between `model` for that expert's timesteps and the other
+    expert's base weights (expanded as training expands them, zero-initialised: the base's
+    output), loaded onto `device` in `dtype` now and released on exit: a 14B expert costs ~29 GB
+    of bf16 on the GPU while it is held. Anything else: `model` itself."""
+    trained = trained_experts(cfg)
+    if len(trained) != 1:
+        yield model
+        return
+    missing = [name for name in EXPERTS if name not in trained]
+    base = load_base_experts(cfg, missing, clip_width(parts, cfg), device, dtype)
+    try:
+        yield switch({**base, trained[0]: model}, boundary_ratio(cfg))
+    finally:
+        del base
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def load_base_experts(cfg: Config, names, image_width: int, device, dtype: torch.dtype) -> dict:
+    """The named experts' base weights, expanded as training expands them, frozen, in `dtype` on
+    `device` (diffusers' fp32 modules kept fp32: precision.to_inference_dtype)."""
+    if cfg.model.preset is not None:
+        experts = {name: expanded(e, cfg, image_width)
+                   for name, e in build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny).items()}
+    else:
+        experts = {name: load_transformer(cfg, SUBFOLDERS[name], image_width=image_width)[0] for name in names}
+    return {name: to_inference_dtype(e, device, dtype) for name, e in experts.items()}
+
+
+def load_vae(cfg: Config, device) -> AutoencoderKLWan:
+    """The frozen VAE alone, on `device` (fp32, as A2 runs it): what visualization decodes with."""
+    if cfg.model.preset is not None:  # the tiny parts are built together, seeded: the VAE equals the run's
+        return load_parts(cfg, device=device, with_transformer=False).vae
+    vae = AutoencoderKLWan.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="vae",
+                                           torch_dtype=torch.float32)
+    return vae.requires_grad_(False).eval().to(device)
+
+
+@contextlib.contextmanager
+def with_encoders(parts: Parts, cfg: Config, device):
+    """`parts` with its frozen encoders: as they are when loaded (an online run), else (a run from
+    the cache, which never builds them) loaded onto `device` now and released on exit, so a cached
+    run holds the ~13 GiB of encoders only while validation runs, not for the whole run."""
+    if parts.vae is not None or not cfg.cache.enabled:
+        yield parts
+        return
+    loaded = load_parts(cfg, device=device, with_transformer=False)
+    try:
+        yield replace(loaded, transformer=parts.transformer, fp32_file_values=parts.fp32_file_values)
+    finally:
+        del loaded
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,327 @@
+"""DeepSpeed checkpoints that survive a kill, and resume that continues the same run; the offline
+export of a checkpoint folder (tools/export_lora.py) through e2v/export.py's writers.
+
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks hash
+the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every file),
+renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest` (write-then-rename).
+`--resume latest` takes the checkpoint `latest` names when its files all match its `COMPLETE`
+manifest, else the newest intact one by step, so a kill during a save, a file truncated afterwards
+(a half-finished copy, a full disk) or changed in place (a disk error, an edit), or an unreadable
+`latest`, falls back to the previous checkpoint. `latest` wins over a higher step because a run
+resumed from an older checkpoint path leaves the abandoned branch's higher steps behind. The
+checkpoint folder must be on a filesystem every rank sees (DeepSpeed's own assumption for multi-node
+saves).
+
+Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
+into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
+Nothing is unpickled beyond data: see e2v/integrity.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2v.runtime.distributed import barrier, is_distributed, merge_over_ranks, share_of_work, this_rank
+from e2v.models.experts import split_names, split_state
+from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, read_base, export_meta, save_full, write_lora_exports
+from e2v.runtime.integrity import (HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine,
+    weights_only_zero_to_fp32)
+
+MANIFEST = "COMPLETE"
+EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
+PARTIAL = ".partial"
+
+
+def _tag(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+# --- RNG ---------------------------------------------------------------------------------------
+
+
+def rng_state(rng: random.Random, generator: torch.Generator) -> dict:
+    return {
+        "python": rng.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "generator": generator.get_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict, rng: random.Random, generator: torch.Generator) -> None:
+    rng.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    generator.set_state(state["generator"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rng_file(path: Path, rank: int) -> Path:
+    """This rank's RNG file; a checkpoint saved before the states were stored as data has `.pt`."""
+    new = path / f"rng_rank_{rank:04d}.safetensors"
+    old = new.with_suffix(".pt")
+    return old if old.exists() and not new.exists() else new
+
+
+# --- save / find / load ------------------------------------------------------------------------
+
+
+def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep_last: int = 3,
+                    rank: int = 0) -> Path:
+    """Collective: every rank calls it. `client_state["rng"]` (this rank's RNG) is stored per rank."""
+    ckpt_root = Path(ckpt_root)
+    tag = _tag(step)
+    partial, final = ckpt_root / f"{tag}{PARTIAL}", ckpt_root / tag
+    client_state = dict(client_state)
+    rng = client_state.pop("rng", None)
+    if rank == 0:
+        remove_stale_saves(ckpt_root)
+    barrier()
+    engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
+    if rng is not None:
+        save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
+    if rank == 0:
+        (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
+        _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE)  # a checkpoint exports alone
+    barrier()
+    files = _hash_files(partial)  # every rank hashes its share of the files; a collective
+    if rank == 0:
+        world = torch.distributed.get_world_size() if is_distributed() else 1
+        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
+                                                      "files": files}, indent=1))
+        if final.exists():  # the same step saved again (a resumed run re-saving): swap, then drop the old one
+            old = ckpt_root / f"{tag}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(partial, final)
+        _write_atomic(ckpt_root / "latest", tag)  # DeepSpeed's zero_to_fp32 reads this file
+        prune_checkpoints(ckpt_root, keep_last)
+    barrier()
+    return final
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no space, no time) where the filesystem allows, else a copy; nothing if `src`
+    does not exist."""
+    if not src.is_file():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def remove_stale_saves(ckpt_root: Path) -> list[Path]:
+    """Delete the `step_N.partial/` folders of saves that were cut short (~100 GB each at 14B;
+    find_resume never uses them). Only one save runs at a time, so at the start of a save every
+    such folder is stale; completed `step_N/` folders are never touched. Rank 0 only. Returns the
+    deleted folders."""
+    stale = sorted(p for p in Path(ckpt_root).glob(f"step_*{PARTIAL}") if p.is_dir())
+    for p in stale:
+        print(f"[e2v checkpoint] removing {p}: left by a save that did not finish")
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def prune_checkpoints(ckpt_root: Path, keep_last: int) -> list[Path]:
+    """Keep the `keep_last` newest intact checkpoints by step (0: keep all) and, always, the one
+    `latest` names (after a resume from an older path it is not among the highest steps).
+    Returns the deleted folders."""
+    if keep_last <= 0:
+        return []
+    pointed = _latest_pointer(ckpt_root)
+    doomed = [p for p in complete_checkpoints(ckpt_root)[:-keep_last] if p != pointed]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _hash_files(folder: Path) -> dict:
+    """{relative name: {"bytes", HASH}} of every file in the folder, the hashing split over the
+    ranks (the files were just written: mostly read back from the page cache). A collective."""
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    mine = {n: {"bytes": (folder / n).stat().st_size, HASH: file_digest(folder / n)} for n in share_of_work(names)}
+    return dict(sorted(merge_over_ranks(mine).items()))
+
+
+def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
+    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved: present,
+    of the recorded size and, with `checksums`, of the recorded SHA-256 (which reads every byte,
+    split over the ranks: then a collective that every rank calls for the same folder). Manifests
+    written before checksums were recorded hold sizes only."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.exists():
+        return f"no {MANIFEST} manifest (the save was interrupted)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        files = {n: v if isinstance(v, dict) else {"bytes": v} for n, v in files.items()}
+        for v in files.values():
+            int(v["bytes"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable {MANIFEST} manifest ({type(e).__name__}: {e})"
+    for name, rec in files.items():
+        f = Path(path) / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != rec["bytes"]:
+            return f"{f} has {f.stat().st_size} bytes, {rec['bytes']} were saved (truncated)"
+    if not checksums:
+        return None
+    bad = {n: f"{Path(path) / n} does not match the {HASH} recorded when it was saved (changed since: "
+              "a disk or copy error, or an edit)"
+           for n in share_of_work([n for n in files if HASH in files[n]]) if file_digest(Path(path) / n) != files[n][HASH]}
+    bad = merge_over_ranks(bad)
+    return bad[min(bad)] if bad else None
+
+
+def _step(path: Path) -> int | None:
+    """The step of a `step_N` checkpoint folder name, None for anything else (`.partial`)."""
+    m = re.fullmatch(r"step_(\d+)", Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Checkpoint folders that finished on every rank and are intact, oldest first by step (not by
+    name: `step_1000000` sorts before `step_999999`)."""
+    if not Path(ckpt_root).exists():
+        return []
+    found = [p for p in Path(ckpt_root).glob("step_*")
+             if p.is_dir() and _step(p) is not None and checkpoint_problem(p, checksums=False) is None]
+    return sorted(found, key=_step)
+
+
+def read_latest(ckpt_root: Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint folder `checkpoints/latest` names, None) or (None, why it names none): the
+    file is missing, or holds anything but a `step_N` name in UTF-8 (a damaged disk block, an edit)."""
+    pointer = Path(ckpt_root) / "latest"
+    if not pointer.is_file():
+        return None, f"{pointer} does not exist"
+    raw = pointer.read_bytes()
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, f"{pointer} is not text ({len(raw)} bytes, starting {raw[:16]!r})"
+    if _step(name) is None:
+        return None, f"{pointer} holds {name[:60]!r}, not a step_N folder name"
+    return Path(ckpt_root) / name, None
+
+
+def _latest_pointer(ckpt_root: Path) -> Path | None:
+    return read_latest(ckpt_root)[0]
+
+
+def find_resume(resume: str, run_dir: Path | None) -> Path | None:
+    """`latest` -> the checkpoint `checkpoints/latest` names if it is intact, else the newest
+    intact one by step (None if there is none); a path -> that checkpoint folder (must be intact).
+    Checksums are verified for the pick only (a collective: every rank calls find_resume); a pick
+    whose files changed since the save gives way to the next newest."""
+    if resume == "latest":
+        root = Path(run_dir) / "checkpoints" if run_dir else None
+        if root is None or not root.exists():
+            return None
+        pointed, why = read_latest(root)
+        if pointed is None and (root / "latest").exists() and this_rank() == 0:
+            print(f"[e2v checkpoint] ignoring {root / 'latest'}: {why}")
+        if pointed is not None:
+            problem = checkpoint_problem(pointed) if pointed.is_dir() else "the folder is missing"
+            if problem is None:
+                return pointed
+            if this_rank() == 0:
+                print(f"[e2v checkpoint] skipping {pointed} (named by {root / 'latest'}): {problem}")
+        found = [p for p in complete_checkpoints(root) if p != pointed]  # sizes match; newest first below
+        newest = _step(found[-1]) if found else -1
+        for p in sorted(root.glob("step_*")):  # say why anything newer than the pick is not used
+            m = re.match(r"step_(\d+)", p.name)
+            if p not in found and p != pointed and m and int(m.group(1)) > newest and this_rank() == 0:
+                print(f"[e2v checkpoint] skipping {p}: "
+                      f"{checkpoint_problem(p, checksums=False) or 'not a checkpoint folder'}")
+        for p in reversed(found):
+            problem = checkpoint_problem(p)
+            if problem is None:
+                return p
+            if this_rank() == 0:
+                print(f"[e2v checkpoint] skipping {p}: {problem}")
+        return None
+    path = Path(resume)
+    problem = checkpoint_problem(path)
+    if problem:
+        raise FileNotFoundError(f"--resume {resume}: cannot resume from this folder: {problem}. "
+                                "Use --resume latest to take the newest intact checkpoint.")
+    return path
+
+
+def load_checkpoint(engine, path: Path) -> dict:
+    """Model, optimizer, LR schedule and client state (step, samples seen), plus this rank's RNG."""
+    path = Path(path)
+    engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # DeepSpeed's own unpickles anything
+    _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                             load_lr_scheduler_states=True)
+    if client_state is None:
+        raise RuntimeError(f"could not load checkpoint {path}")
+    rank = this_rank()
+    rng_file = _rng_file(path, rank)
+    if rng_file.exists():
+        client_state["rng"] = load_rng(rng_file)
+    else:
+        saved = json.loads((path / MANIFEST).read_text()).get("world_size")
+        raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved by {saved} process(es); "
+                                "resume with the same number of processes")
+    return client_state
+
+
+# --- offline export from a checkpoint folder (tools/export_lora.py) ----------------------------
+
+
+def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
+    """(fp32 state dict of the trained parameters in module naming, export metadata), read from
+    a DeepSpeed checkpoint folder on CPU, any ZeRO stage, with no process group."""
+    path = Path(path)
+    problem = checkpoint_problem(path)
+    if problem:
+        raise FileNotFoundError(f"{path}: {problem}")
+    meta = json.loads((path / EXPORT_META).read_text())
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with weights_only_zero_to_fp32():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name,
+                                                         exclude_frozen_parameters=meta["training_type"] == "lora")
+    return {k: v.float() for k, v in state.items()}, meta
+
+
+def export_checkpoint(path: Path, out_dir: Path) -> Path:
+    """The same files export_lora writes at the end of a run, from a checkpoint folder."""
+    state, meta = state_from_checkpoint(path)
+    all_base = read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
+    out = Path(out_dir)
+    for expert in meta.get("experts") or [""]:  # Wan2.2's experts: one folder each, plain names
+        folder, st = out / expert if expert else out, split_state(state, expert)
+        if meta["training_type"] == "full":
+            save_full({k: v.to(export_dtype(k)) for k, v in st.items()}, meta["transformer_config"], folder / FULL_DIR)
+            out = out if expert else folder / FULL_DIR
+            continue
+        lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in st.items() if "lora_" in k}
+        extra = {n.replace(".base_layer", ""): st[n] for n in split_names(meta["full_names"], expert)}
+        write_lora_exports(folder, lora, extra, meta, base=split_state(all_base, expert))
+    return out

@@ -1,0 +1,142 @@
+"""ComfyUI's naming: the original Wan key names (`diffusion_model.blocks.0.self_attn.q`), its LoRA
+layout (`.lora_down` / `.lora_up` / `.alpha`) and full-weight differences (`.diff`, `.diff_b`),
+and which LoRA targets diffusers' Wan converter can place."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from e2v.models.experts import plain_name
+
+
+def comfy_diffs(extra: dict, base: dict) -> tuple[dict, list[str]]:
+    """ComfyUI's full-weight differences for the trained modules the base model has (same name and
+    shape in `base`): `diffusion_model.<Wan module>.diff` for a weight, `.diff_b` for its bias,
+    `diffusion_model.<Wan parameter>.diff` for a parameter that is not a module's weight or bias
+    (the modulation tables). ComfyUI's LoRA loader accepts `<key>.diff` for every model key it
+    knows (`<module>` for a `.weight`, the full name for anything else) and adds it to the weight;
+    `<module>.diff_b` to the bias. Returns (differences, names of trained tensors that have none)."""
+    diffs, kept = {}, []
+    for name, value in sorted(extra.items()):
+        if name not in base or base[name].shape != value.shape:
+            kept.append(name)
+            continue
+        key = wan_original_key(name)
+        leaf = {".weight": ".diff", ".bias": ".diff_b"}
+        stem, suffix = next(((key[: -len(s)], d) for s, d in leaf.items() if key.endswith(s)), (key, ".diff"))
+        diffs[f"diffusion_model.{stem}{suffix}"] = value.float() - base[name].float()
+    return diffs, kept
+
+
+# Diffusers names -> original Wan2.1 names (what ComfyUI and the Wan repo use): the inverse of
+# diffusers' `convert_wan_transformer_to_diffusers` (loaders/single_file_utils.py, weights) and
+# `_convert_non_diffusers_wan_lora_to_diffusers` (loaders/lora_conversion_utils.py, LoRAs).
+# Applied in order, first match wins; keys are module names, or parameter names for the
+# modulation tables (parameters of the block / the model itself).
+WAN_ORIGINAL_NAMES = {
+    r"^blocks\.(\d+)\.attn1\.to_q$": r"blocks.\1.self_attn.q",
+    r"^blocks\.(\d+)\.attn1\.to_k$": r"blocks.\1.self_attn.k",
+    r"^blocks\.(\d+)\.attn1\.to_v$": r"blocks.\1.self_attn.v",
+    r"^blocks\.(\d+)\.attn1\.to_out\.0$": r"blocks.\1.self_attn.o",
+    r"^blocks\.(\d+)\.attn1\.norm_(q|k)$": r"blocks.\1.self_attn.norm_\2",
+    r"^blocks\.(\d+)\.attn2\.to_q$": r"blocks.\1.cross_attn.q",
+    r"^blocks\.(\d+)\.attn2\.to_k$": r"blocks.\1.cross_attn.k",
+    r"^blocks\.(\d+)\.attn2\.to_v$": r"blocks.\1.cross_attn.v",
+    r"^blocks\.(\d+)\.attn2\.to_out\.0$": r"blocks.\1.cross_attn.o",
+    r"^blocks\.(\d+)\.attn2\.norm_(q|k)$": r"blocks.\1.cross_attn.norm_\2",
+    r"^blocks\.(\d+)\.attn2\.add_k_proj$": r"blocks.\1.cross_attn.k_img",
+    r"^blocks\.(\d+)\.attn2\.add_v_proj$": r"blocks.\1.cross_attn.v_img",
+    r"^blocks\.(\d+)\.attn2\.norm_added_k$": r"blocks.\1.cross_attn.norm_k_img",
+    # Wan's block applies norm3 before cross-attention; diffusers calls that norm2 (its conversion
+    # swaps the two names). The other two block norms have no weights.
+    r"^blocks\.(\d+)\.norm2$": r"blocks.\1.norm3",
+    r"^blocks\.(\d+)\.ffn\.net\.0\.proj$": r"blocks.\1.ffn.0",
+    r"^blocks\.(\d+)\.ffn\.net\.2$": r"blocks.\1.ffn.2",
+    r"^blocks\.(\d+)\.scale_shift_table$": r"blocks.\1.modulation",
+    r"^scale_shift_table$": "head.modulation",
+    r"^patch_embedding$": "patch_embedding",
+    r"^condition_embedder\.time_proj$": "time_projection.1",
+    r"^condition_embedder\.text_embedder\.linear_1$": "text_embedding.0",
+    r"^condition_embedder\.text_embedder\.linear_2$": "text_embedding.2",
+    r"^condition_embedder\.time_embedder\.linear_1$": "time_embedding.0",
+    r"^condition_embedder\.time_embedder\.linear_2$": "time_embedding.2",
+    r"^condition_embedder\.image_embedder\.norm1$": "img_emb.proj.0",
+    r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj$": "img_emb.proj.1",
+    r"^condition_embedder\.image_embedder\.ff\.net\.2$": "img_emb.proj.3",
+    r"^condition_embedder\.image_embedder\.norm2$": "img_emb.proj.4",
+    r"^proj_out$": "head.head",
+}
+
+
+def wan_original_name(module: str) -> str:
+    for pattern, repl in WAN_ORIGINAL_NAMES.items():
+        if re.match(pattern, module):
+            return re.sub(pattern, repl, module)
+    raise KeyError(f"no original Wan name for '{module}' (add it to WAN_ORIGINAL_NAMES in e2v/comfy.py)")
+
+
+def wan_original_key(param: str) -> str:
+    """A diffusers parameter name in original Wan naming: `blocks.0.norm2.weight` -> `blocks.0.norm3.weight`."""
+    module, _, leaf = param.rpartition(".")
+    return f"{wan_original_name(module)}.{leaf}" if leaf in ("weight", "bias") else wan_original_name(param)
+
+
+def comfy_lora(lora: dict, alpha: float) -> dict:
+    """ComfyUI / original-Wan LoRA keys: `diffusion_model.<wan name>.lora_A.weight`, `.lora_B.weight`
+    and the scalar `.alpha` (both loaders scale by alpha / rank). Outside the blocks diffusers'
+    converter rejects `.alpha` keys, so there alpha / rank is folded into lora_A and no `.alpha`
+    is written: ComfyUI and diffusers then both use scale 1, the same product."""
+    out = {}
+    for key, value in lora.items():
+        m = re.fullmatch(r"(.+)\.(lora_A|lora_B)\.weight", key)
+        if m is None:
+            raise KeyError(f"unexpected LoRA key {key}")
+        name = f"diffusion_model.{wan_original_name(m.group(1))}"
+        if m.group(1).startswith("blocks."):
+            out[f"{name}.{m.group(2)}.weight"] = value
+            out[f"{name}.alpha"] = torch.tensor(float(alpha))
+        else:
+            rank = lora[f"{m.group(1)}.lora_A.weight"].shape[0]
+            out[f"{name}.{m.group(2)}.weight"] = value * (alpha / rank) if m.group(2) == "lora_A" else value
+    return out
+
+
+def lora_module_names(transformer: torch.nn.Module) -> list[str]:
+    """Names of the modules peft wrapped with a LoRA (`blocks.0.attn1.to_q`, ...); a Wan2.2 expert's
+    without its prefix (each expert's ComfyUI file has the plain names)."""
+    names = [plain_name(n) for n, m in transformer.named_modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
+    return list(dict.fromkeys(names))
+
+
+def check_comfy_mappable(lora_target_names: list[str]) -> None:
+    """Fail at setup, not at the export after training, when the ComfyUI copy of this LoRA could
+    not be written or would not load in diffusers. The oracle is diffusers' own ComfyUI/Wan LoRA
+    converter, run on a rank-1 dummy LoRA of the same modules: it must give back exactly them.
+    It knows the attention and FFN layers of every block (all of them, k_img and v_img together)
+    and time_projection, text/time embeddings, img_emb and head outside them."""
+    from diffusers.loaders.lora_conversion_utils import (
+        _convert_non_diffusers_wan_lora_to_diffusers,
+    )
+
+    names = sorted(lora_target_names)
+    if not names:  # a full fine-tune: no LoRA to convert
+        return
+    dummy = {f"{n}.lora_{ab}.weight": torch.ones(1, 1) for n in names for ab in "AB"}
+    fix = ("remove them from lora.target_modules (or train them in full with train.trainable), or set "
+           "the targets to attention / FFN layers of every block")
+    try:
+        comfy = comfy_lora(dummy, alpha=1.0)
+    except KeyError as e:
+        raise ValueError(f"lora.target_modules: the ComfyUI export has no original Wan name for a LoRA module "
+                         f"({e}); {fix}") from None
+    try:
+        back = {k.removeprefix("transformer.") for k in _convert_non_diffusers_wan_lora_to_diffusers(comfy)}
+        odd, why = sorted({k.rsplit(".lora_", 1)[0] for k in set(dummy) ^ back}), "keys lost or renamed"
+    except (ValueError, KeyError) as e:  # the converter lists the keys it could not place
+        odd = [n for n in names if f"{wan_original_name(n)}." in str(e)] or names
+        why = f"{type(e).__name__}: {str(e)[:200]}"
+    if odd:
+        raise ValueError(f"lora.target_modules: the ComfyUI copy of a LoRA on {odd[:6]} would not load in "
+                         f"diffusers' Wan LoRA converter ({why}); {fix}")

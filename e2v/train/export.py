@@ -1,0 +1,258 @@
+"""Exports that load in plain diffusers (and ComfyUI) with no DeepSpeed: the LoRA with its adapter
+metadata, a ComfyUI copy with the trained modules as differences, the modules trained in full
+beside it, the model shape; or (a full fine-tune) the whole transformer. Wan2.2's experts: the
+same files in one folder per expert. Under ZeRO every rank
+takes part in the gathers and rank 0 alone keeps and writes the copies."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from e2v.train.comfy import check_comfy_mappable, comfy_diffs, comfy_lora, wan_original_key
+from e2v.models.experts import each_expert, plain_name, split_names, split_state
+from e2v.runtime.integrity import usual_permissions
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
+EXTRA_FILE = "e2v_modules.safetensors"  # fully trained modules beside the LoRA (load_lora_weights rejects them)
+COMFY_EXTRA_FILE = "e2v_modules_comfyui.safetensors"  # the same modules under original Wan names
+MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
+FULL_DIR = "transformer"  # full fine-tune: the transformer via save_pretrained (bf16; fp32 where diffusers keeps it)
+BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): trained-in-full modules before training
+
+
+def _gathered(params: list[torch.nn.Parameter]):
+    """Under ZeRO-3 parameters are empty outside GatheredParameters; elsewhere a no-op."""
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def _master(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """The fp32 master copy DeepSpeed's optimizer holds (a collective under ZeRO), or None when
+    the parameter is not managed by a ZeRO optimizer. Under bf16 the module weight is a rounded copy."""
+    if not (hasattr(param, "_hp_mapping") or hasattr(param, "_z3_optimizer")):
+        return None
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return safe_get_full_fp32_param(param)
+
+
+def _adapter_name(transformer) -> str:
+    return next(iter(transformer.peft_config))
+
+
+def trained_state(transformer: torch.nn.Module, full_names: list[str], keep: bool = True) -> tuple[dict, dict]:
+    """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU,
+    from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO:
+    every rank gathers, only a rank with `keep` (rank 0) holds the copies (6.4 B trained
+    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them)."""
+    named = dict(transformer.named_parameters())
+    lora_names = [n for n, p in named.items() if "lora_" in n and p.requires_grad]
+    lora, extra = {}, {}
+    if getattr(transformer, "peft_config", None):
+        adapter = f".{_adapter_name(transformer)}"
+        for n in lora_names:
+            lora[n.replace(adapter, "")] = _full_fp32(named[n], keep)
+        from peft.utils import get_peft_model_state_dict
+
+        with _gathered([named[n] for n in lora_names]):  # ZeRO-3: peft warns about empty shards otherwise
+            expected = set(get_peft_model_state_dict(transformer))
+        if keep and expected != set(lora):
+            raise RuntimeError(f"LoRA export keys differ from peft's: {sorted(expected ^ set(lora))[:5]}")
+    for n in full_names:
+        extra[n.replace(".base_layer", "")] = _full_fp32(named[n], keep)
+    if not keep:
+        return {}, {}
+    return lora, extra
+
+
+def _full_fp32(param: torch.nn.Parameter, keep: bool = True) -> torch.Tensor | None:
+    """The whole parameter in fp32 on the CPU (a collective under ZeRO); None where not `keep`."""
+    master = _master(param)
+    if master is not None:
+        return master.detach().float().cpu().clone() if keep else None
+    with _gathered([param]):
+        return param.detach().float().cpu().clone() if keep else None
+
+
+def export_meta(transformer: torch.nn.Module) -> dict:
+    """Everything an offline export needs besides the weights: the transformer config, the LoRA
+    adapter config, which parameters train in full (all of them for a full fine-tune), and the
+    Wan2.2 experts the model holds (each exported to its own folder; [] for one transformer)."""
+    experts = each_expert(transformer)
+    first = experts[0][1]  # two experts share the shape, the adapter config and the training type
+    peft = getattr(first, "peft_config", None)
+    trainable = [n for n, p in transformer.named_parameters() if p.requires_grad]
+    config = {k: v for k, v in dict(first.config).items() if not k.startswith("_")}
+    return {
+        "transformer_config": config,
+        "lora": peft[_adapter_name(first)].to_dict() if peft else None,
+        "full_names": [n for n in trainable if "lora_" not in n],
+        "training_type": "lora" if peft else "full",
+        "experts": [name for name, _ in experts if name],
+    }
+
+
+def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_dir: Path, rank: int = 0,
+                      exclude: list[str] = ()) -> Path | None:
+    """Before training: the modules a LoRA run trains in full, as the base model has them (fp32),
+    into `<run_dir>/BASE_FILE`; the ComfyUI export writes each trained module as its difference
+    from these. `exclude`: name patterns of modules the base lacks (those an expansion of a T2V base
+    added or widened), which cannot be differences. Only the trained-in-full tensors are copied,
+    one at a time (gathered under ZeRO-3: a collective); rank 0 holds them until written."""
+    from safetensors.torch import save_file
+
+    if not getattr(each_expert(transformer)[0][1], "peft_config", None):  # a full fine-tune exports the whole model
+        return None
+    named = dict(transformer.named_parameters())
+    names = [n for n in full_names if not any(re.search(p, plain_name(n)) for p in exclude)]
+    base = {}
+    for n in names:
+        value = _full_fp32(named[n], keep=rank == 0)  # every rank takes part in the gather; rank 0 keeps the copy
+        if rank == 0:
+            base[n.replace(".base_layer", "")] = value
+    if not base:
+        return None
+    path = Path(run_dir) / BASE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
+    os.replace(tmp, path)
+    usual_permissions(path)
+    return path
+
+
+def read_base(*candidates: Path) -> dict:
+    from safetensors.torch import load_file
+
+    for path in candidates:
+        if Path(path).is_file():
+            return load_file(str(path))
+    return {}
+
+
+def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
+    """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
+    alpha = r), a ComfyUI file (the LoRA plus the fully-trained modules as differences from the
+    base weights the run saved beside `out_dir`), the fully-trained modules and the model shape.
+    Full fine-tune: the transformer in bf16 (fp32 where diffusers keeps fp32) via save_pretrained
+    in `<out_dir>/transformer`. Wan2.2's experts: the same files for each expert the model holds,
+    in `<out_dir>/high_noise/` and `<out_dir>/low_noise/`, under the plain transformer names (the
+    low-noise LoRA loads with `load_lora_weights(..., load_into_transformer_2=True)`).
+    Collective under ZeRO: every rank calls it, rank 0 writes. Returns the folder written."""
+    base = read_base(Path(out_dir).parent / BASE_FILE) if rank == 0 else {}
+    out = Path(out_dir)
+    for expert, module in each_expert(transformer):
+        folder = out / expert if expert else out
+        meta = export_meta(module)
+        if meta["training_type"] == "full":
+            written = export_full(module, folder / FULL_DIR, rank=rank)
+            out = out if expert else written
+            continue
+        lora, extra = trained_state(module, split_names(full_names, expert), keep=rank == 0)
+        if rank == 0:
+            write_lora_exports(folder, lora, extra, meta, base=split_state(base, expert))
+    return out
+
+
+def export_dtype(name: str) -> torch.dtype:
+    """bf16, except the modules diffusers keeps in fp32: rounding them to bf16 would change the
+    model diffusers loads."""
+    from e2v.models.precision import kept_in_fp32
+
+    return torch.float32 if kept_in_fp32(name) else torch.bfloat16
+
+
+def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0) -> Path:
+    """The whole transformer in bf16 (fp32 where diffusers keeps fp32), diffusers layout.
+    Parameters are gathered one at a time, so no rank holds more than one full parameter beyond
+    rank 0's copy of the model."""
+    state = {}
+    for name, p in transformer.named_parameters():
+        value = _full_fp32(p, keep=rank == 0)
+        if rank == 0:
+            state[name] = value.to(export_dtype(name))
+    if rank == 0:
+        for name, b in transformer.named_buffers():
+            state[name] = b.detach().cpu()
+        save_full(state, dict(transformer.config), out_dir)
+    return out_dir
+
+
+def save_full(state: dict, config: dict, out_dir: Path) -> None:
+    from diffusers import WanTransformer3DModel
+
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = WanTransformer3DModel.from_config(config)
+    expected = set(model.state_dict())  # the rope tables are non-persistent buffers, rebuilt at load
+    missing = sorted(expected - set(state))
+    if missing:
+        raise KeyError(f"full export: no weights for {missing[:5]}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True, assign=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    usual_permissions(*Path(out_dir).iterdir())
+
+
+def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base: dict | None = None) -> None:
+    """`base`: the trained modules' weights before training (BASE_FILE); each module found there
+    goes into the ComfyUI file as a difference, the others only into the modules files."""
+    from diffusers.loaders import WanLoraLoaderMixin
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if lora:
+        WanLoraLoaderMixin.save_lora_weights(str(out_dir), transformer_lora_layers=lora,
+                                             transformer_lora_adapter_metadata=meta["lora"])
+        try:  # the diffusers LoRA above is the primary export; an unmappable target costs only this copy
+            check_comfy_mappable(sorted({k.rsplit(".lora_", 1)[0] for k in lora}))
+            diffs, kept = comfy_diffs(extra, base or {})
+            if kept:
+                print(f"[e2v export] {len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
+                      f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
+            save_file({k: v.contiguous() for k, v in {**comfy_lora(lora, meta["lora"]["lora_alpha"]), **diffs}.items()},
+                      str(out_dir / COMFY_FILE))
+        except ValueError as e:
+            print(f"[e2v export] no {COMFY_FILE}: {e}")
+    if extra:
+        save_file({k: v.contiguous() for k, v in extra.items()}, str(out_dir / EXTRA_FILE))
+        save_file({f"diffusion_model.{wan_original_key(k)}": v.contiguous() for k, v in extra.items()},
+                  str(out_dir / COMFY_EXTRA_FILE))
+    c = meta["transformer_config"]
+    shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
+             "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
+    (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
+    usual_permissions(*(out_dir / f for f in (LORA_FILE, COMFY_FILE, EXTRA_FILE, COMFY_EXTRA_FILE, MODEL_FILE)))
+
+
+def load_extra_modules(transformer: torch.nn.Module, lora_dir: Path) -> list[str]:
+    """Load the fully-trained modules exported beside a LoRA (after `load_lora_weights`, which
+    rejects non-LoRA keys). Names are plain module names; under a peft wrapper the weight lives
+    at `<name>.base_layer`. Returns the loaded names."""
+    from safetensors.torch import load_file
+
+    path = Path(lora_dir) / EXTRA_FILE
+    if not path.exists():
+        return []
+    extra = load_file(str(path))
+    params = dict(transformer.named_parameters())
+    loaded = []
+    with torch.no_grad():
+        for name, value in extra.items():
+            target = params.get(name)
+            if target is None:
+                target = params.get(name.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias"))
+            if target is None or target.shape != value.shape:
+                raise KeyError(f"{path}: {name} {tuple(value.shape)} does not fit this transformer "
+                               f"(rebuild it with the shape in {MODEL_FILE})")
+            target.copy_(value.to(target.dtype))
+            loaded.append(name)
+    return loaded

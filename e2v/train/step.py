@@ -1,0 +1,152 @@
+"""One training step's arithmetic, shared by everything that runs one: train_e2v.py, the benchmark
+(tools/bench.py), validation and the sampler (the transformer call).
+
+    sigma_B, noise  <- flow.sample_sigmas / randn, from the step's CPU generator, then moved
+    x_t             =  (1 - sigma) x0 + sigma noise
+    model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
+                    or cat([ref_latents, x_t], frames)      (Wan2.2 TI2V's clean_prefix layout: the
+                                                             references' tokens at timestep 0, e2v/ti2v.py)
+    model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)   (clip frames only)
+    loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
+                    or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
+
+Every tensor stays on the device of the conditions (e2v/device.py); only the logged scalars come
+back to the CPU. Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from e2v.conditioning.encode import Conditions
+from e2v.runtime.device import randn
+from e2v.runtime.distributed import mean_over_ranks
+from e2v.config.experts import EXPERTS, boundary_ratio, expert_for, sigma_range, trained_experts
+from e2v.config.schema import Config
+from e2v.train.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
+    velocity_target, x0_from_velocity)
+from e2v.conditioning.ti2v import prefix_frames, prefix_input
+
+
+def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:
+    """The transformer's input: x_t, then the condition channels when the model has any."""
+    return noisy_BCTHW if cond_BCTHW is None else torch.cat([noisy_BCTHW, cond_BCTHW], 1)
+
+
+def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """One transformer call -> the fp32 velocity of the clip's frames on the model input's device.
+    The timestep stays fp32 (or int64, as the sampler passes it) for the fp32 time embedder; with
+    reference frames in front (clean_prefix) it is one per token, 0 on theirs, and their
+    prediction is dropped, so the loss sees the clip's frames only."""
+    x, timestep = model_input(noisy_BCTHW, c.cond_BCTHW), timestep_B.to(noisy_BCTHW.device)
+    n_ref = prefix_frames(c.ref_latents_BCNhw)
+    if n_ref:
+        x, timestep = prefix_input(c.ref_latents_BCNhw, x, timestep)
+    return model(
+        x.to(dtype), timestep=timestep, encoder_hidden_states=text_BLD.to(dtype),
+        encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),
+        return_dict=False,
+    )[0][:, :, n_ref:].float()
+
+
+def draw_flow(c: Conditions, fl, generator: torch.Generator, sigma_range: tuple[float, float] | None = None):
+    """Flow matching's draw for one micro-batch: sigma_B (per sample; within `sigma_range` when
+    given: a Wan2.2 expert's, experts.expert_sigma_range) and the noise, from the CPU generator and
+    moved to the latents' device, and x_t."""
+    latents = c.latents_BCTHW
+    sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
+                          logit_mean=fl.logit_mean, logit_std=fl.logit_std,
+                          timestep_list=fl.denoising_step_list, sigma_range=sigma_range).to(latents.device)
+    noise = randn(latents.shape, generator, latents.device)
+    return sigma, noise, add_noise(latents, noise, sigma)
+
+
+def prediction_and_target(fl, model_pred, noisy_BCTHW, sigma_B, latents_BCTHW, noise_BCTHW):
+    """What the loss compares: the velocity and `noise - x0`, or (video regression, objective x0)
+    the clean-latent estimate `x_t - sigma * v` and the latents."""
+    if fl.objective == "x0":
+        return x0_from_velocity(noisy_BCTHW, model_pred, sigma_B), latents_BCTHW
+    return model_pred, velocity_target(latents_BCTHW, noise_BCTHW)
+
+
+def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dtype):
+    """The transformer on the micro-batch and the weighted loss. Returns (loss, per-sample loss,
+    prediction, target), all on the conditions' device, fp32."""
+    fl = cfg.flow
+    with activation_context(cfg.train.activation_offload):
+        model_pred = predict(model, noisy_model_input, 1000 * sigma, c, c.text_BLD, dtype)
+    model_pred, target = prediction_and_target(fl, model_pred, noisy_model_input, sigma, c.latents_BCTHW, noise)
+    per_sample = per_sample_mse(model_pred, target)
+    return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
+
+
+# --- what a step logs --------------------------------------------------------------------------
+
+
+def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl,
+                   boundary: float | None = None) -> None:
+    """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
+    is weak), for a two-expert base (`boundary`: its boundary_ratio) the loss by expert
+    (`train/loss_high_noise`), and, for video regression, the latent statistics."""
+    for s, l in zip(sigma.tolist(), per_sample.tolist()):
+        stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+    if boundary is not None:
+        stats.setdefault(f"train/loss_{expert_for(1000 * sigma, boundary)}", []).extend(per_sample.tolist())
+    if fl.objective == "x0":
+        for k, v in latent_stats(target, model_pred).items():
+            stats.setdefault(f"train/{k}", []).append(v)
+
+
+def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
+                 step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int,
+                 data_parallel: int | None = None) -> dict:
+    """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective).
+    `data_parallel`: the ranks that load distinct micro-batches (world / the context-parallel
+    degree; default world). The ranks of a context-parallel group log the same loss, so the mean
+    over all ranks is still the mean over the global batch."""
+    ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
+    samples = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * (data_parallel or world)
+    return {
+        "train/lr": lr, "train/grad_norm": grad_norm,
+        "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
+        "perf/samples_per_s": samples / step_time,
+        "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
+        "train/nonfinite_skipped": nonfinite, **ranks,
+    }
+
+
+def activation_context(offload: bool):
+    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA they
+    go to pinned CPU memory (torch.autograd.graph.save_on_cpu) and come back for backward; with
+    gradient checkpointing those are only the block boundaries. Costs a host<->device copy of
+    each saved tensor per step. Without CUDA there is nothing to offload: a no-op."""
+    import contextlib
+
+    if offload and torch.cuda.is_available():
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()
+
+
+def expert_sigma_range(cfg: Config, step: int, micro_batch: int) -> tuple[float, float] | None:
+    """The sigma range of one micro-batch's draw (flow.sample_sigmas): None for a one-transformer
+    base; the trained expert's range; with `both`, one expert's, picked with the probability its
+    range has under `flow:`, so that the mixture is the unrestricted distribution. The pick is the
+    same on every rank (a ZeRO-3 forward gathers one expert's parameters on all ranks together,
+    and one expert's gradients are reduced together: ranks on different experts would hang), so
+    it comes from (seed, step, micro-batch) alone, not from a rank's stream; a resumed run picks
+    as the uninterrupted one did."""
+    experts, boundary = trained_experts(cfg), boundary_ratio(cfg)
+    if not experts:
+        return None
+    if len(experts) == 1:
+        return sigma_range(experts[0], boundary)
+    from e2v.train.flow import sigma_mass
+
+    fl = cfg.flow
+    mass = {e: sigma_mass(*sigma_range(e, boundary), mode=fl.sigma_sampling, shift=fl.shift, logit_mean=fl.logit_mean,
+                          logit_std=fl.logit_std, timestep_list=fl.denoising_step_list) for e in EXPERTS}
+    p_high = mass["high_noise"] / (mass["high_noise"] + mass["low_noise"])
+    pick = np.random.default_rng([cfg.seed, step, micro_batch]).random()
+    return sigma_range("high_noise" if pick < p_high else "low_noise", boundary)
