@@ -52,6 +52,8 @@ def preload() -> None:
                  "UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"):
         getattr(diffusers, name)  # diffusers imports its models lazily, on first attribute access
     for path in sorted((ROOT / "e2v").rglob("*.py")):
+        if "prepare" in path.parts:  # data preparation never runs in a training process; OpenCV starts a thread on import
+            continue
         importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
     importlib.import_module("train_e2v")
     import deepspeed.runtime.engine  # noqa: F401
