@@ -86,9 +86,16 @@ def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[st
         "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]}",
         **cache_shaping_values(cfg),
     }
+    if s.frame_range is not None:
+        fp["frame_range"] = json.dumps(list(s.frame_range))
+    if s.crop is not None:
+        fp["crop"] = json.dumps(list(s.crop))
+    # references a source cuts on first use are named by what shaped them (their recipe's stamps),
+    # not by the written file's mtime: re-cutting the same references keeps the entry valid
+    stamps = s.make_elements.stamps if s.make_elements is not None else {}
     for name in sorted(s.elements):
         p = s.elements[name]
-        fp[f"element.{name}"] = _file_stamp(p) if p.exists() else f"{p} missing"
+        fp[f"element.{name}"] = stamps.get(name) or (_file_stamp(p) if p.exists() else f"{p} missing")
     return fp
 
 

@@ -92,7 +92,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if check_paths and not (Path.cwd() / ds.data_root).exists():  # an absolute data_root stays itself
             raise ConfigError(f"data.datasets[{i}].data_root: {ds.data_root} does not exist "
                               "(for the demo: python tools/make_demo_dataset.py <dir>)")
-        if ds.dataset_type in ("csv", "jsonl") and not ds.metadata_path:
+        if ds.dataset_type in ("csv", "jsonl", "opens2v") and not ds.metadata_path:
             raise ConfigError(f"data.datasets[{i}].metadata_path: a {ds.dataset_type} dataset needs its file")
     _validate_elements(cfg)
     if not pv.concatenate_mask and cfg.model.base != "t2v":

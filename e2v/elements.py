@@ -3,7 +3,8 @@
 A sample is an id that links a target video, its prompt and its element images. Sources:
 - `e2v`: a folder `ID.mp4 ID.txt ID<suffix>` (first suffix in an element's list that exists wins);
 - `csv`: columns `video`, `prompt`, optionally one column per element name;
-- `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths.
+- `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths;
+- `opens2v`: OpenS2V-5M's JSON parts, references cut from their RLE masks (e2v/opens2v.py).
 Relative paths in a CSV / JSONL are relative to the metadata file's folder, or to the dataset's
 `media_root` when set (the video-regression seed's `dataset_base_path`).
 
@@ -21,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from e2v.schema import Config, Dataset, Element
 
@@ -55,6 +57,13 @@ class Sample:
     bucket: tuple[int, int, int] | None = None  # (F, H, W) it trains at (data.py); None: the config's
     # where the prompt came from, for messages: the ID.txt, or "<metadata file> line N"
     prompt_source: str = ""
+    # A source whose clips hold more than the sample (e2v/opens2v.py): the source frames [start, end)
+    # it may be sampled from, and the box (x1, y1, x2, y2) cut from every frame; None: the whole clip.
+    frame_range: tuple[int, int] | None = None
+    crop: tuple[int, int, int, int] | None = None
+    # A source whose references live inside its metadata and clips: the recipe that writes the
+    # element files on first use (`.ensure()`) and names what shaped them (`.stamps`, the cache key).
+    make_elements: Any = None
 
 
 def sample_bucket(s: Sample, cfg: Config) -> tuple[int, int, int]:
@@ -284,6 +293,10 @@ def discover(ds: Dataset, elements: list[Element], strip_prefixes: bool = False,
     """All samples of one dataset, plus the problems that exclude a sample (reported, never silent)."""
     if ds.dataset_type == "e2v":
         samples, problems = _discover_folder(ds, elements, allow_outside_root)
+    elif ds.dataset_type == "opens2v":
+        from e2v.opens2v import discover_opens2v  # imported here: it builds on this module's Sample
+
+        samples, problems = discover_opens2v(ds, elements, allow_outside_root)
     else:
         samples, problems = _discover_table(ds, elements, allow_outside_root)
     for s in samples:

@@ -89,15 +89,44 @@ class Element:
 
 
 @dataclass
+class OpenS2V:
+    """How an `opens2v` dataset's entries become samples (e2v/opens2v.py; docs/formats.md, "OpenS2V-5M")."""
+    caption_fields: list[str] = field(default_factory=lambda: ["face_cap_qwen", "cap"])  # first present wins
+    frame_range_fields: list[str] = field(default_factory=lambda: ["face_cut", "cut"])  # valid [start, end)
+    # class names (lower case, whole name) whose masks fill the subject elements; the rest fill objects
+    subject_classes: list[str] = field(default_factory=lambda: [
+        "person", "man", "woman", "boy", "girl", "child", "kid", "baby", "people", "human", "individual",
+        "lady", "gentleman", "human head", "face"])
+    # class names that are scene, not a reference (besides the entry's own word_tags.background)
+    background_classes: list[str] = field(default_factory=lambda: [
+        "background", "scene", "sky", "grass", "lawn", "park", "field", "wall", "floor", "ground", "road", "street",
+        "room", "water", "sea", "beach", "forest", "building", "city"])
+    # filled in order, best GME first; names the config has not are skipped (configs/e2v.yaml: subject,
+    # the tiny configs: person)
+    subject_elements: list[str] = field(default_factory=lambda: ["subject", "person"])
+    object_elements: list[str] = field(default_factory=lambda: ["object"])
+    background_element: Optional[str] = "background"  # null: no background reference
+    min_aesthetic: float = 0.0  # a mask's aes_score below this: dropped (counted)
+    min_gme: float = 0.0  # a mask's gme_score (text-image match of its class name) below this: dropped
+    max_subjects: int = bounded(2, min=1, note="(references cut per sample, subjects and objects together)")
+    background_root: Optional[str] = None  # the dataset's own backgrounds, <root>/<entry key>.png
+    nexus_images_root: Optional[str] = None  # generated views, <root>/<entry key>/<n>_<class>.png
+    cross_pairs_path: Optional[str] = None  # cross-video pairs JSON: references from another entry's frame
+    references_dir: Optional[str] = None  # where the cut references are written (default <data_root>/.e2v_opens2v)
+
+
+@dataclass
 class Dataset:
     data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v); csv / jsonl: metadata_path's base
-    dataset_type: Literal["e2v", "csv", "jsonl"] = "e2v"
-    metadata_path: Optional[str] = None  # csv / jsonl file (relative to data_root if not absolute)
+    dataset_type: Literal["e2v", "csv", "jsonl", "opens2v"] = "e2v"
+    # csv / jsonl file (relative to data_root if not absolute); opens2v: a JSON part or a glob of them
+    metadata_path: Optional[str] = None
     # folder the csv / jsonl paths are relative to (default: the metadata file's folder)
     media_root: Optional[str] = None
     # sampling weight when several datasets are mixed
     weight: float = bounded(1.0, gt=0, note="(remove the dataset instead)")
     repeat: int = bounded(1, min=1)  # times each sample appears per epoch
+    opens2v: OpenS2V = field(default_factory=OpenS2V)  # read by dataset_type opens2v only
 
 
 # A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
