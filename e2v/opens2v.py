@@ -401,7 +401,7 @@ def _cross_pairs(path: Path) -> dict[tuple[str, str], tuple[str, str, float]]:
 class OpenS2VIndex:
     samples: list[Sample]
     problems: list[Problem]
-    entries: int
+    entries: int  # read from the JSON, parsed or not
     dropped: Counter  # reason -> masks (or backgrounds) left out, for the summary line
 
 
@@ -435,8 +435,10 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
     names = {el.name for el in elements}
     entries: dict[str, Entry] = {}
     problems: list[Problem] = []
+    read = 0
     for path in _metadata_files(ds):
         for key, raw in _load_json(path).items():
+            read += 1
             where = f"{path} entry {key}"
             if key in entries:
                 problems.append(Problem(key, where, f"duplicate entry key (also in {entries[key].where})",
@@ -464,7 +466,7 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
                 problems.append(problem)
             else:
                 samples.append(sample)
-    return OpenS2VIndex(samples, problems, len(entries), dropped)
+    return OpenS2VIndex(samples, problems, read, dropped)
 
 
 def _sample(e: Entry, opts: OpenS2V, elements: list[Element], names: set[str], refs_dir: Path,
