@@ -289,11 +289,26 @@ def test_importer_writes_the_folder_layout_resumably(fixture_root, tmp_path):
     assert sorted(s.id for s in samples) == ["clip_a_part1", "clip_b_part1", "clip_c_nexus"] and not problems
 
 
-def test_tiny_run_trains_from_the_fixture(fixture_root, tmp_path):
-    out = tmp_path / "runs"
-    proc = run_train(str(ROOT / "configs/e2v_tiny_lora.yaml"), *dataset_sets(fixture_root), f"output_dir={out}",
-                     "run_id=o", "data.on_bad_sample=skip", "train.max_steps=2", "train.micro_batch_size=1",
-                     "validation.every_n_steps=0", "data.num_frames=17")
+def test_cache_then_a_tiny_run_through_the_launcher(fixture_root, tmp_path, capsys):
+    """tools/precompute.py fills the cache (the crop-outside entry recorded as bad); the entries stay
+    valid when the cut references are deleted (keyed by what shaped them, not the files' mtimes);
+    then a tiny run trains from the cache through the launcher."""
+    import shutil
+
+    from tools.precompute import main
+
+    sets = dataset_sets(fixture_root) + [f"cache.dir={tmp_path / 'cache'}", "data.on_bad_sample=skip",
+                                         "data.num_frames=17", "train.micro_batch_size=1"]
+    argv = ["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)]]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 sample(s) excluded" in out and "wrote 3 entries (1 bad samples recorded)" in out, out
+    shutil.rmtree(fixture_root / ".e2v_opens2v")
+    assert main(argv) == 0
+    assert "4 cached and valid, 0 to compute" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    proc = run_train(str(ROOT / "configs/e2v_tiny_lora.yaml"), *sets, "cache.enabled=true", f"output_dir={runs}",
+                     "run_id=o", "train.max_steps=2", "validation.every_n_steps=0")
     text = proc.stdout + proc.stderr
-    assert "opens2v" in text and "2 sample(s) excluded" in text, text[-3000:]
-    assert (out / "o").exists()
+    assert "opens2v Jsons/total_part*.json: 6 entries -> 4 samples" in text, text[-3000:]
+    assert (runs / "o").exists()
