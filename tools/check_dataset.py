@@ -136,8 +136,8 @@ def _check_sample(job: tuple) -> dict:
             info, window_ok = None, False
     if info is not None:
         try:
-            frames = supported_frames(s.video, out["frames"], cfg.data.fps, s.frame_range)
-            f, h, w = choose_bucket(frames, info.height, info.width, cfg)
+            available = supported_frames(s.video, out["frames"], cfg.data.fps, s.frame_range)
+            f, h, w = choose_bucket(available, info.height, info.width, cfg)
             out["bucket"] = [f, h, w]
             if info.height < h or info.width < w:
                 add(s.video, f"{info.width}x{info.height} is upscaled to its {w}x{h} bucket (blurry target)",
