@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from e2v.cache import CacheStore
 from e2v.config import Config, ConfigError
-from e2v.elements import Problem, Sample, discover, sample_bucket
+from e2v.elements import Problem, Sample, discover, element_paths, sample_bucket
 from e2v.media import (MediaError, NoClockError, TooShortError, WindowError, check_clock, clip_window, image_to_tensor,
                        load_image, load_video, preprocess_image, probe_video, supported_frames)
 from e2v.schema import frame_bucket_list
@@ -229,9 +229,8 @@ class E2VDataset(torch.utils.data.Dataset):
         if not s.prompt.strip():
             raise MediaError(f"{s.prompt_source or s.video}: empty prompt")
         f, h, w = sample_bucket(s, self.cfg)
-        if s.make_elements is not None:  # references cut from the source's metadata and clip, once
-            s.make_elements.ensure()
-        files = {el.name: s.elements[el.name] for el in self.elements if el.name in s.elements}
+        paths = element_paths(s)
+        files = {el.name: paths[el.name] for el in self.elements if el.name in paths}
         if self.cache is not None:  # the element files ride along: the visualizer shows the references
             return {**self.cache.load(s), "element_files": files, "size": (h, w)}
         d = self.cfg.data

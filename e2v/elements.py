@@ -66,6 +66,14 @@ class Sample:
     make_elements: Any = None
 
 
+def element_paths(s: Sample) -> dict[str, Path]:
+    """The sample's element files (name -> path), written first when its source cuts them on use
+    (e2v/opens2v.py): every reader of element files goes through here."""
+    if s.make_elements is not None:
+        s.make_elements.ensure()
+    return s.elements
+
+
 def sample_bucket(s: Sample, cfg: Config) -> tuple[int, int, int]:
     """The (F, H, W) a sample trains at: its bucket, else the config's size. Here rather than in
     data.py because cache.py (imported by data.py) keys its fingerprint by it too."""

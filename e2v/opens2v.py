@@ -355,11 +355,23 @@ class ReferenceRecipe:
 # --- entries -> samples ------------------------------------------------------------------------
 
 
-def _class_kind(name: str, opts: OpenS2V, background_tags: set[str]) -> str | None:
-    n = name.lower()
-    if n in background_tags or n in {c.lower() for c in opts.background_classes}:
-        return None
-    return SUBJECT if n in {c.lower() for c in opts.subject_classes} else OBJECT
+@dataclass
+class ClassRules:
+    """Which element kind a class name fills: lower-case whole names (the dataset's tags are lower
+    case; GroundingDINO's phrases too)."""
+    subjects: set[str]
+    scene: set[str]
+
+    @classmethod
+    def of(cls, opts: OpenS2V) -> ClassRules:
+        return cls({c.lower() for c in opts.subject_classes}, {c.lower() for c in opts.background_classes})
+
+    def kind(self, name: str, background_tags: set[str]) -> str | None:
+        """SUBJECT, OBJECT, or None for a scene class (the entry's word_tags.background included)."""
+        n = name.lower()
+        if n in background_tags or n in self.scene:
+            return None
+        return SUBJECT if n in self.subjects else OBJECT
 
 
 def _nexus_images(root: Path, key: str) -> list[tuple[str, Path]]:
@@ -450,6 +462,7 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
                 problems.append(Problem(key, where, e.problem, e.fix, e.kind))
     cross = _cross_pairs(Path(opts.cross_pairs_path)) if opts.cross_pairs_path else {}
     dropped: Counter = Counter()
+    rules = ClassRules.of(opts)
     samples = []
     for e in entries.values():
         root = Path(str(media_root).replace("{part}", e.part))
@@ -461,7 +474,7 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
                                     "unpack the entry's video part into media_root (cat <part>.tar.split.* | tar -x)",
                                     "video_missing"))
         else:
-            sample, problem = _sample(e, opts, elements, names, refs_dir, entries, cross, dropped)
+            sample, problem = _sample(e, opts, rules, elements, names, refs_dir, entries, cross, dropped)
             if problem is not None:
                 problems.append(problem)
             else:
@@ -469,7 +482,7 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
     return OpenS2VIndex(samples, problems, read, dropped)
 
 
-def _sample(e: Entry, opts: OpenS2V, elements: list[Element], names: set[str], refs_dir: Path,
+def _sample(e: Entry, opts: OpenS2V, rules: ClassRules, elements: list[Element], names: set[str], refs_dir: Path,
             entries: dict[str, Entry], cross: dict, dropped: Counter) -> tuple[Sample | None, Problem | None]:
     """One entry's sample: its masks (or generated views) assigned to elements by class, the
     background, and the recipe that writes them."""
@@ -478,13 +491,13 @@ def _sample(e: Entry, opts: OpenS2V, elements: list[Element], names: set[str], r
     nexus = _nexus_images(Path(opts.nexus_images_root), e.key) if opts.nexus_images_root else []
     if nexus:  # generated views replace the cuts: read as the references, as they are
         for class_name, path in nexus:
-            kind = _class_kind(class_name, opts, e.background_tags)
+            kind = rules.kind(class_name, e.background_tags)
             if kind is None:
                 dropped["background class"] += 1
             else:
                 candidates.append((kind, 0.0, 0, path))
     for m in [] if nexus else e.masks:
-        kind = _class_kind(m.class_name, opts, e.background_tags)
+        kind = rules.kind(m.class_name, e.background_tags)
         if kind is None:
             dropped["background class"] += 1
         elif m.area == 0:
@@ -533,7 +546,7 @@ def _sample(e: Entry, opts: OpenS2V, elements: list[Element], names: set[str], r
         if given is not None and given.is_file():
             files[bg] = given
         elif e.ann_frame is not None:
-            fg = [m.rle for m in e.masks if _class_kind(m.class_name, opts, e.background_tags) is not None]
+            fg = [m.rle for m in e.masks if rules.kind(m.class_name, e.background_tags) is not None]
             h, w = e.crop[3] - e.crop[1], e.crop[2] - e.crop[0]
             if _area(fg) / (h * w) > MAX_FOREGROUND_SHARE:
                 dropped[f"background left out (foreground over {MAX_FOREGROUND_SHARE:.0%})"] += 1

@@ -49,6 +49,7 @@ import torch
 from e2v.conditioning import Conditions
 from e2v.data import E2VDataset, collate, element_inputs
 from e2v.device import randn, to_device
+from e2v.elements import element_paths
 from e2v.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.flow import add_noise, per_sample_mse
 from e2v.experts import trains_sigma
@@ -214,7 +215,7 @@ class Validator:
         `validation.num_videos` held-out samples with their own references."""
         v, limit = self.cfg.validation, self.cfg.data.max_image_pixels
         chosen = v.sets or self.samples[: v.num_videos]
-        return [(s.prompt, {k: load_image(p, limit) for k, p in s.elements.items()}) for s in chosen]
+        return [(s.prompt, {k: load_image(p, limit) for k, p in element_paths(s).items()}) for s in chosen]
 
     def generate(self, model, parts, inputs: list[tuple[str, dict]]) -> torch.Tensor:
         """Latents of (prompt, element images) pairs, with the noise of `validation.seed`: row k
@@ -265,7 +266,7 @@ class Validator:
         """Every held-out sample's element images (PIL), loaded once."""
         if self.images is None:
             limit = self.cfg.data.max_image_pixels
-            self.images = [{k: load_image(p, limit) for k, p in s.elements.items()} for s in self.samples]
+            self.images = [{k: load_image(p, limit) for k, p in element_paths(s).items()} for s in self.samples]
         return self.images
 
     def partner(self, k: int) -> int:

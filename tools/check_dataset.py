@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2v.conditioning import TEXT_LEN  # noqa: E402
 from e2v.config import ConfigError, load_config  # noqa: E402
 from e2v.data import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
-from e2v.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
+from e2v.elements import MetadataError, Problem, Sample, discover, element_paths, orphan_files  # noqa: E402
 from e2v.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError,  # noqa: E402
                        clip_window, frame_intervals, load_image, probe_video, supported_frames)
 from e2v.models import load_tokenizer  # noqa: E402
@@ -155,7 +155,7 @@ def _check_sample(job: tuple) -> dict:
             add(s.video, str(e).replace(f"{s.video}: ", ""), "re-encode the clip", "video_unreadable")
     if s.make_elements is not None and window_ok:  # (outside the window: the cut fails for the same reason)
         try:  # references the source cuts from its masks: built here as training builds them
-            s.make_elements.ensure()
+            element_paths(s)
         except (MediaError, OSError, ValueError) as e:
             add(s.video, f"references cannot be cut: {e}", "fix the entry's masks / crop box, or remove the entry",
                 "reference_unbuildable")

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.config import ConfigError, load_config  # noqa: E402
-from e2v.elements import MetadataError, Problem  # noqa: E402
+from e2v.elements import MetadataError, Problem, element_paths  # noqa: E402
 from e2v.media import MediaError, clip_window, probe_video  # noqa: E402
 from e2v.opens2v import read_opens2v, summary_line  # noqa: E402
 
@@ -56,9 +56,7 @@ def write_clip(s, out: Path, crf: int) -> None:
 
 
 def import_sample(s, out_dir: Path, crf: int) -> None:
-    if s.make_elements is not None:
-        s.make_elements.ensure()
-    for name, src in s.elements.items():
+    for name, src in element_paths(s).items():
         dst = out_dir / f"{s.id}_{name}.png"
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
         shutil.copyfile(src, tmp)
