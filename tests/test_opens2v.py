@@ -212,6 +212,8 @@ def test_references_are_the_masks_pixels_and_share_the_videos_crop(fixture_root)
     want = decoded_frames(a.video, list(range(*FACE_CUT)))[:, CROP[2]:CROP[3], CROP[0]:CROP[1]]
     assert (video_CFHW.permute(1, 2, 3, 0).numpy() == want).all()
     assert (video_CFHW[:, ANN_FRAME - FACE_CUT[0]].permute(1, 2, 0).numpy()[box][inside] == person[..., :3][inside]).all()
+    by_time = load_video(a.video, n, CH, CW, fps=8.0, frame_range=a.frame_range, crop=a.crop)  # the clip's own rate
+    assert (by_time == video_CFHW).all()
     from e2v.media import TooShortError
 
     with pytest.raises(TooShortError):  # one frame more than the range holds: never read past its end
@@ -239,6 +241,20 @@ def test_cache_key_holds_the_window_and_the_recipe(fixture_root):
     assert fp["element.person"].startswith("opens2v ") and fp["element.person"] == a.make_elements.stamps["person"]
     _, other = index(fixture_root, frame_range_fields=["cut"])
     assert fingerprint(next(s for s in other.samples if s.id == a.id), cfg, (17, 64, 64))["frame_range"] == "[0, 24]"
+
+
+def test_buckets_count_the_valid_range_and_measure_the_crop(fixture_root):
+    from e2v.data import assign_buckets
+
+    cfg = config(fixture_root, max_subjects=2)
+    cfg.data.auto_frame_buckets, cfg.data.frame_buckets = True, [9, 17, 21]
+    from e2v.opens2v import read_opens2v
+
+    idx = read_opens2v(cfg.data.datasets[0], cfg.data.elements)
+    problems = assign_buckets(idx.samples, cfg, workers=1)
+    assert [(p.sample, p.kind) for p in problems] == [("crop_outside", "crop_outside_video")]
+    a = next(s for s in idx.samples if s.id == "clip_a_part1")
+    assert a.bucket == (17, 64, 64)  # 18 frames in face_cut (24 in the clip: 21 would fit the whole clip)
 
 
 def test_validator_names_each_defect(fixture_root, tmp_path):
