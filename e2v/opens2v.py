@@ -463,7 +463,7 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
     cross = _cross_pairs(Path(opts.cross_pairs_path)) if opts.cross_pairs_path else {}
     dropped: Counter = Counter()
     rules = ClassRules.of(opts)
-    samples = []
+    usable: dict[str, Entry] = {}  # entries whose clip is there and inside media_root (cross pairs use only these)
     for e in entries.values():
         root = Path(str(media_root).replace("{part}", e.part))
         real = None if allow_outside_root else outside_root(e.video, root)
@@ -474,11 +474,14 @@ def read_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: bool 
                                     "unpack the entry's video part into media_root (cat <part>.tar.split.* | tar -x)",
                                     "video_missing"))
         else:
-            sample, problem = _sample(e, opts, rules, elements, names, refs_dir, entries, cross, dropped)
-            if problem is not None:
-                problems.append(problem)
-            else:
-                samples.append(sample)
+            usable[e.key] = e
+    samples = []
+    for e in usable.values():
+        sample, problem = _sample(e, opts, rules, elements, names, refs_dir, usable, cross, dropped)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            samples.append(sample)
     return OpenS2VIndex(samples, problems, read, dropped)
 
 
@@ -532,7 +535,7 @@ def _sample(e: Entry, opts: OpenS2V, rules: ClassRules, elements: list[Element],
             other, other_index, _ = cross[e.key, ref.index]
             o = entries.get(other)
             om = next((x for x in o.masks if x.index == other_index), None) if o is not None else None
-            if om is not None and o.video.is_file() and om.area > 0:
+            if om is not None and om.area > 0:
                 src, m = o, om
         cut = Cut(kind, src.video, src.ann_frame, src.crop, m.rle)
         stamp = _stamp(_video_stamp(src.video), cut.frame, cut.crop, _rle_key(m.rle), kind)
