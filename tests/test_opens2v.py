@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
 
 import imageio_ffmpeg
 import numpy as np
@@ -263,9 +262,8 @@ def test_validator_names_each_defect(fixture_root, tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text((ROOT / "configs/e2v_tiny_lora.yaml").read_text())
     report = tmp_path / "report.json"
-    argv = ["--config", str(cfg), "--json", str(report), "--workers", "1", *sum((["--set", s] for s in
-                                                                                  dataset_sets(fixture_root)), []),
-            "--set", "train.micro_batch_size=1"]
+    sets = [*dataset_sets(fixture_root), "train.micro_batch_size=1"]
+    argv = ["--config", str(cfg), "--json", str(report), "--workers", "1", *[a for s in sets for a in ("--set", s)]]
     out = io.StringIO()
     with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out):
         code = check_dataset.main(argv)
