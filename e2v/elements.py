@@ -66,12 +66,14 @@ class Sample:
     make_elements: Any = None
 
 
-def element_paths(s: Sample) -> dict[str, Path]:
+def element_paths(s: Sample | Any) -> dict[str, Path]:
     """The sample's element files (name -> path), written first when its source cuts them on use
-    (e2v/opens2v.py): every reader of element files goes through here."""
-    if s.make_elements is not None:
-        s.make_elements.ensure()
-    return s.elements
+    (e2v/opens2v.py): every reader of element files goes through here. Also takes a
+    `validation.sets` entry (element files only, nothing to cut)."""
+    recipe = getattr(s, "make_elements", None)
+    if recipe is not None:
+        recipe.ensure()
+    return {k: Path(v) for k, v in s.elements.items()}
 
 
 def sample_bucket(s: Sample, cfg: Config) -> tuple[int, int, int]:
