@@ -132,7 +132,7 @@ def checked_config(args):
 
 
 def start_run(cfg, args):
-    """The process group, this rank's place in it (data- and context-parallel: e2v.context_parallel),
+    """The process group, this rank's place in it (data- and context-parallel: e2v.models.context_parallel),
     its device, and the run folder (locked against a second run, the resolved config written).
     Returns (rank, world, layout, device, run folder, lock)."""
     malloc = hostmem.return_freed_memory()  # before the first weight is read
@@ -214,7 +214,7 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
     out = {"losses": [], "stats": {}, "ids": [], "skipped": set(), "data_time": 0.0, "samples": 0}
     while len(out["losses"]) < cfg.train.gradient_accumulation_steps:
         t0 = time.perf_counter()
-        batch = to_device(next(data_iter), device)  # the one move of the micro-batch (e2v/device.py)
+        batch = to_device(next(data_iter), device)  # the one move of the micro-batch (e2v/runtime/device.py)
         out["data_time"] += time.perf_counter() - t0
         out["skipped"].update(sid for sid, _ in batch["skipped"])
         out["samples"] += len(batch["id"])

@@ -1,5 +1,5 @@
 """The spawned side of tests/test_context_parallel.py: 2 processes over gloo, each measuring
-context parallelism (e2v/context_parallel.py) against the same computation done whole in the
+context parallelism (e2v/models/context_parallel.py) against the same computation done whole in the
 same process (the oracle: the stock diffusers model / attention on the unsplit sequence). Each rank
 writes its numbers to <out>/rank<r>.json; the test asserts on them.
 

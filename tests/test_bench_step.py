@@ -3,7 +3,7 @@ seed, the benchmark's step (tools/benchlib/step.py: StepRunner on the engine it 
 train_e2v.py's own loop (its main(), run in this process) log the same losses, gradient norms,
 learning rates and per-timestep-bucket losses, step for step, in fp32 and in bf16. bf16 is where a
 re-stated setup drifts first: deepspeed.initialize casts diffusers' fp32 modules unless
-e2v.engine puts them back (docs/architecture.md, "Precision and activation memory").
+e2v.train.engine puts them back (docs/architecture.md, "Precision and activation memory").
 
 Both run in one process on a one-process gloo group (no deepspeed launcher), the tiny preset, 2
 steps of batch 2: the same threads and kernels, so the values must be equal, not close."""

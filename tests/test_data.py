@@ -11,7 +11,7 @@ from conftest import ROOT
 from e2v.config.load import load_config
 from e2v.data.dataset import (BadSampleError, BucketBatchSampler, bucket_table, choose_bucket, index_samples,
     make_loader)
-from e2v.data.elements import Sample
+from e2v.data.sample import Sample
 from e2v.data.media import TooShortError
 
 

@@ -1,4 +1,4 @@
-"""The device convention (e2v/device.py) on a CPU-only machine: every model goes to the meta
+"""The device convention (e2v/runtime/device.py) on a CPU-only machine: every model goes to the meta
 device, which stands in for CUDA. An op that mixes a CPU tensor with a meta one raises ("Tensor on
 device meta is not on the expected device cpu"), as a CPU/CUDA mix does on a GPU, and copying a
 meta tensor to the CPU raises too ("Cannot copy out of meta tensor"), as a silent per-step
@@ -136,7 +136,7 @@ def test_visualization_decode_on_the_vae_device(meta_parts):
 
 
 def test_element_similarity_on_the_clip_device(meta_parts):
-    """The validation's CLIP element similarity (e2v/fidelity.py): frames and references (uint8 on
+    """The validation's CLIP element similarity (e2v/eval/fidelity.py): frames and references (uint8 on
     the host, as decoded videos and loaded images are) embedded on the encoder's device, the
     similarities left there for one copy of the logged means."""
     from e2v.eval.fidelity import element_similarity

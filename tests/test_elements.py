@@ -112,7 +112,7 @@ def test_folder_prompt_source_is_the_txt(tmp_path):
 def test_unreadable_metadata_names_file_line_and_fix(tmp_path):
     import pytest
 
-    from e2v.data.elements import MetadataError
+    from e2v.data.sample import MetadataError
 
     def table(name, text=None, kind="jsonl"):
         if text is not None:

@@ -1,4 +1,4 @@
-"""Do generated videos follow their references (e2v/fidelity.py, run by e2v/validation.py)?
+"""Do generated videos follow their references (e2v/eval/fidelity.py, run by e2v/eval/validation.py)?
 
 The subject colour is measured right on frames drawn with known colours (a hit, and the misses a
 wrong colour, a louder distractor or no background reference would cause); videos that copy their

@@ -1,4 +1,4 @@
-"""e2v.hostmem: freed blocks of a layer's size go back to the OS. The oracle is the process's
+"""e2v.runtime.hostmem: freed blocks of a layer's size go back to the OS. The oracle is the process's
 resident size (/proc/self/statm) around blocks malloc'd and freed through the C library itself,
 in a fresh interpreter each time, with glibc's default as the negative control."""
 

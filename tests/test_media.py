@@ -14,7 +14,7 @@ def test_npz_probe_reads_only_the_header_and_load_normalises(tmp_path):
     assert (info.frames, info.height, info.width) == (9, 32, 48)
     video = load_video(tmp_path / "c.npz", 5, 32, 48, stride=2)
     assert video.shape == (3, 5, 32, 48)
-    assert video.dtype == torch.uint8  # pixels in [-1, 1] are made on the device (e2v/device.py)
+    assert video.dtype == torch.uint8  # pixels in [-1, 1] are made on the device (e2v/runtime/device.py)
     torch.testing.assert_close(video, torch.from_numpy(frames[::2]).permute(3, 0, 1, 2))
     with pytest.raises(TooShortError, match="c.npz: too short"):
         load_video(tmp_path / "c.npz", 13, 32, 48)
@@ -42,7 +42,7 @@ def test_decord_width_bug_gives_a_clear_error(tmp_path, width):
                                                       ("center_crop", "area")])
 def test_clip_resize_matches_pil_per_frame(resize_mode, reshape_mode):
     """The whole-clip torch resize against the oracle: PIL on each frame with the image path's
-    crop arithmetic (center_crop / resize of e2v.media)."""
+    crop arithmetic (center_crop / resize of e2v.data.media)."""
     from PIL import Image
 
     from e2v.data.media import RESAMPLE, center_crop, frames_to_video, resize

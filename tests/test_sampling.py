@@ -62,7 +62,7 @@ def test_first_step_is_a_hand_built_transformer_call(tiny_parts):
 
 def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
     """The model as tools/sample.py loads it (parts of the run's config + its exported LoRA) on the
-    real sampling path (e2v.sampling.generate). Its first two transformer calls (cond, uncond) must
+    real sampling path (e2v.eval.sampling.generate). Its first two transformer calls (cond, uncond) must
     receive exactly the tensors diffusers' WanImageToVideoPipeline builds for one reference
     (prepare_latents: noise + condition; encode_image; encode_prompt): with one element of repeat 1,
     A2's layout is the Wan I2V layout."""

@@ -44,7 +44,7 @@ def _probe_inputs():
 def test_run_folder_and_logs(trained_run):
     run, proc = trained_run
     assert "LoRA:" in proc.stdout and "TensorBoard:" in proc.stdout
-    if platform.libc_ver()[0] == "glibc":  # e2v/hostmem.py, set before the weights load
+    if platform.libc_ver()[0] == "glibc":  # e2v/runtime/hostmem.py, set before the weights load
         assert "[e2v] malloc: blocks of 4 MiB and more go back to the OS when freed" in proc.stdout
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["train"]["max_steps"] == 4

@@ -1,4 +1,4 @@
-"""Wan2.2-I2V-A14B's two experts (e2v/experts.py) against diffusers' WanImageToVideoPipeline as the
+"""Wan2.2-I2V-A14B's two experts (e2v/config/experts.py) against diffusers' WanImageToVideoPipeline as the
 oracle: its boundary switch on base experts, and two runs of the real entry point whose LoRA
 exports load into the pipeline (one expert: `load_into_transformer_2=True` only; both experts,
 with image attention added for the CLIP pathway) and reproduce our sampler's trajectory. Plus the

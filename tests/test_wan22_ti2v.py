@@ -486,7 +486,7 @@ def test_wan22_ti2v_tiny_run_trains_validates_visualizes_and_exports(ti2v_run, t
 
 def test_wan22_ti2v_export_loads_into_the_diffusers_pipeline_and_changes_its_output(ti2v_run, ti2v_parts):
     """The run's lora/ folder in a plain WanImageToVideoPipeline(expand_timesteps=True):
-    load_lora_weights + the modules trained in full (e2v.export.load_extra_modules) change its
+    load_lora_weights + the modules trained in full (e2v.train.export.load_extra_modules) change its
     output, to exactly what the trainer's sampler gives with the weights tools/sample.py loads."""
     from diffusers import WanImageToVideoPipeline
 

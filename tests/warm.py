@@ -45,7 +45,7 @@ def preload() -> None:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     import diffusers
-    import peft  # noqa: F401  (diffusers' LoRA loader and e2v.trainable)
+    import peft  # noqa: F401  (diffusers' LoRA loader and e2v.models.trainable)
     import torch.utils.tensorboard  # noqa: F401
 
     for name in ("WanTransformer3DModel", "AutoencoderKLWan", "WanImageToVideoPipeline", "WanPipeline",

@@ -7,9 +7,9 @@ Per rank and configuration, with and without gradient checkpointing:
   saved_mb     what autograd keeps for backward at the end of the forward (storage-deduplicated,
                parameters left out): the activation memory, exact and load-independent; the same
                measure tests/test_estimate_memory.py fits the formula to
-  estimate_mb  e2v.plan.activation_bytes for the same shapes (the forward's part: with
+  estimate_mb  e2v.models.plan.activation_bytes for the same shapes (the forward's part: with
                checkpointing the recomputed block lives only during backward)
-  exchange_mb  e2v.plan.exchange_bytes: the exchange's transient buffers (not in saved_mb)
+  exchange_mb  e2v.models.plan.exchange_bytes: the exchange's transient buffers (not in saved_mb)
   peak_rss_mb  the process's RSS peak during forward + backward above its RSS before (sampled
                every 2 ms; the allocator's caching included, so noisier)
 Each configuration runs in fresh processes (torch.multiprocessing spawn, one per rank).
@@ -104,7 +104,7 @@ def measure(rank: int, world: int, port: int, ulysses: int, ring: int, checkpoin
 
 
 def estimate_mb(ulysses: int, ring: int, checkpointing: bool) -> tuple[float, float]:
-    """(saved for backward, exchange buffers) in MB by e2v.plan's formulas."""
+    """(saved for backward, exchange buffers) in MB by e2v.models.plan's formulas."""
     from e2v.models.plan import ModelShape, activation_bytes, activation_terms, exchange_bytes
 
     shape = ModelShape(MODEL["num_attention_heads"] * MODEL["attention_head_dim"], MODEL["ffn_dim"], MODEL["num_layers"])

@@ -7,7 +7,10 @@
 Per sample: the video decodes (first, middle and last frame), its frame count fits a frame bucket
 (too short = error; with data.fps, counted at that rate), its fps is near the dataset's median
 and constant (variable frame rate: a warning; with data.fps, not below that rate instead); its
-size and aspect against the target (upscaling, heavy cropping: warnings); required
+size and aspect against the target (upscaling, heavy cropping: warnings); a source's valid frame
+range and crop box inside the clip (OpenS2V: `frame_range_outside_video`, `crop_outside_video`;
+its JSON-level problems, such as `bad_rle`, `mask_outside_frame`, `video_missing`, come from
+indexing); required
 elements present and loadable, element image size (over data.max_image_pixels: error) and mode;
 empty captions and captions that are not UTF-8 (errors), duplicate captions and captions over the
 text encoder's 512 tokens (warnings: the rest is cut off); paths outside the dataset root (error
@@ -44,9 +47,10 @@ from e2v.config.schema import TEXT_LEN  # noqa: E402
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
 from e2v.data.dataset import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
-from e2v.data.elements import MetadataError, Problem, Sample, discover, orphan_files  # noqa: E402
-from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, frame_intervals, load_image,
-    probe_video, supported_frames)
+from e2v.data.elements import discover, orphan_files  # noqa: E402
+from e2v.data.sample import MetadataError, Problem, Sample, element_paths
+from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError, clip_window,
+    frame_intervals, load_image, probe_video, supported_frames)
 from e2v.models.load import load_tokenizer  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
@@ -123,10 +127,19 @@ def _check_sample(job: tuple) -> dict:
             add(s.video, f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so motion "
                 "speed changes within the clip (frames are taken by index)", "set data.fps (frames by time), or "
                 "re-encode at a constant rate, e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT", "variable_fps", "warning")
+    window_ok = True
+    if info is not None and (s.frame_range is not None or s.crop is not None):
+        try:  # a source's valid frame range and crop box (OpenS2V): the part of the clip that trains
+            info.frames, info.height, info.width = clip_window(s.video, info.frames, info.height, info.width,
+                                                               s.frame_range, s.crop)
+        except WindowError as e:
+            add(s.video, str(e).replace(f"{s.video}: ", ""), "fix the entry's frame range / crop box in its "
+                "metadata, or remove the entry", e.kind)
+            info, window_ok = None, False
     if info is not None:
         try:
-            f, h, w = choose_bucket(supported_frames(s.video, info.frames, cfg.data.fps), info.height, info.width,
-                                    cfg)
+            available = supported_frames(s.video, out["frames"], cfg.data.fps, s.frame_range)
+            f, h, w = choose_bucket(available, info.height, info.width, cfg)
             out["bucket"] = [f, h, w]
             if info.height < h or info.width < w:
                 add(s.video, f"{info.width}x{info.height} is upscaled to its {w}x{h} bucket (blurry target)",
@@ -142,7 +155,15 @@ def _check_sample(job: tuple) -> dict:
             add(s.video, problem, fix, "no_clock")
         except MediaError as e:  # unreadable timestamps
             add(s.video, str(e).replace(f"{s.video}: ", ""), "re-encode the clip", "video_unreadable")
+    if s.make_elements is not None and window_ok:  # (outside the window: the cut fails for the same reason)
+        try:  # references the source cuts from its masks: built here as training builds them
+            element_paths(s)
+        except (MediaError, OSError, ValueError) as e:
+            add(s.video, f"references cannot be cut: {e}", "fix the entry's masks / crop box, or remove the entry",
+                "reference_unbuildable")
     for name, path in s.elements.items():
+        if s.make_elements is not None and not path.exists():
+            continue  # its cut failed: named once above
         try:
             with Image.open(path) as raw:
                 mode, size = raw.mode, raw.size

@@ -19,7 +19,7 @@ n per node, N nodes, L the largest layer (params of one module), bytes per 16-bi
 Activations per GPU, B micro batch, S video tokens = T (H/16)(W/16), C context tokens
 (512 text + 257 per CLIP element), D width, F FFN width, layers K, e bytes per element (2 in bf16),
 P = parallel.ulysses_degree x ring_degree ranks sharing each sample's tokens (1 without context
-parallelism; docs/context_parallel.md); the formula lives in e2v/plan.py, which the dry run shares:
+parallelism; docs/context_parallel.md); the formula lives in e2v/models/plan.py, which the dry run shares:
   one block      A = (24.2 S D + 2 S F) / P + 4 C D      (+ 5.5 S D / P with per-token timesteps)
   outside blocks O = 2.3 S D / P + 3.4 C D + 267 S      (+ 11 S D / P with per-token timesteps)
 (Per-token timesteps: the clean_prefix layout of Wan2.2 TI2V, whose S also counts the reference
@@ -31,13 +31,13 @@ The coefficients are fitted to the bytes autograd saves for backward in diffuser
 WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
 small models against the formula, within 20%, and tests/test_context_parallel.py a rank of a
 Ulysses-2 group). On GPUs, flash attention saves the same O(S) tensors. With P > 1, plus the
-exchange's transient buffers (e2v.plan.exchange_bytes): 2 S D / P for Ulysses' all-to-all, 2 S D / U
+exchange's transient buffers (e2v.models.plan.exchange_bytes): 2 S D / P for Ulysses' all-to-all, 2 S D / U
 for ring attention's gathered keys and values, S x 64 for the gathered prediction; they are added
 to the "bufs" column. Plus DeepSpeed's communication buffers, read from the ds_config: the gradient reduce
 bucket and the all-gather (ZeRO-2) or prefetch (ZeRO-3) bucket, e bytes per element each
 (5e8 elements in the shipped configs: 2 GB in bf16), and a fixed 2 GB per GPU for the CUDA
 context, kernels' workspaces and fragmentation. Plus the frozen encoders an online run keeps on
-every GPU (e2v.plan.encoder_bytes: UMT5-XXL in bf16 10.6 GiB, CLIP ViT-H 2.4 GiB and the VAE 0.5
+every GPU (e2v.models.plan.encoder_bytes: UMT5-XXL in bf16 10.6 GiB, CLIP ViT-H 2.4 GiB and the VAE 0.5
 GiB in fp32), none with cache.enabled.
 
 `--cpu`: a run with no GPU (DeepSpeed's CPU accelerator), where everything is host memory, summed
@@ -50,7 +50,7 @@ allocator slack; plus LAUNCHER_GB for the launcher processes. At load the whole 
 read on every rank that does not partition at load (e P per rank, before any optimizer state), so
 the peak is the larger of the load and the training figure. Checked against the peak PSS of the
 process tree by tools/smoke_real.py (real shapes, 1 and 2 ranks). The figures assume that a freed
-tensor's memory goes back to the OS, which e2v's processes arrange at start (e2v/hostmem.py); under
+tensor's memory goes back to the OS, which e2v's processes arrange at start (e2v/runtime/hostmem.py); under
 glibc's default malloc a process keeps the high-water mark of what it once held (the 1.3B ZeRO-3
 smoke peaked at 1.39x this estimate that way).
 """
@@ -77,7 +77,7 @@ from e2v.models.trainable import setup_training  # noqa: E402
 GB = 2**30
 OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
-# Short names for the released Wan transformers (their configs: e2v.plan.KNOWN_WAN_CONFIGS).
+# Short names for the released Wan transformers (their configs: e2v.models.plan.KNOWN_WAN_CONFIGS).
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
 KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",

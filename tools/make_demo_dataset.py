@@ -4,7 +4,7 @@ Usage:
     python tools/make_demo_dataset.py OUT_DIR [--num-samples 64] [--size 64] [--frames 17]
                                               [--seed 0] [--force] [--write-meta] [--verify]
 
-Layout (one id links everything, as `e2v.elements` discovers it):
+Layout (one id links everything, as `e2v.data.elements` discovers it):
     OUT_DIR/000.mp4 000.txt 000_person.png 000_object.png 000_background.png [000.json] 001.mp4 ...
 
 Why the data looks like this.  Each clip shows a subject (a round shape) moving along a smooth

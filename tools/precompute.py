@@ -1,4 +1,4 @@
-"""Fill the conditioning cache of a config (e2v/cache.py): target latents (mean and std), text
+"""Fill the conditioning cache of a config (e2v/data/store.py): target latents (mean and std), text
 embeddings, per-element CLIP tokens and the VAE condition(s), one safetensors file per sample.
 
     python tools/precompute.py --config configs/e2v.yaml [--set ...]

@@ -7,7 +7,7 @@
     python tools/sample.py --config configs/t2v_lora.yaml --lora runs/<run>/lora \
         --prompt-file prompts.txt --num-videos 4 --also-base --out samples/
 
-Conditions come from the training code (e2v.conditioning via e2v.sampling), so the layout a
+Conditions come from the training code (e2v.conditioning.encode via e2v.eval.sampling), so the layout a
 LoRA was trained on is the layout it is sampled with. `--out` ending in .mp4 with one prompt and one
 video writes that file; otherwise `--out` is a folder: `<out>/lora/<prompt#>_<slug>_<k>.mp4`
 (and `<out>/base/...` with --also-base, same seeds), plus `prompts.txt`. Video k of every prompt

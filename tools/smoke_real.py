@@ -67,7 +67,7 @@ E2V_CONFIG = "configs/e2v_t2v_1.3b.yaml"
 # mean of ~20k fp32 squares of a bf16 prediction, so it agrees to a few bf16 ulps of the
 # prediction, i.e. ~1e-2 relative; step 1 (identical weights, only the forward) to ~1e-3.
 LOSS_RTOL = {1: 1e-3, 2: 1e-2}
-PARTITIONED = "partitioned at load (zero.Init, bfloat16), streamed from"  # e2v/zero3_load.py's line
+PARTITIONED = "partitioned at load (zero.Init, bfloat16), streamed from"  # e2v/models/zero3_load.py's line
 
 
 def common_sets(run_id: str, data: Path, args) -> list[str]:

@@ -7,7 +7,7 @@ CLIP pathway: each reference -> CLIPImageProcessor -> vision `hidden_states[-2]`
 CLS kept) -> 257 tokens; concatenated along tokens. Text: UMT5 last hidden state, zeroed after
 each prompt's length, padded to exactly 512 (Wan takes the LAST 512 context tokens as text).
 Wan2.2 TI2V (`target_layout: clean_prefix`): each reference encoded alone, its latent frames
-placed before the clip's instead of in condition channels (e2v/ti2v.py).
+placed before the clip's instead of in condition channels (e2v/conditioning/ti2v.py).
 
 Legend: B batch, F pixel frames, T = (F-1)/4+1 latent frames, H/W pixels, h/w = H/s, W/s latent
 size (s the VAE's stride: 8 for Wan2.1's, 16 for Wan2.2's), N references, L tokens, D width.
@@ -200,7 +200,7 @@ class Conditions:
     kept: list[list[str]] | None = None  # element names each sample was conditioned on
     ref_dropped: list[bool] | None = None
     caption_dropped: list[bool] | None = None
-    ref_latents_BCNhw: torch.Tensor | None = None  # clean_prefix: [B,C,N,h,w] frames before the clip (e2v/ti2v.py)
+    ref_latents_BCNhw: torch.Tensor | None = None  # clean_prefix: [B,C,N,h,w] frames before the clip (e2v/conditioning/ti2v.py)
 
 
 def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torch.Generator | None = None,

@@ -36,7 +36,7 @@ def tiny_base(model) -> str:
 
 
 # The AutoencoderKLWan arguments of the tiny Wan2.2 VAE: the real one's structure (is_residual,
-# 2x2 patchify to 12 channels, 16x space) at width 8. e2v.plan reads it for the tiny TI2V plan.
+# 2x2 patchify to 12 channels, 16x space) at width 8. e2v.models.plan reads it for the tiny TI2V plan.
 TINY_VAE22_CONFIG = dict(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=0,
                          temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
                          patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16)
@@ -54,7 +54,7 @@ KNOWN_VAE_CONFIGS = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": WAN22_VAE}
 
 def vae_config(cfg: Config) -> dict:
     """The VAE's config without loading it, the one home of "which VAE does this model have" (its
-    latent channels and strides: e2v.schema.latent_size): the tiny TI2V VAE's, a local folder's
+    latent channels and strides: e2v.config.schema.latent_size): the tiny TI2V VAE's, a local folder's
     vae/config.json, or a known hub id's (KNOWN_VAE_CONFIGS). Keys left out are AutoencoderKLWan's
     defaults, the Wan2.1 VAE: the tiny Wan2.1 preset, the Wan2.1 hub ids, and a hub id that is
     neither known nor in the local cache (its VAE is read when it loads)."""

@@ -1,4 +1,4 @@
-"""Config validation (e2v.config.load_config runs it after loading and `normalise`): the bounds
+"""Config validation (e2v.config.load.load_config runs it after loading and `normalise`): the bounds
 declared beside each field (schema.bounded), then the cross-field checks, each failing with the
 key, the problem and the fix. It reads the config and never changes it.
 """
@@ -92,7 +92,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if check_paths and not (Path.cwd() / ds.data_root).exists():  # an absolute data_root stays itself
             raise ConfigError(f"data.datasets[{i}].data_root: {ds.data_root} does not exist "
                               "(for the demo: python tools/make_demo_dataset.py <dir>)")
-        if ds.dataset_type in ("csv", "jsonl") and not ds.metadata_path:
+        if ds.dataset_type in ("csv", "jsonl", "opens2v") and not ds.metadata_path:
             raise ConfigError(f"data.datasets[{i}].metadata_path: a {ds.dataset_type} dataset needs its file")
     _validate_elements(cfg)
     if not pv.concatenate_mask and cfg.model.base != "t2v":
@@ -173,7 +173,7 @@ def _validate_parallel(cfg: Config) -> None:
     """Context parallelism splits the video tokens of every clip evenly over ulysses x ring ranks,
     so every shape the run can meet (each frame bucket at each resolution bucket, and the
     validation videos at data.num_frames x data.resolution) must divide. The heads (a model
-    property) and the world size (a launch property) are checked at start: e2v.context_parallel."""
+    property) and the world size (a launch property) are checked at start: e2v.models.context_parallel."""
     p = cfg.parallel
     degree = p.ulysses_degree * p.ring_degree
     if degree == 1:

@@ -26,7 +26,7 @@ SUBFOLDERS = {"high_noise": "transformer", "low_noise": "transformer_2"}  # in a
 NUM_TRAIN_TIMESTEPS = 1000  # timestep = 1000 * sigma (the Wan schedulers' num_train_timesteps)
 
 
-TINY_PRESET = "tiny_wan22_a14b"  # two tiny experts built in code (e2v/tiny.py)
+TINY_PRESET = "tiny_wan22_a14b"  # two tiny experts built in code (e2v/models/tiny.py)
 
 
 # boundary_ratio of the released two-expert pipelines, for a hub id that is not downloaded: diffusers'

@@ -1,5 +1,5 @@
-"""One typed config: YAML (or a seed format, e2v/seed_formats.py) -> the dataclasses of
-e2v/schema.py, `--set` overrides, the defaults one key implies for another (`normalise`),
+"""One typed config: YAML (or a seed format, e2v/config/seed_formats.py) -> the dataclasses of
+e2v/config/schema.py, `--set` overrides, the defaults one key implies for another (`normalise`),
 validation that names the key and the fix, and the resolved YAML written to the run folder.
 
 Every key a user can write is a schema field; anything else is an error that names the dotted
@@ -243,7 +243,7 @@ def normalise(cfg: Config) -> None:
     for p in cfg.visualization.processors:
         p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
     if cfg.conditioning.target_layout == "clean_prefix":
-        # The layout encodes each reference on its own (e2v/ti2v.py), which is what combine: after
+        # The layout encodes each reference on its own (e2v/conditioning/ti2v.py), which is what combine: after
         # names; the cache then stores them per element, and its fingerprint tells the layouts apart.
         cfg.processors.vae.combine = "after"
 

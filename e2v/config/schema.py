@@ -1,13 +1,13 @@
 """The config schema: every key a user can write is a field of the dataclasses below, its bounds
-declared beside it (`bounded(..., min=1)`, checked by e2v.config_checks) and whether it shapes
-the cached tensors (`cached(...)`, read by e2v/cache.py's fingerprint), plus the rules several
+declared beside it (`bounded(..., min=1)`, checked by e2v.config.checks) and whether it shapes
+the cached tensors (`cached(...)`, read by e2v/data/store.py's fingerprint), plus the rules several
 modules need, each written once: the VAE's strides, latent channels and the latent size (per model,
 from its VAE config), the reference-frame count, the frame-bucket list, what a model's shape allows.
 About 500 lines: the schema is one table a user reads through; splitting it would scatter the keys
 of one YAML.
 
-Loading and `--set` overrides live in e2v/config.py, the cross-field checks in e2v/config_checks.py,
-foreign formats in e2v/seed_formats.py.
+Loading and `--set` overrides live in e2v/config/load.py, the cross-field checks in e2v/config/checks.py,
+foreign formats in e2v/config/seed_formats.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def bounded(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
 
 def cached(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
     """A field whose value shapes the tensors tools/precompute.py stores: the cache fingerprint
-    (e2v/cache.py) holds every such field, so changing one makes the entries stale, by name."""
+    (e2v/data/store.py) holds every such field, so changing one makes the entries stale, by name."""
     return field(default=default, default_factory=default_factory, metadata={"shapes_cache": True})
 
 
@@ -89,15 +89,44 @@ class Element:
 
 
 @dataclass
+class OpenS2V:
+    """How an `opens2v` dataset's entries become samples (e2v/data/opens2v.py; docs/formats.md, "OpenS2V-5M")."""
+    caption_fields: list[str] = field(default_factory=lambda: ["face_cap_qwen", "cap"])  # first present wins
+    frame_range_fields: list[str] = field(default_factory=lambda: ["face_cut", "cut"])  # valid [start, end)
+    # class names (lower case, whole name) whose masks fill the subject elements; the rest fill objects
+    subject_classes: list[str] = field(default_factory=lambda: [
+        "person", "man", "woman", "boy", "girl", "child", "kid", "baby", "people", "human", "individual",
+        "lady", "gentleman", "human head", "face"])
+    # class names that are scene, not a reference (besides the entry's own word_tags.background)
+    background_classes: list[str] = field(default_factory=lambda: [
+        "background", "scene", "sky", "grass", "lawn", "park", "field", "wall", "floor", "ground", "road", "street",
+        "room", "water", "sea", "beach", "forest", "building", "city"])
+    # filled in order, best GME first; names the config has not are skipped (configs/e2v.yaml: subject,
+    # the tiny configs: person)
+    subject_elements: list[str] = field(default_factory=lambda: ["subject", "person"])
+    object_elements: list[str] = field(default_factory=lambda: ["object"])
+    background_element: Optional[str] = "background"  # null: no background reference
+    min_aesthetic: float = 0.0  # a mask's aes_score below this: dropped (counted)
+    min_gme: float = 0.0  # a mask's gme_score (text-image match of its class name) below this: dropped
+    max_subjects: int = bounded(2, min=1, note="(references cut per sample, subjects and objects together)")
+    background_root: Optional[str] = None  # the dataset's own backgrounds, <root>/<entry key>.png
+    nexus_images_root: Optional[str] = None  # generated views, <root>/<entry key>/<n>_<class>.png
+    cross_pairs_path: Optional[str] = None  # cross-video pairs JSON: references from another entry's frame
+    references_dir: Optional[str] = None  # where the cut references are written (default <data_root>/.e2v_opens2v)
+
+
+@dataclass
 class Dataset:
     data_root: str = ""  # folder of ID.mp4 / ID.txt / ID<suffix> (e2v); csv / jsonl: metadata_path's base
-    dataset_type: Literal["e2v", "csv", "jsonl"] = "e2v"
-    metadata_path: Optional[str] = None  # csv / jsonl file (relative to data_root if not absolute)
+    dataset_type: Literal["e2v", "csv", "jsonl", "opens2v"] = "e2v"
+    # csv / jsonl file (relative to data_root if not absolute); opens2v: a JSON part or a glob of them
+    metadata_path: Optional[str] = None
     # folder the csv / jsonl paths are relative to (default: the metadata file's folder)
     media_root: Optional[str] = None
     # sampling weight when several datasets are mixed
     weight: float = bounded(1.0, gt=0, note="(remove the dataset instead)")
     repeat: int = bounded(1, min=1)  # times each sample appears per epoch
+    opens2v: OpenS2V = field(default_factory=OpenS2V)  # read by dataset_type opens2v only
 
 
 # A real reference photo is at most a few tens of megapixels (a 50 MP camera: 8192 x 6144); a
@@ -173,7 +202,7 @@ class Conditioning:
     caption_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.3 (empty-prompt embedding)
     # overlay: the target is the clip; prepend: reference frames then the clip (docs/conditioning.md);
     # clean_prefix (Wan2.2 TI2V): each reference a clean latent frame before the clip's, timestep 0,
-    # the loss on the clip's frames only (e2v/ti2v.py)
+    # the loss on the clip's frames only (e2v/conditioning/ti2v.py)
     target_layout: Literal["overlay", "prepend", "clean_prefix"] = "overlay"
     target_sample_mode: Literal["argmax", "sample"] = "argmax"  # target latents: mean or sample
 
@@ -191,7 +220,7 @@ class LoRA:
 
 @dataclass
 class TinyShape:
-    """The tiny preset's transformer size (e2v/tiny.py; its defaults are the tests' ~30k-parameter
+    """The tiny preset's transformer size (e2v/models/tiny.py; its defaults are the tests' ~30k-parameter
     model). Width = heads x head_dim; Wan's rope splits head_dim into time / height / width parts
     of 2 * (head_dim // 6) each for height and width, so it must be even and at least 6."""
     layers: int = bounded(2, min=1)
@@ -216,7 +245,7 @@ class Model:
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
     # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
-    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/experts.py).
+    # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/config/experts.py).
     expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
 
 
@@ -291,7 +320,7 @@ class ValidationSet:
 
 @dataclass
 class SubjectColour:
-    """Which elements the subject-colour metrics read (e2v/fidelity.py): data whose subject is one
+    """Which elements the subject-colour metrics read (e2v/eval/fidelity.py): data whose subject is one
     flat colour on white, such as the demo's."""
     subject: str  # the element whose reference holds the subject
     # the element seen behind it, at the video's framing; none: each place's median over the frames
@@ -301,9 +330,9 @@ class SubjectColour:
 
 @dataclass
 class Validation:
-    every_n_steps: int = bounded(0, min=0)  # 0: off. Also runs at step 0 and at the last step (e2v/validation.py)
+    every_n_steps: int = bounded(0, min=0)  # 0: off. Also runs at step 0 and at the last step (e2v/eval/validation.py)
     # Fixed sigmas of the validation loss and the reference gaps; keep 0.9: references matter
-    # most at high noise; at low sigma the noisy input already shows the scene (e2v/validation.py).
+    # most at high noise; at low sigma the noisy input already shows the scene (e2v/eval/validation.py).
     sigmas: list[float] = bounded(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], gt=0, lt=1)
     num_samples: int = bounded(4, min=0)  # sample ids held out of training (when every_n_steps > 0), validated on
     seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
@@ -313,7 +342,7 @@ class Validation:
     guidance_scale: float = 5.0
     sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
     negative_prompt: str = ""
-    # val/sample_reference_match|swap on the held-out videos (e2v/fidelity.py); null: off. Each swap
+    # val/sample_reference_match|swap on the held-out videos (e2v/eval/fidelity.py); null: off. Each swap
     # video (sample i with sample i+1's references) is a second generation.
     subject_colour: Optional[SubjectColour] = None
 
@@ -327,7 +356,7 @@ class VisProcessor:
     video: bool = False  # vae_decode: also an mp4 per sample
 
 
-# Visualization data names (docs/formats.md, "Visualization data names"); e2v/viz.py documents
+# Visualization data names (docs/formats.md, "Visualization data names"); e2v/eval/viz.py documents
 # each tensor.
 VIS_DATA = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents", "reference_images")
 VIS_FORMATS = {"latent_save": ("pt", "safetensors"), "vae_decode": ("png",)}
@@ -417,7 +446,7 @@ def nearest_valid_size(x: int, multiple: int = 16) -> int:
 # by 16 (a 2x2 patchify, then 8). So a frame count is 4k+1 and a side a multiple of 16 pixels for
 # any Wan (PIXELS_PER_TOKEN, checked at config load), 32 for the Wan2.2 VAE (check_base, once the
 # model is known). A VAE config is a diffusers AutoencoderKLWan config (a dict, or `vae.config`);
-# e2v.plan.vae_config gives a model's without loading it.
+# e2v.config.bases.vae_config gives a model's without loading it.
 VAE_T, PATCH = 4, 2
 PIXELS_PER_TOKEN = 8 * PATCH
 
@@ -441,8 +470,8 @@ def latent_size(num_frames: int, height: int, width: int, vae_config) -> tuple[i
 def frame_bucket_list(cfg: Config) -> list[int]:
     """Allowed frame counts with auto frame buckets: data.frame_buckets, or 1 + step, 1 + 2 step, ...
     up to num_frames (step: data.time_division_factor, else 16), without counts shorter than the
-    condition frames the elements take. The loader buckets clips by it (e2v/data.py); validation
-    bounds the visualised frame indexes by its shortest count (e2v/config_checks.py)."""
+    condition frames the elements take. The loader buckets clips by it (e2v/data/dataset.py); validation
+    bounds the visualised frame indexes by its shortest count (e2v/config/checks.py)."""
     d = cfg.data
     step = d.time_division_factor or 16
     counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
@@ -450,7 +479,7 @@ def frame_bucket_list(cfg: Config) -> list[int]:
 
 
 def check_base(cfg: Config, transformer_config, vae_config) -> None:
-    """What the model's shape allows, once it is known: e2v.plan.preflight checks the transformer
+    """What the model's shape allows, once it is known: e2v.models.plan.preflight checks the transformer
     as training builds it (expanded when model.base is t2v) on the meta device before loading, and
     train_e2v.py checks the loaded one again (a hub id's shape is known only then). Its input is
     its latents alone (in_channels == the VAE's z_dim: a T2V or a TI2V base) or latents plus

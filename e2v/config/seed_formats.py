@@ -1,5 +1,5 @@
 """Seed formats (docs/formats.md): the configs users already have, mapped onto our schema
-(e2v/schema.py) in this one place, each mapped key printed once as a note by e2v.config.load_raw.
+(e2v/config/schema.py) in this one place, each mapped key printed once as a note by e2v.config.load.load_raw.
 
 - the seed JSON dataset config (`map_seed_json`), read for any `--config *.json`;
 - the old finetrainers-style command-line flags (`map_seed_flags`), read by train_e2v.py;
@@ -9,7 +9,7 @@
 Where an old name lives here is answered by one table, OLD_KEYS, plus our schema itself: a name
 that is already one of our field names (lr, num_frames, rank) is found in the schema
 (`schema_keys`), so only names that differ need an entry. The same lookup gives the hint for a
-key written in the wrong section of our YAML (e2v.config).
+key written in the wrong section of our YAML (e2v.config.load).
 """
 
 from __future__ import annotations

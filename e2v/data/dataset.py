@@ -34,9 +34,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from e2v.data.store import CacheStore
 from e2v.config.schema import Config, ConfigError
-from e2v.data.elements import Problem, Sample, discover, sample_bucket
-from e2v.data.media import (MediaError, NoClockError, TooShortError, check_clock, image_to_tensor, load_image,
-    load_video, preprocess_image, probe_video, supported_frames)
+from e2v.data.elements import discover
+from e2v.data.sample import Problem, Sample, element_paths, sample_bucket
+from e2v.data.media import (MediaError, NoClockError, TooShortError, WindowError, check_clock, clip_window,
+    image_to_tensor, load_image, load_video, preprocess_image, probe_video, supported_frames)
 from e2v.config.schema import frame_bucket_list
 
 Bucket = tuple[int, int, int]  # (F, H, W)
@@ -90,9 +91,13 @@ def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list
     def probe(s: Sample):
         try:
             info = probe_video(s.video)
-            frames = supported_frames(s.video, info.frames, cfg.data.fps)
-            s.bucket = choose_bucket(frames, info.height, info.width, cfg)
+            _, height, width = clip_window(s.video, info.frames, info.height, info.width, s.frame_range, s.crop)
+            frames = supported_frames(s.video, info.frames, cfg.data.fps, s.frame_range)
+            s.bucket = choose_bucket(frames, height, width, cfg)
             return None
+        except WindowError as e:
+            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
+                           "fix the sample's frame range / crop box in its metadata, or remove the sample", e.kind)
         except TooShortError as e:
             return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
                            "use a longer clip, or allow shorter data.frame_buckets", "too_short")
@@ -225,12 +230,14 @@ class E2VDataset(torch.utils.data.Dataset):
         if not s.prompt.strip():
             raise MediaError(f"{s.prompt_source or s.video}: empty prompt")
         f, h, w = sample_bucket(s, self.cfg)
-        files = {el.name: s.elements[el.name] for el in self.elements if el.name in s.elements}
+        paths = element_paths(s)
+        files = {el.name: paths[el.name] for el in self.elements if el.name in paths}
         if self.cache is not None:  # the element files ride along: the visualizer shows the references
             return {**self.cache.load(s), "element_files": files, "size": (h, w)}
         d = self.cfg.data
         video = load_video(s.video, f, h, w, stride=d.frame_stride, fps=d.fps,
-                           resize_mode=d.video_resize, reshape_mode=d.reshape_mode)
+                           resize_mode=d.video_resize, reshape_mode=d.reshape_mode, frame_range=s.frame_range,
+                           crop=s.crop)
         return {"id": s.id, "video": video, "prompt": s.prompt, **load_element_inputs(self.cfg, files, h, w)}
 
     def __getitem__(self, index: int) -> dict:

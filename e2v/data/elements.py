@@ -3,7 +3,8 @@
 A sample is an id that links a target video, its prompt and its element images. Sources:
 - `e2v`: a folder `ID.mp4 ID.txt ID<suffix>` (first suffix in an element's list that exists wins);
 - `csv`: columns `video`, `prompt`, optionally one column per element name;
-- `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths.
+- `jsonl`: one object per line, `path` (video or .npz) and `prompt`, optionally element paths;
+- `opens2v`: OpenS2V-5M's JSON parts, references cut from their RLE masks (e2v/data/opens2v.py).
 Relative paths in a CSV / JSONL are relative to the metadata file's folder, or to the dataset's
 `media_root` when set (the video-regression seed's `dataset_base_path`).
 
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2v.config.schema import Config, Dataset, Element
+from e2v.config.schema import Dataset, Element
+from e2v.data.opens2v import discover_opens2v
+from e2v.data.sample import MetadataError, Problem, Sample, has_bad_bytes, outside_problem, outside_root, printable
 
 VIDEO_EXTS = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".npz")
 
@@ -43,45 +44,6 @@ COMMON_LLM_CAPTION_PREFIXES = (
     "The scene shows",
     "The image shows",
 )
-
-
-@dataclass
-class Sample:
-    id: str
-    video: Path
-    prompt: str
-    elements: dict[str, Path] = field(default_factory=dict)  # element name -> image path
-    dataset: int = 0  # index into data.datasets
-    bucket: tuple[int, int, int] | None = None  # (F, H, W) it trains at (data.py); None: the config's
-    # where the prompt came from, for messages: the ID.txt, or "<metadata file> line N"
-    prompt_source: str = ""
-
-
-def sample_bucket(s: Sample, cfg: Config) -> tuple[int, int, int]:
-    """The (F, H, W) a sample trains at: its bucket, else the config's size. Here rather than in
-    data.py because cache.py (imported by data.py) keys its fingerprint by it too."""
-    return s.bucket or (cfg.data.num_frames, *cfg.data.resolution)
-
-
-@dataclass
-class Problem:
-    sample: str
-    file: str
-    problem: str
-    fix: str
-    kind: str = "bad_sample"  # stable name (tools/check_dataset.py's report and tests)
-    severity: str = "error"  # error: the sample would fail training; warning: it trains, maybe badly
-
-    def __str__(self) -> str:
-        return f"{self.sample}: {self.file}: {self.problem} -> {self.fix}"
-
-
-class MetadataError(ValueError):
-    """A CSV / JSONL metadata file that cannot be read as a whole (no sample of it is usable)."""
-
-    def __init__(self, file: str, problem: str, fix: str):
-        super().__init__(f"{file}: {problem} -> {fix}")
-        self.file, self.problem, self.fix = file, problem, fix
 
 
 def strip_caption_prefix(prompt: str) -> str:
@@ -108,32 +70,6 @@ def _resolve(root: Path, p: str) -> Path:
 
 
 NOT_UTF8 = "not_utf8"
-OUTSIDE_ROOT = "outside_root"
-
-
-def printable(text: str) -> str:
-    """Text read with errors="surrogateescape" -> text that prints (bad bytes become U+FFFD)."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def has_bad_bytes(text: str) -> bool:
-    """Whether text read with errors="surrogateescape" held bytes that are not UTF-8."""
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
-
-
-def outside_root(path: Path, root: Path) -> str | None:
-    """Where `path` really leads (symlinks followed) when that is outside `root`, else None."""
-    try:
-        real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
-    except ValueError:  # a NUL in the path: no file has that name; loading it fails as a bad sample
-        return None
-    return None if real.is_relative_to(real_root) else str(real)
-
-
-def _outside_problem(sid: str, where: str, what: str, raw: str, real: str, root: Path) -> Problem:
-    return Problem(sid, where, f"{what} {printable(raw)!r} resolves to {real}, outside the dataset root {root}",
-                   f"move the file under {root}, or set data.allow_outside_root: true if this dataset is trusted",
-                   OUTSIDE_ROOT)
 
 
 def _read_prompt(prompt_file: Path) -> str:
@@ -178,7 +114,7 @@ def _discover_folder(ds: Dataset, elements: list[Element], allow_outside_root: b
             leaks = [] if allow_outside_root else [
                 (what, p, real) for what, p in files if p.exists() and (real := outside_root(p, root))]
             if leaks:  # a symlink in the folder
-                problems += [_outside_problem(video.stem, str(p), f"{what} symlink", p.name, real, root)
+                problems += [outside_problem(video.stem, str(p), f"{what} symlink", p.name, real, root)
                              for what, p, real in leaks]
                 continue
             samples.append(Sample(video.stem, video, prompt, found, prompt_source=str(prompt_file)))
@@ -263,7 +199,7 @@ def _discover_table(ds: Dataset, elements: list[Element], allow_outside_root: bo
         leaks = [] if allow_outside_root else [
             (what, raw, real) for what, raw in paths if (real := outside_root(_resolve(base, raw), root))]
         if leaks:
-            problems += [_outside_problem(sid, where, f"{what} path", raw, real, root) for what, raw, real in leaks]
+            problems += [outside_problem(sid, where, f"{what} path", raw, real, root) for what, raw, real in leaks]
             continue
         found = {}
         for el in elements:
@@ -284,6 +220,8 @@ def discover(ds: Dataset, elements: list[Element], strip_prefixes: bool = False,
     """All samples of one dataset, plus the problems that exclude a sample (reported, never silent)."""
     if ds.dataset_type == "e2v":
         samples, problems = _discover_folder(ds, elements, allow_outside_root)
+    elif ds.dataset_type == "opens2v":
+        samples, problems = discover_opens2v(ds, elements, allow_outside_root)
     else:
         samples, problems = _discover_table(ds, elements, allow_outside_root)
     for s in samples:

@@ -3,7 +3,7 @@ modes of both conditioning pathways, with A2's arithmetic to the pixel.
 
 Legend: F frames, H/W height/width, C=3 channels. Videos leave this module as uint8 video_CFHW
 (the per-sample slice of the diffusers [B,C,F,H,W] layout; pixels in [-1, 1] are made on the
-device, e2v/device.py), images as float32 image_CHW in [-1, 1].
+device, e2v/runtime/device.py), images as float32 image_CHW in [-1, 1].
 """
 
 from __future__ import annotations
@@ -275,11 +275,55 @@ def time_indices(times: np.ndarray, fps: float, num_frames: int, stride: int = 1
     return np.where(targets - times[before] <= times[after] - targets, before, after).tolist()
 
 
-def supported_frames(path: str | Path, frames: int, fps: float | None) -> int:
-    """Frames a clip of `frames` frames gives the frame-count and bucket rules (e2v/data.py's
+def supported_frames(path: str | Path, frames: int, fps: float | None,
+                     frame_range: tuple[int, int] | None = None) -> int:
+    """Frames a clip of `frames` frames gives the frame-count and bucket rules (e2v/data/dataset.py's
     choose_bucket, tools/check_dataset.py): all of them by index (data.fps null), else
-    frames_at_rate of its timestamps."""
-    return frames if fps is None else frames_at_rate(frame_times(path), fps)
+    frames_at_rate of its timestamps; only those of `frame_range` [start, end) when a source
+    restricts it (OpenS2V's cut: the frames outside hold a jump cut)."""
+    start, end = frame_range or (0, frames)
+    return end - start if fps is None else frames_at_rate(frame_times(path)[start:end], fps)
+
+
+class WindowError(MediaError):
+    """A sample's valid frame range or crop box lies outside its clip; `kind` names which."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def clip_window(path, frames: int, height: int, width: int, frame_range: tuple[int, int] | None = None,
+                crop: tuple[int, int, int, int] | None = None) -> tuple[int, int, int]:
+    """(frames, height, width) of the part of a clip a sample may use: its frame_range [start, end)
+    and crop box (x1, y1, x2, y2), both in the clip's own frames and pixels. WindowError naming the
+    clip when either lies outside it: the one rule loading, bucketing and the validator apply."""
+    if frame_range is not None:
+        start, end = frame_range
+        if not 0 <= start < end <= frames:
+            raise WindowError(f"{path}: valid frame range [{start}, {end}) lies outside the clip's {frames} frames",
+                              "frame_range_outside_video")
+        frames = end - start
+    if crop is not None:
+        x1, y1, x2, y2 = crop
+        if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+            raise WindowError(f"{path}: crop box (x1, y1, x2, y2) {tuple(crop)} lies outside the {width}x{height} "
+                              "frame", "crop_outside_video")
+        height, width = y2 - y1, x2 - x1
+    return frames, height, width
+
+
+def read_frame(path: str | Path, index: int) -> np.ndarray:
+    """One decoded frame, uint8 frame_HW3 (a reference cut from an annotated frame)."""
+    vr = _reader(path)
+    if not 0 <= index < len(vr):
+        raise MediaError(f"{path}: frame {index} asked for, the clip has {len(vr)} frames")
+    try:
+        frame_HW3 = vr[index].asnumpy()
+    except Exception as e:
+        raise MediaError(f"cannot decode frame {index} of {path}: {e}") from e
+    _check_channels(frame_HW3.shape, path)
+    return frame_HW3
 
 
 def _check_channels(frame_shape, path) -> None:
@@ -323,7 +367,7 @@ def frame_indices(available: int, num_frames: int, stride: int = 1, start: int =
 
 def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mode: str = "center_crop",
                     reshape_mode: str = "bicubic") -> torch.Tensor:
-    """uint8 frames [F,H,W,3] -> uint8 video_CFHW at height x width (e2v/device.py's `as_pixels`
+    """uint8 frames [F,H,W,3] -> uint8 video_CFHW at height x width (e2v/runtime/device.py's `as_pixels`
     makes it [-1, 1] on the device: a quarter of the float bytes through the loader).
 
     The crop box is center_crop's arithmetic. Bicubic and bilinear resize the whole clip at once
@@ -356,11 +400,14 @@ def _crop_box(hw: tuple[int, int], height: int, width: int) -> tuple[slice, slic
 
 
 def load_video(path: str | Path, num_frames: int, height: int, width: int, *, stride: int = 1,
-               fps: float | None = None, resize_mode: str = "center_crop",
-               reshape_mode: str = "bicubic") -> torch.Tensor:
+               fps: float | None = None, resize_mode: str = "center_crop", reshape_mode: str = "bicubic",
+               frame_range: tuple[int, int] | None = None,
+               crop: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """Decode `num_frames` frames (from the first, `stride` apart; with `fps`, by time:
-    time_indices) -> uint8 video_CFHW. `.npz` files hold uint8 frames [F,H,W,3] under `frames`
-    (the T2V seed format) and have no clock: `fps` with one is NoClockError."""
+    time_indices) -> uint8 video_CFHW. A source may restrict the frames to `frame_range` [start,
+    end) (sampling starts at `start`, never reads past `end`) and cut every frame to `crop`
+    (x1, y1, x2, y2) before the resize: clip_window checks both. `.npz` files hold uint8 frames
+    [F,H,W,3] under `frames` (the T2V seed format) and have no clock: `fps` with one is NoClockError."""
     path = Path(path)
     if path.suffix == ".npz":
         if fps is not None:
@@ -370,20 +417,32 @@ def load_video(path: str | Path, num_frames: int, height: int, width: int, *, st
                 frames = z["frames"]
         except Exception as e:
             raise MediaError(f"cannot read frames from {path}: {e} (expected uint8 [F,H,W,3] under 'frames')") from e
+        available = clip_window(path, len(frames), *frames.shape[1:3], frame_range, crop)[0]
+        start = frame_range[0] if frame_range else 0
         try:
-            idx = frame_indices(len(frames), num_frames, stride)
+            idx = [start + i for i in frame_indices(available, num_frames, stride)]
         except MediaError as e:
             raise type(e)(f"{path}: {e}") from None
-        return frames_to_video(frames[idx], height, width, resize_mode, reshape_mode)
+        return frames_to_video(_crop(frames[idx], crop), height, width, resize_mode, reshape_mode)
     vr = _reader(path)
-    times = None if fps is None else _frame_times(vr, path)
+    if frame_range is not None or crop is not None:
+        clip_window(path, len(vr), *vr[0].shape[:2], frame_range, crop)
+    start, end = frame_range or (0, len(vr))
+    times = None if fps is None else _frame_times(vr, path)[start:end]
     try:
-        idx = frame_indices(len(vr), num_frames, stride) if times is None else time_indices(times, fps, num_frames,
-                                                                                            stride)
-        frames = vr.get_batch(idx).asnumpy()
+        idx = frame_indices(end - start, num_frames, stride) if times is None else time_indices(times, fps, num_frames,
+                                                                                                stride)
+        frames = vr.get_batch([start + i for i in idx]).asnumpy()
     except MediaError as e:
         raise type(e)(f"{path}: {e}") from None
     except Exception as e:
         _check_channels(vr[0].shape, path)
         raise MediaError(f"cannot decode frames of {path}: {e}") from e
-    return frames_to_video(frames, height, width, resize_mode, reshape_mode)
+    return frames_to_video(_crop(frames, crop), height, width, resize_mode, reshape_mode)
+
+
+def _crop(frames_FHWC: np.ndarray, crop: tuple[int, int, int, int] | None) -> np.ndarray:
+    if crop is None:
+        return frames_FHWC
+    x1, y1, x2, y2 = crop
+    return np.ascontiguousarray(frames_FHWC[:, y1:y2, x1:x2])

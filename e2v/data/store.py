@@ -13,7 +13,7 @@ before anything random happens:
                                              keep a fixed set, so one encode per sample is exact)
     vae.<element>.mean / .std    [16,t,h,w]  combine after: each element encoded on its own; any
                                              mode, the random subset is assembled per step (also
-                                             the clean_prefix layout's references, e2v/ti2v.py)
+                                             the clean_prefix layout's references, e2v/conditioning/ti2v.py)
 and, in the safetensors metadata, the fingerprint (`fp.<field>`) and the element names. Not
 cacheable (config.py refuses at start): combine before with prefix / random (the condition video
 depends on the choice of the step) and target_layout prepend. `<root>/_shared.safetensors` holds
@@ -44,7 +44,7 @@ from safetensors.torch import load_file, save_file
 
 from e2v.config.schema import Config
 from e2v.config.schema import cache_shaping_values
-from e2v.data.elements import Sample, sample_bucket
+from e2v.data.sample import Sample, sample_bucket
 from e2v.data.media import MediaError
 
 CACHE_VERSION = "2"  # 2: the config part of the fingerprint is one field per declared key
@@ -71,7 +71,7 @@ def _file_stamp(path: Path) -> str:
 def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[str, str]:
     """Every input that shapes the cached tensors, one named field each (the stale-entry error
     names the field that changed): the sample's files and caption, its bucket, and every config
-    field the schema declares as shaping the cache (e2v.schema.cached)."""
+    field the schema declares as shaping the cache (e2v.config.schema.cached)."""
     fp = {
         "version": CACHE_VERSION,
         "video": _file_stamp(s.video) if s.video.exists() else f"{s.video} missing",
@@ -79,9 +79,16 @@ def fingerprint(s: Sample, cfg: Config, bucket: tuple[int, int, int]) -> dict[st
         "frames_resolution": f"{bucket[0]}x{bucket[1]}x{bucket[2]}",
         **cache_shaping_values(cfg),
     }
+    if s.frame_range is not None:
+        fp["frame_range"] = json.dumps(list(s.frame_range))
+    if s.crop is not None:
+        fp["crop"] = json.dumps(list(s.crop))
+    # references a source cuts on first use are named by what shaped them (their recipe's stamps),
+    # not by the written file's mtime: re-cutting the same references keeps the entry valid
+    stamps = s.make_elements.stamps if s.make_elements is not None else {}
     for name in sorted(s.elements):
         p = s.elements[name]
-        fp[f"element.{name}"] = _file_stamp(p) if p.exists() else f"{p} missing"
+        fp[f"element.{name}"] = stamps.get(name) or (_file_stamp(p) if p.exists() else f"{p} missing")
     return fp
 
 

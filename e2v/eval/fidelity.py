@@ -1,5 +1,5 @@
 """Do generated videos follow their references? Two measurements that look only at generated pixels
-and at reference images (README, "Look at what it learns"; e2v/validation.py runs them).
+and at reference images (README, "Look at what it learns"; e2v/eval/validation.py runs them).
 
 Subject colour (`validation.subject_colour`, for data whose subject is one flat colour, such as the
 demo's). The subject's colour is read from its reference: the median of the pixels that are not the

@@ -25,12 +25,12 @@ logged too (`val/reference_gap_shuffle_at_sigma_0.9`, `val/reference_gap_shuffle
 Generated videos come from `validation.sets` (prompt + element images), else from the first
 `validation.num_videos` held-out samples. `validation.sets` alone (num_samples 0) validates too:
 videos only, no losses. Held-out videos are also measured against their references
-(e2v/fidelity.py): the CLIP element similarity and its gap to another held-out sample's references,
+(e2v/eval/fidelity.py): the CLIP element similarity and its gap to another held-out sample's references,
 and with `validation.subject_colour` whether the subject's colour follows its own references
 (val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
 `samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
 
-Wan2.2's two experts (e2v/experts.py): each sigma is scored by its expert; a run that trains one
+Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
 
@@ -49,6 +49,7 @@ import torch
 from e2v.conditioning.encode import Conditions
 from e2v.data.dataset import E2VDataset, collate, element_inputs
 from e2v.runtime.device import randn, to_device
+from e2v.data.sample import element_paths
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.train.flow import add_noise, per_sample_mse
 from e2v.config.experts import trains_sigma
@@ -214,7 +215,7 @@ class Validator:
         `validation.num_videos` held-out samples with their own references."""
         v, limit = self.cfg.validation, self.cfg.data.max_image_pixels
         chosen = v.sets or self.samples[: v.num_videos]
-        return [(s.prompt, {k: load_image(p, limit) for k, p in s.elements.items()}) for s in chosen]
+        return [(s.prompt, {k: load_image(p, limit) for k, p in element_paths(s).items()}) for s in chosen]
 
     def generate(self, model, parts, inputs: list[tuple[str, dict]]) -> torch.Tensor:
         """Latents of (prompt, element images) pairs, with the noise of `validation.seed`: row k
@@ -259,13 +260,13 @@ class Validator:
             self.tb.add_image("val/generated_sheet", sheet, step, dataformats="HWC")
         return len(inputs), self.fidelity(videos, swapped, parts)
 
-    # -- do the held-out videos follow their references (e2v/fidelity.py) -------------------------
+    # -- do the held-out videos follow their references (e2v/eval/fidelity.py) -------------------------
 
     def held_out_images(self) -> list[dict]:
         """Every held-out sample's element images (PIL), loaded once."""
         if self.images is None:
             limit = self.cfg.data.max_image_pixels
-            self.images = [{k: load_image(p, limit) for k, p in s.elements.items()} for s in self.samples]
+            self.images = [{k: load_image(p, limit) for k, p in element_paths(s).items()} for s in self.samples]
         return self.images
 
     def partner(self, k: int) -> int:

@@ -3,7 +3,7 @@
 shared between GPUs (docs/context_parallel.md has the arithmetic and what composes with what).
 
 Layout. The launched processes form data-parallel groups of P = U x R consecutive ranks
-(e2v.distributed.context_parallel_mesh: rank = dp * P + r * U + u). The P ranks of a group act as
+(e2v.runtime.distributed.context_parallel_mesh: rank = dp * P + r * U + u). The P ranks of a group act as
 one data-parallel rank: they load the same micro-batch and draw the same elements, dropouts,
 sigmas and noise, because the loader, the bucket sampler and the seeds take `Layout.dp_rank` and
 `Layout.dp_size`, not the global rank and world.
@@ -86,7 +86,7 @@ def layout(cfg, rank: int, world: int) -> Layout:
 
 def check_heads(cfg, heads: int) -> None:
     """Ulysses gives each rank heads / ulysses_degree whole heads. On the meta device before
-    loading (e2v.plan.preflight) and on the loaded model (a hub id's shape is known only then)."""
+    loading (e2v.models.plan.preflight) and on the loaded model (a hub id's shape is known only then)."""
     u = cfg.parallel.ulysses_degree
     if heads % u:
         fits = [k for k in range(1, heads + 1) if heads % k == 0]

@@ -115,7 +115,7 @@ def init_new_modules(model: WanTransformer3DModel, is_new, device, dtype: torch.
     seeded `seed + 1`, in model order, then cast to `dtype`; zero `add_v_proj` so the image
     branch adds exactly 0. The one place these values are made: the whole load materialises its
     meta modules here, the ZeRO-3 partitioned load a meta copy it then streams from
-    (e2v/zero3_load.py), so both start from the same weights."""
+    (e2v/models/zero3_load.py), so both start from the same weights."""
     with seeded(seed + 1):
         for module in model.modules():
             if module is model.patch_embedding or not is_new(module):

@@ -17,7 +17,7 @@ other expert's base weights for the other timesteps (models.with_all_experts).
 
 Names: the experts are the children `high_noise` / `low_noise` of `TwoExperts`, so its parameters
 read `low_noise.blocks.0.attn1.to_q.lora_A.default.weight`; the exports go to one folder per
-expert under the plain names (e2v/export.py). Legend: B batch.
+expert under the plain names (e2v/train/export.py). Legend: B batch.
 """
 
 from __future__ import annotations

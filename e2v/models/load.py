@@ -1,7 +1,7 @@
-"""The Wan parts of a config: the tiny preset (e2v/tiny.py) or a diffusers folder / hub id
-(`from_pretrained`), the ZeRO-3 partitioned load when DeepSpeed asks for it (e2v/zero3_load.py),
-the T2V expansion when the base needs it (e2v/expand.py), Wan2.2's experts (e2v/experts.py) and
-the encoders frozen on the device (e2v/parts.py). Nothing here downloads anything unless `model.pretrained` names a hub id that is
+"""The Wan parts of a config: the tiny preset (e2v/models/tiny.py) or a diffusers folder / hub id
+(`from_pretrained`), the ZeRO-3 partitioned load when DeepSpeed asks for it (e2v/models/zero3_load.py),
+the T2V expansion when the base needs it (e2v/models/expand.py), Wan2.2's experts (e2v/config/experts.py) and
+the encoders frozen on the device (e2v/models/parts.py). Nothing here downloads anything unless `model.pretrained` names a hub id that is
 not in the local cache."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _transformer_dtype(cfg: Config) -> torch.dtype:
 def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dict | None = None,
                      image_width: int = CLIP_VIT_H[1]) -> tuple[WanTransformer3DModel, dict | None]:
     """One transformer of a pretrained folder (`transformer`, or a Wan2.2 expert's subfolder),
-    widened for elements as the config asks (e2v/expand.py; `image_width`: the CLIP's), and,
+    widened for elements as the config asks (e2v/models/expand.py; `image_width`: the CLIP's), and,
     partitioned at load under a ZeRO-3 `ds_config` (load_transformer_zero3), its fp32 file values."""
     path, tdtype = resolve_pretrained(cfg.model.pretrained), _transformer_dtype(cfg)
     blocker = zero3_load_blocker(cfg, ds_config, subfolder)
@@ -129,7 +129,7 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
 
 
 def expanded(transformer: WanTransformer3DModel, cfg: Config, image_width: int) -> WanTransformer3DModel:
-    """The transformer widened as the config needs (e2v/expand.py), or itself."""
+    """The transformer widened as the config needs (e2v/models/expand.py), or itself."""
     if not needs_expansion(transformer.config, cfg):
         return transformer
     in_channels, image_dim = expansion_shape(cfg, image_width, transformer.config.in_channels)

@@ -1,5 +1,5 @@
 """What a model is made of (`Parts`), where its weights come from, and how its frozen encoders
-are prepared: the contract between loading (e2v/models.py, e2v/tiny.py) and everything that
+are prepared: the contract between loading (e2v/models/load.py, e2v/models/tiny.py) and everything that
 runs the parts (conditioning, the step, validation, the tools)."""
 
 from __future__ import annotations

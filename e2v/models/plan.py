@@ -115,7 +115,7 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
 #   checkpointing keeps the block inputs: S D (K / P + 1 - 1/P) (the first block's input is split inside it)
 ACT_BLOCK = (24.2, 2.0, 4.0)
 ACT_OUTSIDE = (2.3, 3.4, 267.0)
-# Per-token timesteps (the clean_prefix layout, e2v/ti2v.py): the time embedding and each block's
+# Per-token timesteps (the clean_prefix layout, e2v/conditioning/ti2v.py): the time embedding and each block's
 # modulation are per token instead of per sample: A += 5.5 S D, O += 11 S D (fitted like the rest).
 ACT_PER_TOKEN_TIME = (5.5, 11.0)
 OUT_PER_TOKEN = 64  # proj_out's outputs per token: 16 latent channels x the 1 x 2 x 2 patch

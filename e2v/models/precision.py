@@ -1,7 +1,7 @@
 """diffusers keeps some Wan modules in fp32 (`_keep_in_fp32_modules`: the time embedder, the
 modulation tables, the norms, the rope tables); DeepSpeed's bf16 mode casts every parameter. One
 name rule decides which those are (kept_in_fp32), and their exact fp32 values are taken before
-`deepspeed.initialize` and put back after it (e2v/engine.py), by the export (e2v/export.py)
+`deepspeed.initialize` and put back after it (e2v/train/engine.py), by the export (e2v/train/export.py)
 and by inference (`to_inference_dtype`: tools/sample.py, and the base Wan2.2 expert validation
 loads)."""
 

@@ -4,7 +4,7 @@ with small configs (docs/architecture.md, "Tensor contracts"), so the tests and 
 exactly what a 14B run does: 2 heads x 12, 2 layers, ~30k transformer parameters by default
 (`model.tiny` sizes the transformer: the demo's is 4 layers of width 128, 1.4 M). The tiny_ti2v
 preset is Wan2.2 TI2V-5B's layout at that size: 48 channels, no image attention or CLIP, the tiny
-Wan2.2 VAE (e2v/tiny_vae22.py)."""
+Wan2.2 VAE (e2v/models/tiny_vae22.py)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def tiny_transformer_config(base: str = "i2v", shape: TinyShape | None = None) -
 
 
 def build_tiny_experts(seed: int, names, shape: TinyShape | None = None) -> dict[str, WanTransformer3DModel]:
-    """The tiny two-expert preset's experts (e2v/experts.py), each from its own seed, so either one
+    """The tiny two-expert preset's experts (e2v/config/experts.py), each from its own seed, so either one
     is the same whether it is built alone or with the other."""
     experts = {}
     for k, name in enumerate(("high_noise", "low_noise")):

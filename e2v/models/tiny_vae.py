@@ -332,7 +332,7 @@ def build_tiny_vae(seed: int = 0, informative: bool = True) -> AutoencoderKLWan:
 
 def _encoder_head(vae, offset_4: torch.Tensor, readout_34: torch.Tensor, z_dim: int,
                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The encoder's output head, shared by both tiny VAEs (this one and e2v/tiny_vae22.py): the
+    """The encoder's output head, shared by both tiny VAEs (this one and e2v/models/tiny_vae22.py): the
     RMS norm's gamma restores |o| on the offset manifold, then a fixed full-rank mixing of the 6
     signals (mean RGB from group A, gain * change = group B - group A) into z_dim channels, with
     orthonormal columns so the decoder inverts it with the transpose; log-variance _LOGVAR; the

@@ -1,7 +1,7 @@
 """A tiny Wan2.2 VAE (`AutoencoderKLWan` with `is_residual`, `patch_size` 2: 48 latent channels,
 16x space, 4x causal time) whose latents carry the video, for the TI2V tiny preset.
 
-It is to the Wan2.2 VAE what e2v/tiny_vae.py is to the Wan2.1 one (read that module first: the
+It is to the Wan2.2 VAE what e2v/models/tiny_vae.py is to the Wan2.1 one (read that module first: the
 same analytic-weight method, the same offset trick around the RMS norms): a random-weight VAE
 keeps almost nothing of the video, so a tiny transformer trained on its latents cannot learn to
 use references. With `informative=True` the encoder computes

@@ -61,7 +61,7 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype,
     from_pretrained's (file value -> dtype, round to nearest). Returns the fp32 file values of the
     _keep_in_fp32_modules parameters for fp32_kept_params; every rank reads those itself (~0.1 GiB
     for 14B). Costs one all-gather per parameter (~1,100 for 14B).
-    `expand_to` (in_channels, image_dim or None): build the base widened for elements (e2v/expand.py)
+    `expand_to` (in_channels, image_dim or None): build the base widened for elements (e2v/models/expand.py)
     and load it partitioned too: the file's patch embedding goes into the first input channels, and
     the modules the files lack take init_new_modules' values (made on rank 0 in a meta copy, the
     same values the whole load's expand_for_elements gives for the same `seed`)."""

@@ -41,7 +41,7 @@ def init_distributed() -> None:
 
 
 def context_parallel_mesh(data_parallel: int, ring: int, ulysses: int):
-    """The process groups of context parallelism (e2v/context_parallel.py): a device mesh with
+    """The process groups of context parallelism (e2v/models/context_parallel.py): a device mesh with
     dimensions (dp, ring, ulysses), so that rank = (dp * ring + r) * ulysses + u and the ranks of
     one context-parallel group are consecutive, plus a group of every rank (DeepSpeed reduces and
     partitions over it). A collective: every rank calls it, once."""

@@ -1,5 +1,5 @@
 """DeepSpeed checkpoints that survive a kill, and resume that continues the same run; the offline
-export of a checkpoint folder (tools/export_lora.py) through e2v/export.py's writers.
+export of a checkpoint folder (tools/export_lora.py) through e2v/train/export.py's writers.
 
 Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks hash
 the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every file),
@@ -14,7 +14,7 @@ saves).
 
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
 into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
-Nothing is unpickled beyond data: see e2v/integrity.py.
+Nothing is unpickled beyond data: see e2v/runtime/integrity.py.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def wan_original_name(module: str) -> str:
     for pattern, repl in WAN_ORIGINAL_NAMES.items():
         if re.match(pattern, module):
             return re.sub(pattern, repl, module)
-    raise KeyError(f"no original Wan name for '{module}' (add it to WAN_ORIGINAL_NAMES in e2v/comfy.py)")
+    raise KeyError(f"no original Wan name for '{module}' (add it to WAN_ORIGINAL_NAMES in e2v/train/comfy.py)")
 
 
 def wan_original_key(param: str) -> str:

@@ -27,7 +27,7 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
 
     The LR schedule is not DeepSpeed's (its WarmupLR forbids 0 warmup steps and starts at lr 0);
     train_e2v.py passes a torch LambdaLR, which DeepSpeed checkpoints with the engine.
-    Which Adam: e2v.device.choose_adam (DeepSpeed's where it can be built, else torch's AdamW)."""
+    Which Adam: e2v.runtime.device.choose_adam (DeepSpeed's where it can be built, else torch's AdamW)."""
     ds = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())
     t = cfg.train
     torch_adam, _ = adam_choice(cfg, ds, cuda)

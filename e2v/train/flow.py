@@ -33,7 +33,7 @@ def sample_sigmas(batch: int, *, generator: torch.Generator, mode: str = "unifor
     """sigma_B in (0, 1). `timestep_list` (0..1000) restricts training to those timesteps: the video
     regression seed trains only at its `denoising_step_list`, unshifted (they are already schedule
     points). `sigma_range` (lo, hi), both inclusive: the same distribution conditioned on that range
-    (one Wan2.2 expert's timesteps, e2v/experts.py), drawn by inverting its CDF, so its shape within
+    (one Wan2.2 expert's timesteps, e2v/config/experts.py), drawn by inverting its CDF, so its shape within
     the range is kept and each sample costs one draw, as without a range."""
     if timestep_list:
         sigmas = torch.tensor(timestep_list, dtype=torch.float32) / 1000.0

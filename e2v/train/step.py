@@ -5,12 +5,12 @@
     x_t             =  (1 - sigma) x0 + sigma noise
     model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
                     or cat([ref_latents, x_t], frames)      (Wan2.2 TI2V's clean_prefix layout: the
-                                                             references' tokens at timestep 0, e2v/ti2v.py)
+                                                             references' tokens at timestep 0, e2v/conditioning/ti2v.py)
     model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)   (clip frames only)
     loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
                     or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
 
-Every tensor stays on the device of the conditions (e2v/device.py); only the logged scalars come
+Every tensor stays on the device of the conditions (e2v/runtime/device.py); only the logged scalars come
 back to the CPU. Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
 """
 

@@ -54,7 +54,7 @@ def make_data_clips(root: Path) -> Path:
 
 
 def decode_decord(path) -> np.ndarray:
-    """What e2v.media.load_video does before resizing: decord, one thread, a batch of indices."""
+    """What e2v.data.media.load_video does before resizing: decord, one thread, a batch of indices."""
     from e2v.data.media import _reader, frame_indices
 
     vr = _reader(path)
@@ -84,7 +84,7 @@ DECODERS = {"decord": decode_decord, "opencv": decode_opencv}
 
 
 def timed_load_video(decode, phases: Phases):
-    """e2v.media.load_video with a given decoder, decode and resize timed apart."""
+    """e2v.data.media.load_video with a given decoder, decode and resize timed apart."""
     from e2v.data.media import frames_to_video
 
     def load_video(path, num_frames, height, width, *, stride=1, fps=None, resize_mode="center_crop",
@@ -97,7 +97,7 @@ def timed_load_video(decode, phases: Phases):
 
 
 def pil_frames_to_video(frames_FHWC, height: int, width: int):
-    """The resize e2v.media.frames_to_video did before it resized whole clips in torch: PIL
+    """The resize e2v.data.media.frames_to_video did before it resized whole clips in torch: PIL
     per frame (centre crop, bicubic), uint8 [3,F,H,W] out as the loader ships it. Kept here to
     measure the gain."""
     import torch
@@ -110,7 +110,7 @@ def pil_frames_to_video(frames_FHWC, height: int, width: int):
 
 
 def resize_alternative(samples, h: int, w: int, repeats: int) -> dict:
-    """e2v.media.frames_to_video (torch, whole clip) against PIL per frame on the same decoded
+    """e2v.data.media.frames_to_video (torch, whole clip) against PIL per frame on the same decoded
     clips, interleaved."""
     from e2v.data.media import frames_to_video
 

@@ -43,7 +43,7 @@ def render_steps(res: dict, title: str) -> list[str]:
     out = [f"## 1. Step breakdown{title}", "",
            "One training step (gradient accumulation 1) as train_e2v.py runs it, split into phases; ms per step, "
            "median (min-max) over the timed steps. *Online*: DataLoader (0 workers) + VAE / UMT5 / CLIP every step. "
-           "*Cached*: `cache.enabled` with the entries tools/precompute.py wrote (e2v/cache.py): the DataLoader "
+           "*Cached*: `cache.enabled` with the entries tools/precompute.py wrote (e2v/data/store.py): the DataLoader "
            "reads one safetensors file per sample, conditions_from_cache builds the step's tensors, no encoder is "
            "loaded.", ""]
     for preset, r in res["presets"].items():
@@ -114,7 +114,7 @@ def render_data(d: dict) -> list[str]:
     t = d["target"]
     out = ["## 3. Data pipeline at 81 x 480 x 832", "",
            f"{d['clips']} synthetic clips, {t[0]} frames at {d['source_hw'][0]}x{d['source_hw'][1]} (H.264, CRF 23), "
-           f"centre-cropped and resized (torch antialiased bicubic, e2v.media) to {t[1]}x{t[2]}; elements: {d['elements']}. One sample is "
+           f"centre-cropped and resized (torch antialiased bicubic, e2v.data.media) to {t[1]}x{t[2]}; elements: {d['elements']}. One sample is "
            f"one E2VDataset.load: a {d['video_tensor_mb']} MB float32 video tensor. ms per sample, one torch thread, "
            f"median (min-max) over {d['decoders']['decord']['item']['n']} loads. Decoded pixels of the two "
            f"decoders differ by {d['decoder_mean_abs_diff_levels']} levels (mean |diff|, of 255). "
@@ -131,7 +131,7 @@ def render_data(d: dict) -> list[str]:
     out += ["", f"OpenCV / decord decode time: **{r:.2f}x**. Resize + to-tensor is **{100 * share:.0f}%** of a "
             f"decord sample."]
     if alt:
-        out += ["", f"Resize before and after: e2v.media.frames_to_video resizes the whole clip with torch's "
+        out += ["", f"Resize before and after: e2v.data.media.frames_to_video resizes the whole clip with torch's "
                 f"antialiased filter on uint8 ({fmt(alt['current_ms'])} ms); PIL per frame, as it did before "
                 f"(`pil_frames_to_video` here), takes {fmt(alt['pil_per_frame_ms'])} ms: **{alt['speedup']}x**; "
                 f"pixels differ by {alt['mean_abs_diff_levels']} levels on average, "

@@ -1,9 +1,9 @@
 """One benchmark configuration built and stepped the way train_e2v.py does it, from the same e2v
-functions: parts from `e2v.models.load_parts`, then `e2v.engine.prepare_for_training` (freeze,
-seeded LoRA, trainable modules, gradient checkpointing) and `e2v.engine.initialize_engine`
+functions: parts from `e2v.models.load.load_parts`, then `e2v.train.engine.prepare_for_training` (freeze,
+seeded LoRA, trainable modules, gradient checkpointing) and `e2v.train.engine.initialize_engine`
 (deepspeed.initialize with the fp32-kept modules restored); per step, the batch moved once with
-`e2v.device.to_device`, `e2v.cache.batch_conditions`, then `e2v.step`'s draw, forward and loss,
-the non-finite guard, backward, optimizer step, and the loop's logging (`e2v.runlog.Log`).
+`e2v.runtime.device.to_device`, `e2v.data.store.batch_conditions`, then `e2v.train.step`'s draw, forward and loss,
+the non-finite guard, backward, optimizer step, and the loop's logging (`e2v.train.runlog.Log`).
 tests/test_bench_step.py holds this to train_e2v.py's own loop: same losses, same gradient norms.
 
 What the bench adds is only the phase timer around each part. The bare PyTorch loop (`BareLoop`)
@@ -72,7 +72,7 @@ def build_parts(preset: str, cfg, with_encoders: bool, device, ds_config: dict):
 
 
 def make_engine(parts, cfg, cuda: bool, ds_config: dict | None = None, transformer=None):
-    """`e2v.engine.initialize_engine` with the config train_e2v.py resolves for one rank (or an
+    """`e2v.train.engine.initialize_engine` with the config train_e2v.py resolves for one rank (or an
     edited one), on `parts.transformer` or on a copy of it (`transformer`). -> (engine, scheduler)"""
     if transformer is not None:
         parts = dataclasses.replace(parts, transformer=transformer)

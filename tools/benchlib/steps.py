@@ -48,7 +48,7 @@ def setup(preset: str, cfg, cuda: bool, log_dir: Path | None, keep_initial: bool
 
 def child_steps(a) -> dict:
     """One configuration in this fresh process: `online` decodes and encodes every step; `cached`
-    builds the transformer only and reads the entries tools/precompute.py wrote (e2v/cache.py),
+    builds the transformer only and reads the entries tools/precompute.py wrote (e2v/data/store.py),
     then runs the overhead comparison on those tensors."""
     cuda = torch.cuda.is_available()
     rss_start = current_rss_mb()

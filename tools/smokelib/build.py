@@ -1,7 +1,7 @@
 """Random-weight diffusers folders with the real Wan2.1 shapes, built in seconds and nothing
 downloaded: the T2V-1.3B transformer (KNOWN_WAN_CONFIGS) saved in safetensors shards with an
 index, the Wan2.1 VAE (AutoencoderKLWan()), a UMT5 encoder of UMT5-XXL's width with ONE layer and
-the tiny word-level vocabulary (e2v.tiny.build_tiny_tokenizer, saved so it loads offline), and CLIP
+the tiny word-level vocabulary (e2v.models.tiny.build_tiny_tokenizer, saved so it loads offline), and CLIP
 ViT-H/14's vision tower with Wan's image processor (224 px crop) in an I2V-style folder
 (image_encoder/, image_processor/), as configs/e2v_t2v_1.3b.yaml's model.image_encoder expects.
 
@@ -109,7 +109,7 @@ def build_clip(scale: str, seed: int):
 
 def wan_image_processor():
     """Wan I2V's CLIPImageProcessor settings: shortest edge 224, 224 x 224 centre crop, bicubic,
-    OpenAI CLIP mean / std (the class defaults), through e2v.parts' PIL class."""
+    OpenAI CLIP mean / std (the class defaults), through e2v.models.parts' PIL class."""
     from e2v.models.parts import clip_image_processor
 
     return clip_image_processor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},

@@ -2,12 +2,12 @@
 of training (train_e2v.py run through a wrapper that calls the transformer just before
 export.export_lora, as tests/test_resume.py does), against the run's `lora/` export reloaded into a
 fresh transformer read from the base folder the plain diffusers way: expand_from_export (the
-recorded shape), e2v.sampling.load_trained (diffusers' Wan LoRA loader with the adapter metadata,
+recorded shape), e2v.eval.sampling.load_trained (diffusers' Wan LoRA loader with the adapter metadata,
 then export.load_extra_modules for the modules trained in full).
 
 Both sides run in bf16 as the trainer sets them up: the transformer read with torch_dtype bf16
 (diffusers keeps its fp32 modules in fp32; the engine restores those after DeepSpeed's cast,
-e2v/precision.py), the trained values the bf16 rounding of the fp32 masters the export writes (the
+e2v/models/precision.py), the trained values the bf16 rounding of the fp32 masters the export writes (the
 modules trained in full keep the bf16 dtype expansion gave them). A blanket `.to(bf16)` of the
 reload would instead round the frozen fp32 modules and move the output by about one bf16 ulp.
 The control is the untrained expanded base on the same input: the export must be far closer to the

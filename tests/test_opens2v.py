@@ -1,0 +1,328 @@
+"""The `opens2v` source on a fixture in OpenS2V-5M's own JSON schema (docs/formats.md, "OpenS2V-5M"),
+built here from generated clips and masks RLE-encoded with pycocotools: the references equal the
+masks' pixels, the crop box reaches video and references alike, the valid frame range is kept,
+every defect is named by the validator, and a tiny run trains from it through the launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT, run_train
+
+W, H, FRAMES = 96, 64, 24
+CROP = [8, 88, 0, 64]  # the dataset's [s_x, e_x, s_y, e_y]: an 80 x 64 box
+CH, CW = CROP[3] - CROP[2], CROP[1] - CROP[0]
+CUT, FACE_CUT, ANN_FRAME = [0, 24], [4, 22], 6
+
+
+def write_clip(path, seed):
+    """A 24-frame clip whose brightness climbs with the frame index (a wrong frame shows)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 160, (H // 8, W // 8, 3)).repeat(8, 0).repeat(8, 1)
+    writer = imageio_ffmpeg.write_frames(str(path), (W, H), fps=8, codec="libx264", pix_fmt_out="yuv444p",
+                                         macro_block_size=1, ffmpeg_log_level="error",
+                                         output_params=["-crf", "12", "-threads", "1"])
+    writer.send(None)
+    for i in range(FRAMES):
+        writer.send(np.ascontiguousarray(np.clip(base + 4 * i, 0, 255).astype(np.uint8)))
+    writer.close()
+
+
+def box_mask(y1, y2, x1, x2, ellipse=False):
+    m = np.zeros((CH, CW), np.uint8)
+    if ellipse:  # a non-rectangular mask: alpha must follow its outline, not its box
+        yy, xx = np.mgrid[:CH, :CW]
+        cy, cx, ry, rx = (y1 + y2) / 2, (x1 + x2) / 2, (y2 - y1) / 2, (x2 - x1) / 2
+        m[((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1] = 1
+    else:
+        m[y1:y2, x1:x2] = 1
+    return m
+
+
+def rle(mask):
+    from pycocotools import mask as mask_util
+
+    r = mask_util.encode(np.asfortranarray(mask))
+    return {"size": [int(v) for v in r["size"]], "counts": r["counts"].decode("utf-8"), "score": [0.99]}
+
+
+def entry(path, masks, *, crop=CROP, ann_frame=ANN_FRAME):
+    """One entry as the dataset's JSON parts hold it; masks: (class_name, mask, gme, aes)."""
+    return {
+        "metadata": {"cut": CUT, "crop": crop, "tech": 2.0, "motion": 0.01, "fps": 8.0, "num_frames": FRAMES,
+                     "resolution": {"height": H, "width": W}, "cap": [f"Short caption of {path}."], "path": path,
+                     "aesthetic": 5.0, "face_cut": FACE_CUT, "face_cap_qwen": f"The video features the clip {path}."},
+        "word_tags": {"background": ["grassy area"], "subject": ["woman"], "object": ["cup"],
+                      "pre_define": ["person", "human head"]},
+        "annotation": {
+            "ann_frame_data": {
+                "ann_frame_idx": ann_frame, "box_format": "xyxy", "img_width": crop[1] - crop[0],
+                "img_height": crop[3] - crop[2], "foreground_ase_score": 5.0, "background_ase_score": 4.5,
+                "annotations": [{"class_name": c, "bbox": [0.0, 0.0, 1.0, 1.0], "gme_score": g, "aes_score": a}
+                                for c, _, g, a in masks]},
+            "mask_map": {str(i + 1): {"class_name": c} for i, (c, _, _, _) in enumerate(masks)},
+            "mask_annotation": {str(ann_frame): {str(i + 1): rle(m) for i, (_, m, _, _) in enumerate(masks)}},
+        },
+    }
+
+
+PERSON_A = box_mask(8, 56, 10, 40, ellipse=True)
+CUP_A = box_mask(40, 56, 50, 70)
+
+
+def make_fixture(root):
+    """root/Jsons/total_part1.json, its clips in root/Videos/total_part1/, a generated-views folder
+    and a cross-video pairs file: two good entries, one with generated views, a bad RLE, a crop box
+    outside the clip, a missing clip."""
+    videos = root / "Videos" / "total_part1"
+    videos.mkdir(parents=True)
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        write_clip(videos / f"{name}.mp4", seed=i)
+    big = box_mask(0, 64, 0, 60)  # 75% of the frame: no background is filled
+    entries = {
+        "clip_a_part1": entry("a.mp4", [("person", PERSON_A, 0.9, 5.0), ("cup", CUP_A, 0.8, 4.8),
+                                        ("glasses", box_mask(10, 14, 20, 30), 0.2, 4.0),  # gme below min_gme
+                                        ("grassy area", box_mask(56, 64, 0, 80), 0.9, 4.0),  # a background tag
+                                        ("woman", box_mask(9, 50, 12, 38), 0.7, 5.0)]),  # a second subject
+        "clip_b_part1": entry("b.mp4", [("woman", big, 0.9, 5.0)]),
+        "clip_c_nexus": entry("c.mp4", [("man", box_mask(4, 40, 4, 40), 0.9, 5.0)]),
+        "bad_rle": entry("d.mp4", [("person", PERSON_A, 0.9, 5.0)]),
+        "crop_outside": entry("d.mp4", [("person", box_mask(8, 56, 10, 40, True), 0.9, 5.0)]),
+        "missing_video": entry("gone.mp4", [("person", PERSON_A, 0.9, 5.0)]),
+    }
+    counts = entries["bad_rle"]["annotation"]["mask_annotation"][str(ANN_FRAME)]["1"]["counts"]
+    entries["bad_rle"]["annotation"]["mask_annotation"][str(ANN_FRAME)]["1"]["counts"] = counts[:-3]
+    wide = [0, 200, 0, 64]  # 200 px wide on a 96 px clip; the masks match the box, so only the clip shows it
+    entries["crop_outside"] = entry("d.mp4", [("person", np.pad(PERSON_A, ((0, 0), (0, 120))), 0.9, 5.0)], crop=wide)
+    (root / "Jsons").mkdir()
+    (root / "Jsons" / "total_part1.json").write_text(json.dumps(entries, indent=1))
+    views = root / "gpt_frames" / "clip_c_nexus"
+    views.mkdir(parents=True)
+    Image.new("RGB", (30, 40), (200, 10, 10)).save(views / "0_man.png")
+    Image.new("RGB", (80, 64), (0, 0, 0)).save(views / "main_image.png")  # the frame they were made from
+    pairs = {"clip": [{"cur_id": "total_part1/clip_b_part1", "aft_id": "total_part1/clip_a_part1",
+                       "cur_class_id": "1", "aft_class_id": "1", "cur_class_name": "woman",
+                       "aft_class_name": "person", "text_similarity": 0.7, "image_similarity": 0.99,
+                       "cur_frame_idx": ANN_FRAME, "aft_frame_idx": ANN_FRAME}]}
+    (root / "pairs.json").write_text(json.dumps(pairs))
+    return root
+
+
+@pytest.fixture(scope="module")
+def fixture_root(tmp_path_factory):
+    return make_fixture(tmp_path_factory.mktemp("opens2v"))
+
+
+def dataset_sets(root, **opts) -> list[str]:
+    ds = {"data_root": str(root), "dataset_type": "opens2v", "metadata_path": "Jsons/total_part*.json",
+          "media_root": f"{root}/Videos/{{part}}",
+          "opens2v": {"min_gme": 0.3, "nexus_images_root": f"{root}/gpt_frames", **opts}}
+    return [f"data.datasets=[{json.dumps(ds)}]"]
+
+
+def config(root, *sets, **opts):
+    from e2v.config.load import load_config
+
+    return load_config(str(ROOT / "configs/e2v_tiny_lora.yaml"), dataset_sets(root, **opts) + list(sets))
+
+
+def index(root, **opts):
+    from e2v.data.opens2v import read_opens2v
+
+    cfg = config(root, **opts)
+    return cfg, read_opens2v(cfg.data.datasets[0], cfg.data.elements)
+
+
+def decoded_frames(path, indices):
+    import decord
+
+    return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1).get_batch(indices).asnumpy()
+
+
+def test_rle_reader_agrees_with_pycocotools_and_refuses_what_would_overrun_it():
+    from e2v.data.opens2v import RLEError, checked_rle, decode_mask
+
+    for mask in (PERSON_A, CUP_A, np.zeros((CH, CW), np.uint8), np.ones((CH, CW), np.uint8)):
+        r = rle(mask)
+        assert (decode_mask(checked_rle(r)) == mask.astype(bool)).all()
+    good = rle(PERSON_A)
+    for bad, why in [({**good, "counts": good["counts"][:-3]}, "runs cover"), ({**good, "size": [CH, CW + 1]}, "runs cover"),
+                     ({**good, "counts": good["counts"] + "~"}, "not an RLE digit"), ({"counts": "x"}, "size")]:
+        with pytest.raises(RLEError, match=why):
+            checked_rle(bad)
+
+
+def test_entries_become_samples_problems_and_counted_drops(fixture_root):
+    _, idx = index(fixture_root)
+    assert idx.entries == 6
+    assert sorted(s.id for s in idx.samples) == ["clip_a_part1", "clip_b_part1", "clip_c_nexus", "crop_outside"]
+    assert {(p.sample, p.kind) for p in idx.problems} == {("bad_rle", "bad_rle"), ("missing_video", "video_missing")}
+    bad = next(p for p in idx.problems if p.kind == "bad_rle")
+    assert "total_part1.json entry bad_rle" in bad.file and "mask_annotation.6.1" in bad.problem
+    a = next(s for s in idx.samples if s.id == "clip_a_part1")
+    assert a.prompt == "The video features the clip a.mp4."  # face_cap_qwen before cap
+    assert a.frame_range == tuple(FACE_CUT) and a.crop == (8, 0, 88, 64)  # (x1, y1, x2, y2)
+    assert sorted(a.elements) == ["background", "object", "person"]
+    b = next(s for s in idx.samples if s.id == "clip_b_part1")
+    assert sorted(b.elements) == ["person"]  # 75% foreground: the background is left out, not required
+    assert idx.dropped == {"gme_score below min_gme": 1, "background class": 1, "over max_subjects": 1,
+                           "background left out (foreground over 45%)": 1}
+    _, roomy = index(fixture_root, max_subjects=3)  # room for the woman, but the one subject element is taken
+    assert roomy.dropped["no free subject element"] == 1 and "over max_subjects" not in roomy.dropped
+    _, capped = index(fixture_root, max_subjects=1, caption_fields=["cap"], frame_range_fields=["cut"])
+    a1 = next(s for s in capped.samples if s.id == "clip_a_part1")
+    assert sorted(a1.elements) == ["background", "person"] and capped.dropped["over max_subjects"] >= 1
+    assert a1.prompt == "Short caption of a.mp4." and a1.frame_range == tuple(CUT)
+
+
+def test_references_are_the_masks_pixels_and_share_the_videos_crop(fixture_root):
+    from e2v.data.media import load_video
+
+    _, idx = index(fixture_root)
+    a = next(s for s in idx.samples if s.id == "clip_a_part1")
+    a.make_elements.ensure()
+    stamps = {n: p.stat().st_mtime_ns for n, p in a.elements.items()}
+    a.make_elements.ensure()  # written once: a second call (another worker) reads what is there
+    assert stamps == {n: p.stat().st_mtime_ns for n, p in a.elements.items()}
+    frame = decoded_frames(a.video, [ANN_FRAME])[0][CROP[2]:CROP[3], CROP[0]:CROP[1]]
+    # the subject: RGBA, alpha exactly the mask over the mask's box, RGB the frame's pixels under it
+    person = np.asarray(Image.open(a.elements["person"]))
+    rows, cols = np.flatnonzero(PERSON_A.any(1)), np.flatnonzero(PERSON_A.any(0))
+    box = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))
+    assert person.shape == (*PERSON_A[box].shape, 4)
+    assert (person[..., 3] == PERSON_A[box] * 255).all()
+    inside = PERSON_A[box].astype(bool)
+    assert (person[..., :3][inside] == frame[box][inside]).all() and (person[..., :3][~inside] == 255).all()
+    # the object: RGB on white
+    cup = np.asarray(Image.open(a.elements["object"]))
+    assert cup.shape == (16, 20, 3) and (cup == frame[40:56, 50:70]).all()
+    # the background: the classical fill of the frame, the same size as the crop
+    assert Image.open(a.elements["background"]).size == (CW, CH)
+    # the video: the valid range from its first frame, cut to the same box as the references
+    n = FACE_CUT[1] - FACE_CUT[0]
+    video_CFHW = load_video(a.video, n, CH, CW, frame_range=a.frame_range, crop=a.crop)
+    want = decoded_frames(a.video, list(range(*FACE_CUT)))[:, CROP[2]:CROP[3], CROP[0]:CROP[1]]
+    assert (video_CFHW.permute(1, 2, 3, 0).numpy() == want).all()
+    assert (video_CFHW[:, ANN_FRAME - FACE_CUT[0]].permute(1, 2, 0).numpy()[box][inside] == person[..., :3][inside]).all()
+    by_time = load_video(a.video, n, CH, CW, fps=8.0, frame_range=a.frame_range, crop=a.crop)  # the clip's own rate
+    assert (by_time == video_CFHW).all()
+    from e2v.data.media import TooShortError
+
+    with pytest.raises(TooShortError):  # one frame more than the range holds: never read past its end
+        load_video(a.video, n + 1, CH, CW, frame_range=a.frame_range, crop=a.crop)
+
+
+def test_nexus_views_and_cross_video_pairs(fixture_root):
+    from e2v.data.opens2v import decode_mask
+
+    _, idx = index(fixture_root, cross_pairs_path=str(fixture_root / "pairs.json"))
+    c = next(s for s in idx.samples if s.id == "clip_c_nexus")
+    assert c.elements["person"] == fixture_root / "gpt_frames" / "clip_c_nexus" / "0_man.png"  # read as it is
+    b = next(s for s in idx.samples if s.id == "clip_b_part1")
+    cut = b.make_elements.cuts["person"]  # clip b's woman is clip a's person, cut from clip a's frame
+    assert cut.video.name == "a.mp4" and (decode_mask(cut.rle) == PERSON_A.astype(bool)).all()
+
+
+def test_cache_key_holds_the_window_and_the_recipe(fixture_root):
+    from e2v.data.store import fingerprint
+
+    cfg, idx = index(fixture_root)
+    a = next(s for s in idx.samples if s.id == "clip_a_part1")
+    fp = fingerprint(a, cfg, (17, 64, 64))
+    assert fp["frame_range"] == "[4, 22]" and fp["crop"] == "[8, 0, 88, 64]"
+    assert fp["element.person"].startswith("opens2v ") and fp["element.person"] == a.make_elements.stamps["person"]
+    _, other = index(fixture_root, frame_range_fields=["cut"])
+    assert fingerprint(next(s for s in other.samples if s.id == a.id), cfg, (17, 64, 64))["frame_range"] == "[0, 24]"
+
+
+def test_buckets_count_the_valid_range_and_measure_the_crop(fixture_root):
+    from e2v.data.dataset import assign_buckets
+
+    cfg = config(fixture_root, max_subjects=2)
+    cfg.data.auto_frame_buckets, cfg.data.frame_buckets = True, [9, 17, 21]
+    from e2v.data.opens2v import read_opens2v
+
+    idx = read_opens2v(cfg.data.datasets[0], cfg.data.elements)
+    problems = assign_buckets(idx.samples, cfg, workers=1)
+    assert [(p.sample, p.kind) for p in problems] == [("crop_outside", "crop_outside_video")]
+    a = next(s for s in idx.samples if s.id == "clip_a_part1")
+    assert a.bucket == (17, 64, 64)  # 18 frames in face_cut (24 in the clip: 21 would fit the whole clip)
+
+
+def test_validator_names_each_defect(fixture_root, tmp_path):
+    from tools import check_dataset
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text((ROOT / "configs/e2v_tiny_lora.yaml").read_text())
+    report = tmp_path / "report.json"
+    sets = [*dataset_sets(fixture_root), "train.micro_batch_size=1"]
+    argv = ["--config", str(cfg), "--json", str(report), "--workers", "1", *[a for s in sets for a in ("--set", s)]]
+    out = io.StringIO()
+    with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out):
+        code = check_dataset.main(argv)
+    assert code == 1, out.getvalue()
+    errors = {(p["sample"], p["kind"]) for p in json.loads(report.read_text())["problems"] if p["severity"] == "error"}
+    assert errors == {("bad_rle", "bad_rle"), ("missing_video", "video_missing"),
+                      ("crop_outside", "crop_outside_video")}, out.getvalue()
+
+
+def test_importer_writes_the_folder_layout_resumably(fixture_root, tmp_path):
+    from e2v.data.elements import discover
+    from tools import import_opens2v
+
+    out_dir = tmp_path / "e2v"
+    argv = ["--metadata", str(fixture_root / "Jsons/total_part1.json"), "--media-root",
+            str(fixture_root / "Videos/{part}"), "--output", str(out_dir), "--config",
+            str(ROOT / "configs/e2v_tiny_lora.yaml"), "--set", "data.datasets.0.opens2v.min_gme=0.3"]
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(io.StringIO()):
+        assert import_opens2v.main(argv) == 1  # some entries could not be imported: named, exit 1
+    assert "bad_rle" in log.getvalue() and "crop_outside" in log.getvalue()
+    names = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith("."))
+    assert names == ["clip_a_part1.mp4", "clip_a_part1.txt", "clip_a_part1_background.png", "clip_a_part1_object.png",
+                     "clip_a_part1_person.png", "clip_b_part1.mp4", "clip_b_part1.txt", "clip_b_part1_person.png",
+                     "clip_c_nexus.mp4", "clip_c_nexus.txt", "clip_c_nexus_background.png", "clip_c_nexus_person.png"]
+    mp4 = decoded_frames(out_dir / "clip_a_part1.mp4", list(range(FACE_CUT[1] - FACE_CUT[0])))
+    assert mp4.shape == (FACE_CUT[1] - FACE_CUT[0], CH, CW, 3)
+    stamp = (out_dir / "clip_a_part1.mp4").stat().st_mtime_ns
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(io.StringIO()):
+        import_opens2v.main(argv)
+    assert (out_dir / "clip_a_part1.mp4").stat().st_mtime_ns == stamp and "3 already imported" in log.getvalue()
+    cfg = config(fixture_root)
+    from e2v.config.schema import Dataset
+
+    samples, problems = discover(Dataset(data_root=str(out_dir)), cfg.data.elements)
+    assert sorted(s.id for s in samples) == ["clip_a_part1", "clip_b_part1", "clip_c_nexus"] and not problems
+
+
+def test_cache_then_a_tiny_run_through_the_launcher(fixture_root, tmp_path, capsys):
+    """tools/precompute.py fills the cache (the crop-outside entry recorded as bad); the entries stay
+    valid when the cut references are deleted (keyed by what shaped them, not the files' mtimes);
+    then a tiny run trains from the cache through the launcher."""
+    import shutil
+
+    from tools.precompute import main
+
+    sets = dataset_sets(fixture_root) + [f"cache.dir={tmp_path / 'cache'}", "data.on_bad_sample=skip",
+                                         "data.num_frames=17", "train.micro_batch_size=1"]
+    argv = ["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)]]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 sample(s) excluded" in out and "wrote 3 entries (1 bad samples recorded)" in out, out
+    shutil.rmtree(fixture_root / ".e2v_opens2v")
+    assert main(argv) == 0
+    assert "4 cached and valid, 0 to compute" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    proc = run_train(str(ROOT / "configs/e2v_tiny_lora.yaml"), *sets, "cache.enabled=true", f"output_dir={runs}",
+                     "run_id=o", "train.max_steps=2", "validation.every_n_steps=0")
+    text = proc.stdout + proc.stderr
+    assert "opens2v Jsons/total_part*.json: 6 entries -> 4 samples" in text, text[-3000:]
+    assert (runs / "o").exists()
