@@ -147,7 +147,7 @@ def decoded_frames(path, indices):
 
 
 def test_rle_reader_agrees_with_pycocotools_and_refuses_what_would_overrun_it():
-    from e2v.data.opens2v import RLEError, checked_rle, decode_mask
+    from e2v.data.opens2v_json import RLEError, checked_rle, decode_mask
 
     for mask in (PERSON_A, CUP_A, np.zeros((CH, CW), np.uint8), np.ones((CH, CW), np.uint8)):
         r = rle(mask)
@@ -220,7 +220,7 @@ def test_references_are_the_masks_pixels_and_share_the_videos_crop(fixture_root)
 
 
 def test_nexus_views_and_cross_video_pairs(fixture_root):
-    from e2v.data.opens2v import decode_mask
+    from e2v.data.opens2v_json import decode_mask
 
     _, idx = index(fixture_root, cross_pairs_path=str(fixture_root / "pairs.json"))
     c = next(s for s in idx.samples if s.id == "clip_c_nexus")
