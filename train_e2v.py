@@ -41,7 +41,7 @@ from e2v.models.precision import trained_fp32_kept
 from e2v.runtime.runlock import lock_run_folder
 from e2v.train.runlog import Log
 from e2v.models.trainable import describe_trained
-from e2v.config.schema import check_base
+from e2v.config.shapes import check_base
 from e2v.config.seed_formats import map_seed_flags
 from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.eval.validation import Validator, split_held_out

@@ -43,7 +43,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2v.config.schema import TEXT_LEN  # noqa: E402
+from e2v.config.shapes import TEXT_LEN  # noqa: E402
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
 from e2v.data.dataset import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402

@@ -18,7 +18,8 @@ from e2v.conditioning.encode import (Conditions, clip_names, condition_or_zeros,
                                      finish_condition, image_token_shape, pad_after_latents, pad_clip_tokens,
                                      select_elements)
 from e2v.conditioning.ti2v import pad_prefix
-from e2v.config.schema import TEXT_LEN, VAE_T, Config, after_frames, after_ref_frames
+from e2v.config.schema import Config
+from e2v.config.shapes import TEXT_LEN, VAE_T, after_frames, after_ref_frames
 from e2v.runtime.device import randn
 
 def text_length(prompt: str, tokenizer) -> int:

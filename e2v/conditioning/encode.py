@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from e2v.runtime.device import as_pixels, module_device
-from e2v.config.schema import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
+from e2v.config.shapes import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
 from e2v.conditioning.ti2v import pad_prefix
 
 

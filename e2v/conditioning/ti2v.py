@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from e2v.config.schema import PATCH
+from e2v.config.shapes import PATCH
 
 
 def pad_prefix(chunks_per_sample: list[list[torch.Tensor]], dropped: list[bool], like: torch.Tensor

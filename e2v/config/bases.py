@@ -54,7 +54,7 @@ KNOWN_VAE_CONFIGS = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": WAN22_VAE}
 
 def vae_config(cfg: Config) -> dict:
     """The VAE's config without loading it, the one home of "which VAE does this model have" (its
-    latent channels and strides: e2v.config.schema.latent_size): the tiny TI2V VAE's, a local folder's
+    latent channels and strides: e2v.config.shapes.latent_size): the tiny TI2V VAE's, a local folder's
     vae/config.json, or a known hub id's (KNOWN_VAE_CONFIGS). Keys left out are AutoencoderKLWan's
     defaults, the Wan2.1 VAE: the tiny Wan2.1 preset, the Wan2.1 hub ids, and a hub id that is
     neither known nor in the local cache (its VAE is read when it loads)."""

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from e2v.config.experts import check_expert_config
-from e2v.config.schema import (PATCH, PIXELS_PER_TOKEN, REPO_ROOT, VAE_T, VIS_DATA, VIS_FORMATS, Config, ConfigError,
-    TinyShape, frame_bucket_list, latent_size, nearest_valid_sizes, resolve_repo_path)
+from e2v.config.schema import REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape, resolve_repo_path
+from e2v.config.shapes import PATCH, PIXELS_PER_TOKEN, VAE_T, frame_bucket_list, latent_size, nearest_valid_sizes
 
 
 def _bound_problem(value: float, bounds: dict) -> str | None:

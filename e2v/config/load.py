@@ -22,7 +22,8 @@ import yaml
 
 from e2v.config.checks import validate
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
-from e2v.config.schema import VIS_FORMATS, Config, ConfigError, nearest_valid_size, resolve_repo_path  # noqa: F401
+from e2v.config.schema import VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
+from e2v.config.shapes import nearest_valid_size  # noqa: F401
 from e2v.config.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRESSION_MARK, is_regression_seed,
     key_homes, map_seed_json, map_seed_regression)
 
@@ -239,7 +240,7 @@ def normalise(cfg: Config) -> None:
     if d.resolution_policy == "round" and all(isinstance(x, int) for x in d.resolution):
         d.resolution = [nearest_valid_size(x) for x in d.resolution]
     if d.time_division_factor is not None:
-        d.auto_frame_buckets = True  # the factor's counts are frame buckets (schema.frame_bucket_list)
+        d.auto_frame_buckets = True  # the factor's counts are frame buckets (shapes.frame_bucket_list)
     for p in cfg.visualization.processors:
         p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
     if cfg.conditioning.target_layout == "clean_prefix":

@@ -21,7 +21,8 @@ from typing import Any, Optional
 
 import yaml
 
-from e2v.config.schema import REPO_ROOT, Config, ConfigError, Data, nearest_valid_size, schema_keys
+from e2v.config.schema import REPO_ROOT, Config, ConfigError, Data, schema_keys
+from e2v.config.shapes import nearest_valid_size
 
 # Old name (JSON key, flag without its dashes, seed YAML key) -> our dotted key. The one alias table.
 OLD_KEYS = {

@@ -38,7 +38,7 @@ from e2v.data.elements import discover
 from e2v.data.sample import Problem, Sample, element_paths, sample_bucket
 from e2v.data.media import (MediaError, NoClockError, TooShortError, WindowError, check_clock, clip_window,
     image_to_tensor, load_image, load_video, preprocess_image, probe_video, supported_frames)
-from e2v.config.schema import frame_bucket_list
+from e2v.config.shapes import frame_bucket_list
 
 Bucket = tuple[int, int, int]  # (F, H, W)
 

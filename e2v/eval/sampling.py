@@ -25,7 +25,7 @@ import torch
 from e2v.conditioning.encode import Conditions, decode_latents, encode_batch, encode_text
 from e2v.data.dataset import collate, element_inputs
 from e2v.runtime.device import randn, to_device
-from e2v.config.schema import latent_size
+from e2v.config.shapes import latent_size
 from e2v.train.step import predict
 
 

@@ -57,7 +57,7 @@ from e2v.data.media import load_image
 from e2v.models.load import with_all_experts, with_encoders
 from e2v.eval.sampling import decode, encode_conditions, generate
 from e2v.train.step import predict, prediction_and_target
-from e2v.config.schema import vae_space_stride
+from e2v.config.shapes import vae_space_stride
 from e2v.conditioning.ti2v import pad_prefix
 from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 

@@ -18,7 +18,7 @@ from e2v.config.experts import SUBFOLDERS, boundary_ratio, range_text, trained_e
 from e2v.models.experts import TwoExperts
 from e2v.models.parts import CLIP_VIT_H
 from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
-from e2v.config.schema import check_base
+from e2v.config.shapes import check_base
 from e2v.models.tiny import tiny_transformer_config
 from e2v.models.trainable import describe_trained, setup_training
 
@@ -96,7 +96,7 @@ def knows_shape_offline(cfg: Config) -> bool:
 
 def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     """The model-dependent config checks (base vs model.base, what the model's shape allows:
-    schema.check_base, heads vs parallel.ulysses_degree, train.trainable patterns, LoRA targets) on the meta device, in seconds,
+    shapes.check_base, heads vs parallel.ulysses_degree, train.trainable patterns, LoRA targets) on the meta device, in seconds,
     before any weight loads: a 14B load takes minutes and ~31 GB per rank, too much to spend on a
     typo. Returns the meta transformer set up for training and the names trained in full."""
     transformer = build_meta_transformer(cfg)
@@ -125,9 +125,9 @@ def tokens(cfg: Config) -> tuple[int, int]:
     """(video tokens S, context tokens C) of one data.num_frames x data.resolution sample: the
     clip's latent frames under the model's VAE (16x space for Wan2.2's), plus, in the clean_prefix
     layout, the reference frames in front."""
-    from e2v.config.schema import TEXT_LEN
-    from e2v.config.schema import PATCH, latent_size
-    from e2v.config.schema import prefix_frames_of
+    from e2v.config.shapes import TEXT_LEN
+    from e2v.config.shapes import PATCH, latent_size
+    from e2v.config.shapes import prefix_frames_of
     from e2v.models.tiny import TINY_CLIP_TOKENS
 
     t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution, vae_config(cfg))
@@ -138,7 +138,7 @@ def tokens(cfg: Config) -> tuple[int, int]:
 
 def per_token_time(cfg: Config) -> bool:
     """Whether the model gets one timestep per token: the clean_prefix layout's reference frames."""
-    from e2v.config.schema import prefix_frames_of
+    from e2v.config.shapes import prefix_frames_of
 
     return prefix_frames_of(cfg) > 0
 
