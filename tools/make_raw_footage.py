@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import colorsys
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import cv2
+import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
@@ -105,6 +107,42 @@ def make_video(out: Path, name: str, index: int, seed: int, shots: int, shot_fra
     if index % 2 == 0:
         (out / f"{name}.txt").write_text(f"a coloured shape moves past a polygon, video {index}\n")
     return {"cuts": [r[0] for r in ranges[1:]], "shots": ranges, "fps": fps, "height": height, "width": width}
+
+
+def _ffmpeg(*args: str) -> None:
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", *args], check=True)
+
+
+def write_bad_inputs(out: Path, seed: int = 1) -> dict[str, str]:
+    """The inputs a real folder holds that must not stop a run, each with what should happen:
+    file name -> the expected record status (done, bad or skipped)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    (out / "unreadable.mp4").write_bytes(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    (out / "zero length.mp4").write_bytes(b"")
+    _ffmpeg("-f", "lavfi", "-i", "sine=frequency=440:duration=1", "-c:a", "aac", str(out / "audio_only.m4a"))
+    frames, *_ = render_shot(rng, 96, 128, 56)
+    write_h264(out / "vfr_phone_src.mp4", frames, 16.0, crf=12)
+    # a phone's variable frame rate: frame intervals alternate 1/16 s and 2/16 s
+    _ffmpeg("-i", str(out / "vfr_phone_src.mp4"), "-vf", "setpts='(N+floor(N/2))/16/TB'", "-fps_mode", "passthrough",
+            "-c:v", "libx264", "-crf", "12", "-pix_fmt", "yuv444p", str(out / "vfr_phone.mp4"))
+    (out / "vfr_phone_src.mp4").unlink()
+    frames, *_ = render_shot(rng, 128, 96, 56)
+    write_h264(out / "portrait.mp4", frames, 16.0, crf=12)
+    frames, *_ = render_shot(rng, 32, 32, 56)
+    write_h264(out / "tiny.mp4", frames, 16.0, crf=12)
+    frames, *_ = render_shot(rng, 96, 128, 56)
+    write_h264(out / "Mi vídeo de playa ☀.mp4", frames, 16.0, crf=12)
+    small, *_ = render_shot(rng, 90, 160, 24)  # 4K: drawn small, scaled up frame by frame as it is written
+    writer = imageio_ffmpeg.write_frames(str(out / "uhd_4k.mp4"), (3840, 2160), fps=8, codec="libx264",
+                                         pix_fmt_out="yuv420p", quality=None, macro_block_size=1,
+                                         ffmpeg_log_level="error", output_params=["-preset", "ultrafast", "-an"])
+    writer.send(None)
+    for f in small:
+        writer.send(np.ascontiguousarray(cv2.resize(f, (3840, 2160), interpolation=cv2.INTER_NEAREST)))
+    writer.close()
+    return {"unreadable.mp4": "bad", "zero length.mp4": "bad", "audio_only.m4a": "bad", "vfr_phone.mp4": "done",
+            "portrait.mp4": "done", "tiny.mp4": "skipped", "Mi vídeo de playa ☀.mp4": "done", "uhd_4k.mp4": "done"}
 
 
 def generate(out: Path, videos: int = 4, shots: int = 3, shot_seconds: float = 4.5, height: int = 96,

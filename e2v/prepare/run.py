@@ -30,6 +30,7 @@ from .clips import size_problem, to_target, track, windows, write_h264
 from .config import PrepareConfig, as_dict
 from .manifest import (STATE, all_records, read_record, record_path, remove_partial, sample_prefix,
                        write_json_atomic, write_manifest)
+from .masks import bbox
 from .references import choose, crop_on_white, cutout_rgba, outside_positions
 from .sheet import write_sheet
 from .shots import detect_cuts, shot_ranges
@@ -71,9 +72,10 @@ def probe(path: Path):
     try:
         vr = decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
     except Exception as e:
-        text = str(e).lower()
-        kind = "no_video_stream" if "video stream" in text or "stream" in text and "find" in text else "unreadable"
-        raise BadInput(kind, f"cannot decode: {str(e).splitlines()[0][:200]}") from None
+        if "video stream" in str(e):
+            raise BadInput("no_video_stream", "no video stream (an audio-only or data file)") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput("unreadable", f"cannot decode: {first[:200]}") from None
     if len(vr) == 0:
         raise BadInput("no_frames", "the video stream has no frames")
     try:
@@ -177,6 +179,9 @@ class Preparer:
             record["notes"].append(f"portrait {w}x{h}: centre-cropped to {self.target_hw[1]}x{self.target_hw[0]}")
         if max(h, w) >= 2160:
             record["notes"].append(f"{w}x{h}: decoded in chunks and downscaled to {self.target_hw[1]}x{self.target_hw[0]}")
+        prefix = sample_prefix(rel)
+        if not prefix.startswith(Path(rel).stem + "_"):
+            record["notes"].append(f"sample ids use the ASCII name {prefix}")
         problem = size_problem(h, w, self.target_hw, self.cfg.clips.min_scale, self.cfg.clips.max_crop)
         counts["seconds_probe"] += time.perf_counter() - t0
         if problem:
@@ -197,7 +202,6 @@ class Preparer:
         record["cuts"] = cuts
         counts["seconds_shots"] += time.perf_counter() - t0
         counts["shots"] += len(shots)
-        prefix = sample_prefix(rel)
         for k, (first, last) in enumerate(shots):
             t0 = time.perf_counter()
             positions = track(times, first, last, self.cfg.clips.fps, self.cfg.clips.max_shot_seconds)
@@ -241,16 +245,20 @@ class Preparer:
         m = masks.masks[self.subject][subject.position]
         refs[self.subject] = cutout_rgba(frames_FHW3[subject.position], m, cfg.margin_px)
         info[self.subject] = {"time_s": time_of(subject.position), "source_frame": positions[subject.position],
+                              "box": [int(v) for v in bbox(m, cfg.margin_px)],
                               "outside_window": subject.outside,
                               "area_share": round(subject.area_share, 4), "score": round(subject.score, 4),
                               "sharpness": round(subject.sharpness, 1)}
         for name in self.objects:
-            c = choose(frames_FHW3, masks.masks[name], masks.scores[name], window, gap, cfg)
+            # what the subject hides of the object is not the object: the least hidden frame wins
+            visible_FHW = masks.masks[name] & ~masks.masks[self.subject]
+            c = choose(frames_FHW3, visible_FHW, masks.scores[name], window, gap, cfg)
             if c.position is None:
                 counts[f"elements_dropped_{name}_{c.dropped_by}"] += 1
                 continue
-            refs[name] = crop_on_white(frames_FHW3[c.position], masks.masks[name][c.position], cfg.margin_px)
-            info[name] = {"time_s": time_of(c.position), "source_frame": positions[c.position], "outside_window": c.outside,
+            refs[name] = crop_on_white(frames_FHW3[c.position], visible_FHW[c.position], cfg.margin_px)
+            info[name] = {"time_s": time_of(c.position), "source_frame": positions[c.position],
+                          "box": [int(v) for v in bbox(visible_FHW[c.position], cfg.margin_px)], "outside_window": c.outside,
                           "area_share": round(c.area_share, 4), "score": round(c.score, 4),
                           "sharpness": round(c.sharpness, 1)}
         if self.background:
@@ -295,7 +303,8 @@ def summarize(records: list[dict]) -> dict:
         totals[f"videos_{r['status']}"] += 1
     minutes = totals["footage_seconds"] / 60 or float("nan")
     per_minute = {k[len("seconds_"):]: round(v / minutes, 2) for k, v in totals.items() if k.startswith("seconds_")}
-    named = [{"source": r["source"], "status": r["status"], "what": r.get("what", ""), "notes": r.get("notes", [])}
+    named = [{"source": r["source"], "status": r["status"], "kind": r.get("kind", ""), "what": r.get("what", ""),
+              "notes": r.get("notes", [])}
              for r in records if r["status"] != "done" or r.get("notes")]
     outside = [v["outside_window"] for r in records for s in r["samples"] for v in s["references"].values()]
     return {"counts": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in sorted(totals.items())
@@ -313,7 +322,7 @@ def print_summary(summary: dict) -> None:
     print("[prepare] seconds per minute of footage: " +
           ", ".join(f"{k} {v}" for k, v in summary["seconds_per_footage_minute"].items()))
     for n in summary["inputs"]:
-        line = f"  {n['status'].upper():<8} {n['source']}"
+        line = f"  {n['status'].upper():<8} {n['source']}" + (f" [{n['kind']}]" if n.get("kind") else "")
         if n["what"]:
             line += f": {n['what']}"
         if n["notes"]:
