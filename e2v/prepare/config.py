@@ -75,8 +75,8 @@ class Classical:
 @dataclass
 class Elements:
     backend: str = "auto"  # auto: learned when sam_model is set, else classical
-    sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks)
-    tracker_model: Optional[str] = None  # Sam3TrackerModel / Sam2VideoModel folder (masks through the shot)
+    sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks on every track frame)
+    sam_batch: int = 8  # track frames per Sam3Model forward
     items: list[Element] = field(default_factory=lambda: [
         Element("person", "subject", "person"), Element("object", "object", "object"),
         Element("background", "background", "background")])
