@@ -145,6 +145,54 @@ def write_bad_inputs(out: Path, seed: int = 1) -> dict[str, str]:
             "portrait.mp4": "done", "tiny.mp4": "skipped", "Mi vídeo de playa ☀.mp4": "done", "uhd_4k.mp4": "done"}
 
 
+def write_photo_footage(out: Path, height: int = 96, width: int = 128, fps: float = 16.0, shot_frames: int = 72) -> dict:
+    """Clips made from real photographs that scikit-image ships (nothing downloaded): the astronaut's
+    head and shoulders cut out as the subject, moving across the chelsea (cat) and coffee photos,
+    with the camera still (shot 0), panning (shot 1) and zooming (shot 2), joined by hard cuts.
+    Writes OUT/photos.mp4 and OUT/truth/photos.npz (`subject` masks); returns the cut frames."""
+    from skimage import data
+
+    (out / "truth").mkdir(parents=True, exist_ok=True)
+    person = data.astronaut()[20:300, 120:360]  # head and shoulders
+    ph, pw = person.shape[:2]
+    alpha = np.zeros((ph, pw), np.uint8)
+    cv2.ellipse(alpha, (pw // 2, ph // 2), (pw // 2 - 2, ph // 2 - 2), 0, 0, 360, 1, -1)
+    sh = int(height * 0.55)
+    sw = int(pw * sh / ph)
+    person = cv2.resize(person, (sw, sh), interpolation=cv2.INTER_AREA)
+    alpha = cv2.resize(alpha, (sw, sh), interpolation=cv2.INTER_NEAREST).astype(bool)
+    frames, masks = [], []
+    for shot, (photo, motion) in enumerate([(data.chelsea(), "still"), (data.coffee(), "pan"), (data.chelsea(), "zoom")]):
+        big = cv2.resize(photo, (width * 2, height * 2), interpolation=cv2.INTER_AREA)
+        for f in range(shot_frames):
+            t = f / (shot_frames - 1)
+            if motion == "still":
+                view = big[height // 2:height // 2 + height * 1, width // 2:width // 2 + width]
+                view = cv2.resize(big[height // 4:height // 4 + height * 3 // 2, width // 4:width // 4 + width * 3 // 2],
+                                  (width, height), interpolation=cv2.INTER_AREA)
+            elif motion == "pan":
+                x0 = int(t * width * 0.5)
+                view = cv2.resize(big[:height * 3 // 2, x0:x0 + width * 3 // 2], (width, height),
+                                  interpolation=cv2.INTER_AREA)
+            else:
+                z = 1.5 - 0.4 * t  # crop side shrinks: the camera zooms in
+                ch, cw = int(height * z), int(width * z)
+                y0, x0 = (height * 2 - ch) // 2, (width * 2 - cw) // 2
+                view = cv2.resize(big[y0:y0 + ch, x0:x0 + cw], (width, height), interpolation=cv2.INTER_AREA)
+            frame = view.copy()
+            tri = abs(((f / 30 + 0.3 * shot) % 2) - 1)
+            x = int(tri * (width - sw))
+            y = height - sh
+            frame[y:y + sh, x:x + sw][alpha] = person[alpha]
+            m = np.zeros((height, width), bool)
+            m[y:y + sh, x:x + sw] = alpha
+            frames.append(frame)
+            masks.append(m)
+    write_h264(out / "photos.mp4", np.stack(frames), fps, crf=12)
+    np.savez_compressed(out / "truth" / "photos.npz", subject=np.stack(masks))
+    return {"cuts": [shot_frames, 2 * shot_frames], "motion": ["still", "pan", "zoom"]}
+
+
 def generate(out: Path, videos: int = 4, shots: int = 3, shot_seconds: float = 4.5, height: int = 96,
              width: int = 128, fps: float = 16.0, seed: int = 0) -> dict:
     (out / "truth").mkdir(parents=True, exist_ok=True)

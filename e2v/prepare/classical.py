@@ -48,7 +48,17 @@ class ClassicalBackend:
         stands_out = difference(background_HW3[None], smooth_HW3)[0] > self.c.object_threshold
         return largest_components(clean(stands_out, self.c.open_px + 1, self.c.close_px), count)
 
+    def camera_moves(self, frames_FHW3: np.ndarray) -> float:
+        """Share of the frame where the medians of the shot's first and second halves differ: near
+        the subject's share for a still camera, most of the frame for a pan or zoom."""
+        half = len(frames_FHW3) // 2
+        a_HW3 = temporal_median(frames_FHW3[:half], self.c.median_frames)
+        b_HW3 = temporal_median(frames_FHW3[half:], self.c.median_frames)
+        return float((difference(a_HW3[None], b_HW3)[0] > self.c.diff_threshold).mean())
+
     def analyse(self, frames_FHW3: np.ndarray, subject: str, objects: list[str]) -> ShotMasks:
+        if self.camera_moves(frames_FHW3) > self.c.max_camera_motion:
+            return ShotMasks(subject=subject, backend=self.name, problem="moving_camera")
         background_HW3 = temporal_median(frames_FHW3, self.c.median_frames)
         moving_FHW = difference(frames_FHW3, background_HW3) > self.c.diff_threshold
         out = ShotMasks(subject=subject, backend=self.name, models=[])

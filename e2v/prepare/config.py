@@ -70,6 +70,9 @@ class Classical:
     object_kernel: int = 0  # median-filter size for the static-object estimate; 0: a third of the short side
     object_threshold: float = 40.0  # |background - its smoothed self| (levels) above which a pixel is object
     max_components: int = 1  # largest connected components kept as the subject
+    # The median needs a still camera: the medians of the shot's two halves differ over more than
+    # this share of the frame when it pans or zooms, and the shot is skipped (shots_moving_camera).
+    max_camera_motion: float = 0.25
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Elements:
 @dataclass
 class Check:
     run: bool = True  # run tools/check_dataset.py on the output
+    set: list[str] = field(default_factory=list)  # extra --set overrides for the check (e.g. train.micro_batch_size=1)
     config: str = "configs/e2v.yaml"  # the training config whose elements and buckets it checks against
     contact_sheets: bool = True  # one PNG per clip: frames | references
 

@@ -21,6 +21,7 @@ class ShotMasks:
     subject: str = ""  # the name of the subject element (the rest are objects)
     backend: str = ""
     models: list[str] = field(default_factory=list)
+    problem: str = ""  # set when the backend cannot use the shot (the summary counts shots_<problem>)
 
     def foreground(self) -> np.ndarray:
         """The union of every element's mask: masks_FHW."""

@@ -219,6 +219,9 @@ class Preparer:
             t0 = time.perf_counter()
             masks = self.backend.analyse(frames_FHW3, self.subject, self.objects)
             counts["seconds_elements"] += time.perf_counter() - t0
+            if masks.problem:
+                counts[f"shots_{masks.problem}"] += 1
+                continue
             for j, window in enumerate(wins):
                 sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", k, window, positions, times, frames_FHW3,
                                      masks, counts)
@@ -336,7 +339,7 @@ def run_check(cfg: PrepareConfig, out: Path) -> int:
     cmd = [sys.executable, str(tool), "--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
            "--json", str(out / STATE / "check_report.json"),
            "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
-           "--set", f"data.fps={cfg.clips.fps}"]
+           "--set", f"data.fps={cfg.clips.fps}"] + [a for extra in cfg.check.set for a in ("--set", extra)]
     print("[prepare] check: " + " ".join(cmd[1:]))
     return subprocess.call(cmd)
 
