@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = (64, 64)
 # the tests' clip: 17 frames at 8 fps (2 s) at 64 x 64, checked with the tiny config one sample a batch
 SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "check.config=configs/e2v_tiny.yaml",
-        "check.set=[train.micro_batch_size=1]"]
+        "check.set=[train.micro_batch_size=1]", "check.run=false"]
+CHECK = "check.run=true"  # the validator's subprocess costs ~5 s: run where the test is about it
 
 
 def _prepare(raw: Path, out: Path, *sets: str, no_caption: bool = False) -> dict:
@@ -45,7 +46,7 @@ def footage(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def prepared(footage, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("prepared")
-    return out, _prepare(footage, out)
+    return out, _prepare(footage, out, CHECK)
 
 
 def test_ground_truth_small_case(footage, prepared):
@@ -116,7 +117,7 @@ def test_bad_inputs_are_named_and_never_stop_the_run(tmp_path, capsys):
     assert named["tiny.mp4"]["kind"] == "too_small"
     assert "variable frame rate" in " ".join(named["vfr_phone.mp4"]["notes"])
     assert "ASCII name" in " ".join(named["Mi vídeo de playa ☀.mp4"]["notes"])
-    assert summary["counts"]["clips"] == 4 and summary["check_exit_code"] == 0
+    assert summary["counts"]["clips"] == 4
     printed = capsys.readouterr().out
     assert "BAD      unreadable.mp4" in printed and "SKIPPED  tiny.mp4 [too_small]" in printed
     records = {p: p.stat().st_mtime_ns for p in (out / ".prepare/records").iterdir()}
@@ -167,7 +168,7 @@ def test_real_photographs(tmp_path):
     subject matches the truth; the panned and zoomed shots are found moving and skipped."""
     raw, out = tmp_path / "raw", tmp_path / "out"
     truth = write_photo_footage(raw)
-    summary = _prepare(raw, out)
+    summary = _prepare(raw, out, CHECK)
     record = json.loads(next((out / ".prepare/records").glob("*.json")).read_text())
     assert all(min(abs(c - t) for c in record["cuts"]) <= 1 for t in truth["cuts"]), record["cuts"]
     assert summary["counts"]["shots_moving_camera"] == 2 and summary["counts"]["clips"] == 1
@@ -188,11 +189,11 @@ def test_learned_backend_plumbing(tmp_path):
     from helpers_prepare import save_tiny_sam3
 
     raw, out = tmp_path / "raw", tmp_path / "out"
-    generate(raw, videos=1, shots=2, shot_seconds=4.5)
+    generate(raw, videos=1, shots=1, shot_seconds=3.5)
     sam = save_tiny_sam3(tmp_path / "sam3")
     summary = _prepare(raw, out, f"elements.sam_model={sam}", "elements.min_score=0", "elements.min_sharpness=0",
                        "elements.min_area_share=0", "elements.max_foreground_share=1", no_caption=True)
-    assert summary["counts"]["clips"] == 2 and summary["check_exit_code"] == 0, summary
+    assert summary["counts"]["clips"] == 1, summary
     for line in (out / "prepare_manifest.jsonl").read_text().splitlines():
         r = json.loads(line)
         assert r["backend"] == "learned" and r["models"] == [str(sam)]

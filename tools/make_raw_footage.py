@@ -133,7 +133,7 @@ def write_bad_inputs(out: Path, seed: int = 1) -> dict[str, str]:
     write_h264(out / "tiny.mp4", frames, 16.0, crf=12)
     frames, *_ = render_shot(rng, 96, 128, 56)
     write_h264(out / "Mi vídeo de playa ☀.mp4", frames, 16.0, crf=12)
-    small, *_ = render_shot(rng, 90, 160, 24)  # 4K: drawn small, scaled up frame by frame as it is written
+    small, *_ = render_shot(rng, 90, 160, 17)  # 4K: drawn small, scaled up frame by frame as it is written
     writer = imageio_ffmpeg.write_frames(str(out / "uhd_4k.mp4"), (3840, 2160), fps=8, codec="libx264",
                                          pix_fmt_out="yuv420p", quality=None, macro_block_size=1,
                                          ffmpeg_log_level="error", output_params=["-preset", "ultrafast", "-an"])
