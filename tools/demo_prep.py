@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -61,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     runs = ROOT / "runs" / "demo_prep"
     before = set(runs.glob("*")) if runs.exists() else set()
-    train = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(a.num_gpus), str(ROOT / "train_e2v.py"),
+    with socket.socket() as sock:  # a free port: another run on this machine may hold deepspeed's default
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    train = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(a.num_gpus), "--master_port", str(port),
+             str(ROOT / "train_e2v.py"),
              "--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), "--set", f"data.datasets.0.data_root={a.out}",
              "--set", f"output_dir={runs}", "--set", f"train.max_steps={a.steps}",
              "--set", f"train.checkpoint_every={a.steps}", "--set", "visualization.enabled=false",
