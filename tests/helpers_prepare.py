@@ -42,3 +42,36 @@ def save_tiny_sam3(folder: Path, input_side: int = 112) -> Path:
     (folder / "preprocessor_config.json").write_text(json.dumps(
         {"size": {"height": input_side, "width": input_side}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
     return folder
+
+
+def save_tiny_captioner(folder: Path) -> Path:
+    """A tiny random-weight LLaVA (CLIP vision + Llama text) with its processor, loadable by
+    AutoProcessor / AutoModelForImageTextToText like a real captioner folder; the PIL image
+    processor keeps torchvision out."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
+
+    words = ["<pad>", "<unk>", "<s>", "</s>", "<image>", "USER:", "ASSISTANT:", "a", "person", "object",
+             "background", "video", "the", "and"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", extra_special_tokens={"image_token": "<image>"})
+    template = ("{% for m in messages %}{{ m['role'].upper() + ': ' }}{% for c in m['content'] %}"
+                "{% if c['type'] == 'image' %}{{ '<image> ' }}{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}"
+                "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+    LlavaProcessor(image_processor=CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
+                   tokenizer=tokenizer, patch_size=14, chat_template=template, image_token="<image>",
+                   vision_feature_select_strategy="full", num_additional_image_tokens=1).save_pretrained(folder)
+    cfg = LlavaConfig(
+        vision_config=CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       image_size=28, patch_size=14, projection_dim=16),
+        text_config=LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=2, pad_token_id=0, bos_token_id=2,
+                                eos_token_id=3),
+        image_token_index=4, vision_feature_select_strategy="full", vision_feature_layer=-1)
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(cfg).eval().save_pretrained(folder)
+    return folder

@@ -183,23 +183,29 @@ def test_real_photographs(tmp_path):
     assert iou(got_HW, true_HW) >= 0.7
 
 
-def test_learned_backend_plumbing(tmp_path):
-    """A tiny random-weight Sam3Model (nothing downloaded) through the whole learned path: masks
-    are random, so the filters are opened; the elements are cut with the model's masks."""
-    from helpers_prepare import save_tiny_sam3
+def test_learned_path_plumbing(tmp_path):
+    """A tiny random-weight Sam3Model and a tiny captioner (nothing downloaded) through the whole
+    learned path: masks are random, so the filters are opened; the elements are cut with the
+    model's masks and the caption is the model's."""
+    from helpers_prepare import save_tiny_captioner, save_tiny_sam3
 
     raw, out = tmp_path / "raw", tmp_path / "out"
     generate(raw, videos=1, shots=1, shot_seconds=3.5)
-    sam = save_tiny_sam3(tmp_path / "sam3")
+    (raw / "footage_000.txt").unlink()  # no sidecar: the model captions
+    sam, captioner = save_tiny_sam3(tmp_path / "sam3"), save_tiny_captioner(tmp_path / "captioner")
     summary = _prepare(raw, out, f"elements.sam_model={sam}", "elements.min_score=0", "elements.min_sharpness=0",
-                       "elements.min_area_share=0", "elements.max_foreground_share=1", no_caption=True)
+                       "elements.min_area_share=0", "elements.max_foreground_share=1", f"captions.model={captioner}",
+                       "captions.max_new_tokens=4")
     assert summary["counts"]["clips"] == 1, summary
-    for line in (out / "prepare_manifest.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        assert r["backend"] == "learned" and r["models"] == [str(sam)]
-        assert r["caption_from"] == "filename" and r["caption"] == "footage 000"
-        person = np.asarray(Image.open(out / f"{r['id']}_person.png"))
-        assert person.shape[2] == 4 and set(np.unique(person[..., 3])) <= {0, 255}
-        y0, y1, x0, x1 = r["references"]["person"]["box"]
-        assert person.shape[:2] == (y1 - y0, x1 - x0)
-        assert Image.open(out / f"{r['id']}_background.png").size == (64, 64)
+    (r,) = [json.loads(line) for line in (out / "prepare_manifest.jsonl").read_text().splitlines()]
+    assert r["backend"] == "learned" and r["models"] == [str(sam)]
+    assert r["caption_from"] == f"model:{captioner}" and r["caption"], r["caption"]
+    assert (out / f"{r['id']}.txt").read_text().strip() == r["caption"]
+    frame = r["references"]["person"]
+    person = np.asarray(Image.open(out / f"{r['id']}_person.png"))
+    assert person.shape[2] == 4 and set(np.unique(person[..., 3])) <= {0, 255}
+    y0, y1, x0, x1 = frame["box"]
+    assert person.shape[:2] == (y1 - y0, x1 - x0)
+    obj = np.asarray(Image.open(out / f"{r['id']}_object.png"))
+    assert obj.ndim == 3 and obj.shape[2] == 3
+    assert Image.open(out / f"{r['id']}_background.png").size == (64, 64)
