@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from e2v.prepare.clips import masks_to_target, windows
-from e2v.prepare.config import PrepareConfigError, load_prepare_config
+from e2v.prepare.config import PrepareConfigError, config_key, load_prepare_config
 from e2v.prepare.masks import iou
 from e2v.prepare.run import prepare
 from e2v.prepare.truth import score
@@ -101,6 +101,9 @@ def test_config_errors_name_the_key():
     with pytest.raises(PrepareConfigError, match=r"clips.fps: expected a number"):
         load_prepare_config(None, ["clips.fps=fast"])
     cfg = load_prepare_config(ROOT / "configs/prepare.yaml")  # the documented file loads as it is
+    # a finished video is redone when a setting that shapes its samples changed, not the check's
+    assert config_key(cfg) == config_key(load_prepare_config(None, ["check.run=false"]))
+    assert config_key(cfg) != config_key(load_prepare_config(None, ["elements.margin_px=3"]))
     assert [it.name for it in cfg.elements.items] == ["person", "object", "background"]
 
 

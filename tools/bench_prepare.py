@@ -3,7 +3,7 @@ tests/test_prepare_data.py's small one): cuts, subject IoU, background error, ou
 references, and CPU seconds per minute of footage by stage -> bench/results/prepare.json and the
 data-preparation section of bench/RESULTS.md.
 
-    python tools/bench_prepare.py [--videos 6] [--shots 4] [--keep DIR]
+    python tools/bench_prepare.py [--videos 6] [--shots 4] [--set shots.threshold=20] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--videos", type=int, default=6)
     p.add_argument("--shots", type=int, default=4)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="prepare config overrides")
     p.add_argument("--keep", type=Path, default=None, help="keep the footage and the prepared set here")
     a = p.parse_args(argv)
     work = a.keep or Path(tempfile.mkdtemp(prefix="bench_prepare_"))
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
              width=c["source_hw"][1], fps=c["source_fps"])
     cfg = load_prepare_config(ROOT / "configs/prepare.yaml", [
         f"clips.num_frames={c['num_frames']}", f"clips.fps={c['fps']}", f"clips.resolution={c['target_hw']}",
-        "check.config=configs/e2v_tiny.yaml", "check.set=[train.micro_batch_size=1]"])
+        "check.config=configs/e2v_tiny.yaml", "check.set=[train.micro_batch_size=1]", *a.set])
     load_before, t0 = load1(), time.perf_counter()
     summary = prepare(cfg, raw, out, no_caption=True)
     wall = time.perf_counter() - t0
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     stage_s = sum(v for v in summary["seconds_per_footage_minute"].values()) * summary["counts"]["footage_seconds"] / 60
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-              "case": c, "score": s, "counts": summary["counts"], "check_exit_code": summary.get("check_exit_code"),
+              "case": c, "overrides": a.set, "score": s, "counts": summary["counts"], "check_exit_code": summary.get("check_exit_code"),
               "footage_minutes": summary["counts"]["footage_seconds"] / 60, "wall_s": wall, "check_s": wall - stage_s,
               "seconds_per_footage_minute": summary["seconds_per_footage_minute"], "load_before": load_before,
               "load_after": load1()}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +167,9 @@ def _check(cfg: PrepareConfig) -> None:
         raise PrepareConfigError("clips: fps > 0, windows_per_shot >= 1 and 0 <= max_crop < 1 are required")
     if cfg.captions.mode not in ("auto", "sidecar", "model", "filename"):
         raise PrepareConfigError(f"captions.mode: {cfg.captions.mode!r} is not one of auto, sidecar, model, filename")
+    if cfg.captions.mode == "model" and not cfg.captions.model:
+        raise PrepareConfigError("captions.mode: model needs captions.model (an AutoModelForImageTextToText folder or "
+                                 "hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct)")
     e = cfg.elements
     if e.backend not in ("auto", "classical", "learned"):
         raise PrepareConfigError(f"elements.backend: {e.backend!r} is not one of auto, classical, learned")
@@ -210,3 +215,10 @@ def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> Prepar
 
 def as_dict(cfg: PrepareConfig) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def config_key(cfg: PrepareConfig) -> str:
+    """A fingerprint of every setting that shapes the samples (all but the check's): a video's
+    record made with another key is stale and the video is redone."""
+    shaping = {k: v for k, v in as_dict(cfg).items() if k != "check"}
+    return hashlib.sha1(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]

@@ -5,8 +5,8 @@ RGB crop on white, as tools/make_demo_dataset.py's references are).
 Why outside: a reference cut from the very frames the model must produce teaches it to paste the
 reference back (copy-paste); Phantom and OpenS2V pair a clip with references from other frames
 (cross-paired data) for this reason. A reference comes from a track frame at least
-elements.reference_gap_seconds away from its window when the shot has one; otherwise from inside,
-and the manifest says so.
+elements.reference_gap_seconds away from its window; only a shot with no frame that far away gives
+references from inside, and the manifest says so (outside_window: false).
 
 Legend: F track frames, H/W target height/width; frames_FHW3 uint8, masks_FHW bool, scores_F float.
 """
@@ -39,14 +39,16 @@ def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) 
 
 def choose(frames_FHW3: np.ndarray, masks_FHW: np.ndarray, scores_F: np.ndarray, window: tuple[int, int],
            gap_frames: int, cfg: Elements) -> Choice:
-    """The frame to cut an element from: outside the window when a frame there passes the filters
-    (size, score, sharpness), else inside; among those passing, the largest mask that does not
-    touch the frame's edge (a subject cut by the edge is half a subject), then the largest."""
+    """The frame to cut an element from: outside the window, or inside only when the shot has no
+    frame outside (too short for the gap; the manifest says so). Among the frames passing the
+    filters (size, score, sharpness), the largest mask that does not touch the frame's edge (a
+    subject cut by the edge is half a subject), then the largest. None passing: the element is
+    dropped, never taken from inside instead (that would be the copy-paste the gap prevents)."""
     outside = outside_positions(len(frames_FHW3), window, gap_frames)
-    inside = list(range(*window))
+    pools = [(outside, True)] if outside else [(list(range(*window)), False)]
     h, w = masks_FHW.shape[1:]
     last_drop = "no_detection"
-    for pool, is_outside in ((outside, True), (inside, False)):
+    for pool, is_outside in pools:
         passing = []
         for p in pool:
             m = masks_FHW[p]

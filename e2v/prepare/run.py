@@ -13,6 +13,7 @@ Legend: F frames, H/W target height/width; frames_FHW3 uint8 RGB, masks_FHW bool
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from e2v.media import MediaError
 
 from . import captions as cap
 from .clips import size_problem, to_target, track, windows, write_h264
-from .config import PrepareConfig, as_dict
+from .config import PrepareConfig, as_dict, config_key
 from .manifest import (STATE, all_records, read_record, record_path, remove_partial, sample_prefix,
                        write_json_atomic, write_manifest)
 from .masks import bbox
@@ -125,12 +126,11 @@ def _write_text(path: Path, text: str) -> None:
 class Preparer:
     """Everything loaded once per run (backend, captioner, caption table) and the per-video work."""
 
-    def __init__(self, cfg: PrepareConfig, input_dir: Path, out: Path, no_caption: bool, device: str = "cpu"):
+    def __init__(self, cfg: PrepareConfig, input_dir: Path, out: Path, device: str = "cpu"):
         self.cfg, self.input_dir, self.out = cfg, input_dir, out
         self.target_hw = tuple(cfg.clips.resolution)
         self.backend = make_backend(cfg, device)
-        mode = "filename" if no_caption else cfg.captions.mode
-        self.caption_mode = mode
+        mode = self.caption_mode = cfg.captions.mode
         self.table = cap.load_table(input_dir, cfg.captions) if mode in ("auto", "sidecar") else {}
         want_model = mode == "model" or (mode == "auto" and cfg.captions.model)
         self.captioner = cap.ModelCaptioner(cfg.captions, device) if want_model else None
@@ -352,19 +352,29 @@ def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool 
 
     out.mkdir(parents=True, exist_ok=True)
     sources = list_sources(input_dir, out)[rank::world]
+    if no_caption:
+        cfg = dataclasses.replace(cfg, captions=dataclasses.replace(cfg.captions, mode="filename"))
+    # a record made with other settings (the check's aside) is stale: its video is redone
+    fingerprint = config_key(cfg)
     todo = []
     for s in sources:
-        rel = str(s.relative_to(input_dir))
-        if read_record(out, rel) is None:
+        record = read_record(out, str(s.relative_to(input_dir)))
+        if record is None or record.get("config_key") != fingerprint:
             todo.append(s)
     print(f"[prepare rank {rank}/{world}] {len(sources)} source files: {len(sources) - len(todo)} finished before, "
           f"{len(todo)} to do -> {out}")
-    preparer = Preparer(cfg, input_dir, out, no_caption, device) if todo else None
+    preparer = Preparer(cfg, input_dir, out, device) if todo else None
     for s in tqdm(todo, desc=f"prepare rank {rank}", position=rank, dynamic_ncols=True,
                   mininterval=1 if sys.stderr.isatty() else 30):
         rel = str(s.relative_to(input_dir))
         remove_partial(out, rel)  # a killed run's samples of this video
-        record = preparer.video(s)
+        try:
+            record = preparer.video(s)
+        except Exception as e:  # an input nobody foresaw: named in the summary, never the end of the run
+            remove_partial(out, rel)
+            record = {"source": rel, "status": "bad", "kind": "error", "what": f"{type(e).__name__}: {str(e)[:300]}",
+                      "notes": [], "samples": [], "counts": {}}
+        record["config_key"] = fingerprint
         write_json_atomic(record_path(out, rel), record)
     if barrier is not None:
         barrier()
