@@ -24,7 +24,11 @@ class PrepareConfigError(ValueError):
 
 @dataclass
 class Shots:
-    threshold: float = 27.0  # PySceneDetect ContentDetector threshold (its default); lower finds more cuts
+    # PySceneDetect ContentDetector threshold (mean HSV change between frames). Its default, 27,
+    # missed a cut between two similar-looking generated shots (change 26.3; bench/RESULTS.md
+    # section 6); 20 found every cut there with no false one on the panned and zoomed photo
+    # footage. Raise it if fast motion gives false cuts.
+    threshold: float = 20.0
     min_shot_frames: int = 2  # the detector's min_scene_len: cuts closer than this are merged
 
 

@@ -24,8 +24,11 @@ def render_prepare(d: dict) -> list[str]:
              f"({s['background_mae_max']:.2f}) | <= 6 |",
              f"| references outside their clip's window | {s['references_outside_window'] * 100:.0f}% | 100% when the "
              "shot is long enough |", "",
-             f"Wall time {d['wall_s']:.0f} s, of which the dataset check {d['check_s']:.0f} s. CPU seconds per minute of "
-             "footage, by stage (one process, one thread):", "", "| stage | s / footage minute |", "|---|---|"]
+             f"{s['clips']} clips from {d['counts'].get('shots', 0)} shots; dropped by the filters: "
+             + (", ".join(f"{k} {v}" for k, v in d["counts"].items() if "dropped" in k) or "none") + ".", "",
+             f"Wall time {d['wall_s']:.0f} s, of which the dataset check {d['check_s']:.0f} s. Seconds per minute of "
+             f"footage, by stage (wall time of one process on {d['machine']['cores']} cores; a load above the core "
+             "count inflates them):", "", "| stage | s / footage minute |", "|---|---|"]
     lines += [f"| {STAGE_NAMES.get(k, k)} | {v:.2f} |" for k, v in d["seconds_per_footage_minute"].items()]
     return lines + ["", "Not measured here: the learned backend (SAM 3) and the model captioner with real weights "
                     "(no weights or GPU on this machine); their per-frame cost is one model forward per element.", ""]
