@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -334,14 +333,21 @@ def print_summary(summary: dict) -> None:
 
 
 def run_check(cfg: PrepareConfig, out: Path) -> int:
+    """tools/check_dataset.py on the output, in this process (its imports are already paid for
+    here; a subprocess would load torch and the model code again), with the clip shape."""
+    import importlib.util
+
     tool = Path(__file__).resolve().parents[2] / "tools" / "check_dataset.py"
     res = cfg.clips.resolution
-    cmd = [sys.executable, str(tool), "--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
-           "--json", str(out / STATE / "check_report.json"),
-           "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
-           "--set", f"data.fps={cfg.clips.fps}"] + [a for extra in cfg.check.set for a in ("--set", extra)]
-    print("[prepare] check: " + " ".join(cmd[1:]))
-    return subprocess.call(cmd)
+    argv = ["--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
+            "--json", str(out / STATE / "check_report.json"),
+            "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
+            "--set", f"data.fps={cfg.clips.fps}"] + [a for extra in cfg.check.set for a in ("--set", extra)]
+    print("[prepare] check: tools/check_dataset.py " + " ".join(argv))
+    spec = importlib.util.spec_from_file_location("check_dataset", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
 
 
 def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool = False, rank: int = 0,
