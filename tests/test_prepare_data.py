@@ -215,3 +215,26 @@ def test_learned_path_plumbing(tmp_path):
     obj = np.asarray(Image.open(out / f"{r['id']}_object.png"))
     assert obj.ndim == 3 and obj.shape[2] == 3
     assert Image.open(out / f"{r['id']}_background.png").size == (64, 64)
+
+
+def test_caption_sources(tmp_path):
+    """A sidecar .txt wins, then a CSV / JSONL row (by path relative to the input or by name),
+    then the file name's words."""
+    from e2v.prepare import captions as cap
+    from e2v.prepare.config import Captions
+
+    (tmp_path / "trip").mkdir()
+    for name in ("a.mp4", "trip/b c.mp4", "d_e-01.mov"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "a.txt").write_text("from the sidecar\n")
+    (tmp_path / "caps.csv").write_text("file,caption\ntrip/b c.mp4,from the csv\na.mp4,not used\n")
+    table = cap.load_table(tmp_path, Captions(table="caps.csv"))
+    assert cap.sidecar(tmp_path / "a.mp4", tmp_path, table) == "from the sidecar"
+    assert cap.sidecar(tmp_path / "trip/b c.mp4", tmp_path, table) == "from the csv"
+    assert cap.sidecar(tmp_path / "d_e-01.mov", tmp_path, table) is None
+    assert cap.filename_words(tmp_path / "d_e-01.mov") == "d e 01"
+    (tmp_path / "caps.jsonl").write_text('{"path": "d_e-01.mov", "text": "from the jsonl"}\n')
+    table = cap.load_table(tmp_path, Captions(table="caps.jsonl", file_column="path", caption_column="text"))
+    assert cap.sidecar(tmp_path / "d_e-01.mov", tmp_path, table) == "from the jsonl"
+    with pytest.raises(ValueError, match="needs the columns 'file' and 'caption'"):
+        cap.load_table(tmp_path, Captions(table="caps.jsonl"))
