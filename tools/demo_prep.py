@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     times["train"] = time.perf_counter() - t0
     (run,) = set(runs.glob("*")) - before
     step, gap, rel = last_gap(run)
-    print(f"[demo-prep] seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items())
+    print("[demo-prep] seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items())
           + f"; total {sum(times.values()):.0f}")
     print(f"[demo-prep] held-out shuffled-reference gap at step {step}: {gap:+.4f} ({rel * 100:+.1f}%) -> "
           f"{'the model reads the prepared references' if gap > 0 else 'NOT positive'}  (run {run})")
