@@ -14,7 +14,10 @@ NUM_GPUS ?= 1
 TEST_WORKERS ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo demo-quick demo-data test test-fast bench check-data clean-demo smoke-real gpu-check
+DEMO_RAW ?= demo_raw
+DEMO_PREP ?= demo_prep
+
+.PHONY: install demo demo-quick demo-prep demo-data test test-fast bench check-data clean-demo smoke-real gpu-check
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
@@ -41,6 +44,12 @@ demo-quick: demo-data
 	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/e2v_tiny_lora.yaml \
 		--set data.datasets.0.data_root=$(DEMO_DATA)
 
+# Raw footage in, a trained model out: generated multi-shot videos -> tools/prepare_data.py (and
+# its dataset check) -> a short tiny LoRA run on the prepared set; prints the held-out
+# shuffled-reference gap at the last validation (tools/demo_prep.py, docs/preparing_data.md).
+demo-prep: install
+	$(PY) tools/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
+
 test: install
 	$(PY) -m pytest -q -x tests
 
@@ -66,4 +75,4 @@ check-data: install
 	$(PY) tools/check_dataset.py --config $(CONFIG)
 
 clean-demo:
-	rm -rf $(DEMO_DATA) runs
+	rm -rf $(DEMO_DATA) $(DEMO_RAW) $(DEMO_PREP) runs

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tools.benchlib.common import BENCH_DIR, STEP_PHASES
 from tools.benchlib.memory import render_memory
+from tools.benchlib.prepare import render_prepare
 
 PHASE_NAMES = {
     "data_wait": "data wait (main process: decode + preprocess, or cache file read)",
@@ -229,6 +230,8 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
                   "into bench/results/steps_model.json, with torch.cuda.max_memory_allocated per configuration. "
                   "Section 2 keeps a second copy of the transformer for the bare loop: use --overhead-rounds 0 for "
                   "a model that does not fit twice.", ""]
+    if (bench_dir / "results" / "prepare.json").exists():  # tools/bench_prepare.py's
+        lines += render_prepare(json.loads((bench_dir / "results" / "prepare.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

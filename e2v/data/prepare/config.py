@@ -1,0 +1,228 @@
+"""The data-preparation config (configs/prepare.yaml documents every key): typed dataclasses
+loaded with yaml.safe_load; an unknown key, a wrong type or an impossible value stops the load,
+naming the key and the fix. Kept apart from the trainer's schema: preparing data never changes what
+a training config means, and the two share only the meanings of fps / num_frames / resolution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+
+class PrepareConfigError(ValueError):
+    """A prepare-config problem, phrased for the user: which key, what is wrong, how to fix it."""
+
+
+@dataclass
+class Shots:
+    # PySceneDetect ContentDetector threshold (mean HSV change between frames). Its default, 27,
+    # missed a cut between two similar-looking generated shots (change 26.3; bench/RESULTS.md
+    # section 6); 20 found every cut there with no false one on the panned and zoomed photo
+    # footage. Raise it if fast motion gives false cuts.
+    threshold: float = 20.0
+    min_shot_frames: int = 2  # the detector's min_scene_len: cuts closer than this are merged
+
+
+@dataclass
+class Clips:
+    fps: float = 16.0  # the trainer's data.fps: frames are taken by time at this rate
+    num_frames: int = 81  # the trainer's data.num_frames (4k+1)
+    resolution: list[int] = field(default_factory=lambda: [480, 832])  # [H, W], multiples of 16
+    windows_per_shot: int = 1  # at most this many non-overlapping windows per shot
+    min_scale: float = 1.0  # the source's cropped area must be at least this x the target per side
+    max_crop: float = 0.5  # share of the frame the centre crop may cut (aspect filter)
+    max_shot_seconds: float = 30.0  # a longer shot is analysed over its first this many seconds
+    crf: int = 18  # H.264 quality of the written clips (0 lossless, 23 ffmpeg's default)
+
+
+@dataclass
+class Captions:
+    mode: str = "auto"  # auto: sidecar, else model, else file name; sidecar / model / filename force one
+    table: Optional[str] = None  # CSV or JSONL in the input folder with a caption per source file
+    file_column: str = "file"
+    caption_column: str = "caption"
+    model: Optional[str] = None  # local folder or hub id of an AutoModelForImageTextToText
+    prompt: str = ("Describe this video in one paragraph: the main subject (who they are, what they wear, what they "
+                   "do), the main object they interact with, and the setting.")
+    max_new_tokens: int = 120
+    num_images: int = 1  # frames of the clip shown to the captioner
+
+
+@dataclass
+class Element:
+    name: str  # the output suffix: ID_<name>.png
+    role: str  # subject (RGBA cut-out), object (RGB crop on white), background (frame, foreground filled)
+    prompt: str = ""  # the learned backend's text prompt
+
+
+ROLES = ("subject", "object", "background")
+
+
+@dataclass
+class Classical:
+    diff_threshold: float = 30.0  # max-channel |frame - median| (levels) above which a pixel is foreground
+    open_px: int = 1  # morphological opening radius (removes specks)
+    close_px: int = 2  # closing radius (fills pinholes)
+    median_frames: int = 48  # frames of the shot the temporal median is taken over
+    object_kernel: int = 0  # median-filter size for the static-object estimate; 0: a third of the short side
+    object_threshold: float = 40.0  # |background - its smoothed self| (levels) above which a pixel is object
+    max_components: int = 1  # largest connected components kept as the subject
+    # The median needs a still camera: the medians of the shot's two halves differ over more than
+    # this share of the frame when it pans or zooms, and the shot is skipped (shots_moving_camera).
+    max_camera_motion: float = 0.25
+
+
+@dataclass
+class Elements:
+    backend: str = "auto"  # auto: learned when sam_model is set, else classical
+    sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks on every track frame)
+    sam_batch: int = 8  # track frames per Sam3Model forward
+    items: list[Element] = field(default_factory=lambda: [
+        Element("person", "subject", "person"), Element("object", "object", "object"),
+        Element("background", "background", "background")])
+    reference_gap_seconds: float = 0.5  # a reference frame lies at least this far outside its clip's window
+    # OpenS2V's filter values: background skipped above 45% foreground; elements under 1% of the
+    # frame, detections under 0.5 confidence and frames under Laplacian variance 100 are dropped.
+    max_foreground_share: float = 0.45
+    min_area_share: float = 0.01
+    min_score: float = 0.5
+    min_sharpness: float = 100.0  # Laplacian variance of the reference's grey pixels (at the target size)
+    margin_px: int = 2  # around a cut-out's bounding box
+    classical: Classical = field(default_factory=Classical)
+
+
+@dataclass
+class Check:
+    run: bool = True  # run tools/check_dataset.py on the output
+    set: list[str] = field(default_factory=list)  # extra --set overrides for the check (e.g. train.micro_batch_size=1)
+    config: str = "configs/e2v.yaml"  # the training config whose elements and buckets it checks against
+    contact_sheets: bool = True  # one PNG per clip: frames | references
+
+
+@dataclass
+class PrepareConfig:
+    shots: Shots = field(default_factory=Shots)
+    clips: Clips = field(default_factory=Clips)
+    captions: Captions = field(default_factory=Captions)
+    elements: Elements = field(default_factory=Elements)
+    check: Check = field(default_factory=Check)
+
+
+def _build(tp: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise PrepareConfigError(f"{key or 'config'}: expected a mapping, got {value!r}")
+        hints = typing.get_type_hints(tp)
+        names = [f.name for f in dataclasses.fields(tp)]
+        for k in value:
+            if k not in names:
+                near = difflib.get_close_matches(str(k), names, 1)
+                raise PrepareConfigError(f"unknown key '{key + '.' if key else ''}{k}'"
+                                         + (f"; did you mean '{near[0]}'?" if near else f"; keys here: {', '.join(names)}"))
+        missing = [f.name for f in dataclasses.fields(tp) if f.name not in value
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise PrepareConfigError(f"{key or 'config'}: missing key(s) {', '.join(missing)}")
+        return tp(**{k: _build(hints[k], v, f"{key + '.' if key else ''}{k}") for k, v in value.items()})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        return _build(next(a for a in args if a is not type(None)), value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise PrepareConfigError(f"{key}: expected a list, got {value!r}")
+        return [_build(args[0], v, f"{key}.{i}") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise PrepareConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PrepareConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PrepareConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise PrepareConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise PrepareConfigError(f"{key}: unsupported type {tp}")
+
+
+def _check(cfg: PrepareConfig) -> None:
+    c = cfg.clips
+    if c.num_frames < 5 or (c.num_frames - 1) % 4:
+        raise PrepareConfigError(f"clips.num_frames: {c.num_frames} is not 4k+1 (the VAE's time stride); use e.g. 17, 49 or 81")
+    if len(c.resolution) != 2 or any(v <= 0 or v % 16 for v in c.resolution):
+        raise PrepareConfigError(f"clips.resolution: {c.resolution} must be [H, W], each a positive multiple of 16")
+    if c.fps <= 0 or c.windows_per_shot < 1 or not 0 <= c.max_crop < 1:
+        raise PrepareConfigError("clips: fps > 0, windows_per_shot >= 1 and 0 <= max_crop < 1 are required")
+    if cfg.captions.mode not in ("auto", "sidecar", "model", "filename"):
+        raise PrepareConfigError(f"captions.mode: {cfg.captions.mode!r} is not one of auto, sidecar, model, filename")
+    if cfg.captions.mode == "model" and not cfg.captions.model:
+        raise PrepareConfigError("captions.mode: model needs captions.model (an AutoModelForImageTextToText folder or "
+                                 "hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct)")
+    e = cfg.elements
+    if e.backend not in ("auto", "classical", "learned"):
+        raise PrepareConfigError(f"elements.backend: {e.backend!r} is not one of auto, classical, learned")
+    if e.backend == "learned" and not e.sam_model:
+        raise PrepareConfigError("elements.backend: learned needs elements.sam_model (a Sam3Model folder or hub id)")
+    for i, it in enumerate(e.items):
+        if it.role not in ROLES:
+            raise PrepareConfigError(f"elements.items.{i}.role: {it.role!r} is not one of {', '.join(ROLES)}")
+    roles = [it.role for it in e.items]
+    if roles.count("background") > 1 or roles.count("subject") != 1:
+        raise PrepareConfigError(f"elements.items: needs exactly one subject and at most one background, got {roles}")
+    if len({it.name for it in e.items}) != len(e.items):
+        raise PrepareConfigError("elements.items: two elements share a name (each is the file suffix ID_<name>.png)")
+
+
+def _override(raw: dict, text: str) -> None:
+    if "=" not in text:
+        raise PrepareConfigError(f"--set {text!r}: expected key=value, e.g. --set clips.num_frames=17")
+    key, value = text.split("=", 1)
+    node = raw
+    parts = key.split(".")
+    for k in parts[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise PrepareConfigError(f"--set {key}: '{k}' is not a section")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> PrepareConfig:
+    """configs/prepare.yaml (or the defaults when path is None) plus `--set key=value` overrides."""
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise PrepareConfigError(f"config file {path} does not exist")
+        raw = yaml.safe_load(path.read_text()) or {}
+    for s in sets:
+        _override(raw, s)
+    cfg = _build(PrepareConfig, raw, "")
+    _check(cfg)
+    return cfg
+
+
+def as_dict(cfg: PrepareConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_key(cfg: PrepareConfig) -> str:
+    """A fingerprint of every setting that shapes the samples (all but the check's): a video's
+    record made with another key is stale and the video is redone."""
+    shaping = {k: v for k, v in as_dict(cfg).items() if k != "check"}
+    return hashlib.sha1(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,88 @@
+"""References from outside the clip: which track frame each element is cut from, and the cut-outs
+in e2v's element formats (the subject an RGBA cut-out with a transparent surround, an object an
+RGB crop on white, as tools/make_demo_dataset.py's references are).
+
+Why outside: a reference cut from the very frames the model must produce teaches it to paste the
+reference back (copy-paste); Phantom and OpenS2V pair a clip with references from other frames
+(cross-paired data) for this reason. A reference comes from a track frame at least
+elements.reference_gap_seconds away from its window; only a shot with no frame that far away gives
+references from inside, and the manifest says so (outside_window: false).
+
+Legend: F track frames, H/W target height/width; frames_FHW3 uint8, masks_FHW bool, scores_F float.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import Elements
+from .masks import bbox, sharpness
+
+
+@dataclass
+class Choice:
+    position: int | None  # track position of the chosen frame; None: no frame passes the filters
+    outside: bool  # the frame lies outside the window (with the gap)
+    area_share: float = 0.0
+    score: float = 0.0
+    sharpness: float = 0.0
+    dropped_by: str = ""  # the filter that removed the last candidate, when none is left
+
+
+def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) -> list[int]:
+    """Track positions at least gap_frames before the window's first or after its last frame."""
+    start, end = window
+    return [p for p in range(track_len) if p <= start - 1 - gap_frames or p >= end + gap_frames]
+
+
+def choose(frames_FHW3: np.ndarray, masks_FHW: np.ndarray, scores_F: np.ndarray, window: tuple[int, int],
+           gap_frames: int, cfg: Elements) -> Choice:
+    """The frame to cut an element from: outside the window, or inside only when the shot has no
+    frame outside (too short for the gap; the manifest says so). Among the frames passing the
+    filters (size, score, sharpness), the largest mask that does not touch the frame's edge (a
+    subject cut by the edge is half a subject), then the largest. None passing: the element is
+    dropped, never taken from inside instead (that would be the copy-paste the gap prevents)."""
+    outside = outside_positions(len(frames_FHW3), window, gap_frames)
+    pools = [(outside, True)] if outside else [(list(range(*window)), False)]
+    h, w = masks_FHW.shape[1:]
+    last_drop = "no_detection"
+    for pool, is_outside in pools:
+        passing = []
+        for p in pool:
+            m = masks_FHW[p]
+            area = float(m.mean())
+            if area == 0:
+                continue
+            if area < cfg.min_area_share:
+                last_drop = "min_area"
+                continue
+            if scores_F[p] < cfg.min_score:
+                last_drop = "min_score"
+                continue
+            sharp = sharpness(frames_FHW3[p], m)
+            if sharp < cfg.min_sharpness:
+                last_drop = "blur"
+                continue
+            edge = bool(m[0].any() or m[-1].any() or m[:, 0].any() or m[:, -1].any())
+            passing.append((not edge, area, p, float(scores_F[p]), sharp))
+        if passing:
+            _, area, p, score, sharp = max(passing)
+            return Choice(p, is_outside, area, score, sharp)
+    return Choice(None, False, dropped_by=last_drop)
+
+
+def cutout_rgba(frame_HW3: np.ndarray, mask_HW: np.ndarray, margin: int) -> np.ndarray:
+    """The subject: its bounding box (plus margin), alpha 255 on the mask and 0 around it: HW4."""
+    y0, y1, x0, x1 = bbox(mask_HW, margin)
+    alpha = mask_HW[y0:y1, x0:x1].astype(np.uint8) * 255
+    return np.dstack([frame_HW3[y0:y1, x0:x1], alpha])
+
+
+def crop_on_white(frame_HW3: np.ndarray, mask_HW: np.ndarray, margin: int) -> np.ndarray:
+    """An object: its bounding box (plus margin) with everything off the mask white: HW3."""
+    y0, y1, x0, x1 = bbox(mask_HW, margin)
+    crop = frame_HW3[y0:y1, x0:x1].copy()
+    crop[~mask_HW[y0:y1, x0:x1]] = 255
+    return crop

@@ -1,0 +1,392 @@
+"""The driver of tools/prepare_data.py: for every source video (each rank takes every world-th),
+probe -> shots -> clips -> captions -> elements -> write, then a record; at the end (rank 0) the
+manifest, the summary and the dataset check.
+
+Resumable per video: a video with a record is never redone; one without (a killed run's) has its
+partial samples removed and is redone. A sample's files are written each to a temp name and
+renamed, the video last, so the trainer never discovers a sample whose references are missing.
+A bad input (unreadable, no video stream, too small, ...) gets a record saying what happened and
+never stops the run.
+
+Legend: F frames, H/W target height/width; frames_FHW3 uint8 RGB, masks_FHW bool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from e2v.data.media import MediaError
+
+from . import captions as cap
+from .clips import size_problem, to_target, track, windows, write_h264
+from .config import PrepareConfig, as_dict, config_key
+from .manifest import (STATE, all_records, read_record, record_path, remove_partial, sample_prefix,
+                       write_json_atomic, write_manifest)
+from .masks import bbox
+from .references import choose, crop_on_white, cutout_rgba, outside_positions
+from .sheet import write_sheet
+from .shots import detect_cuts, shot_ranges
+
+# Files in the input folder that are never sources: sidecars, tables, images, our own state.
+NOT_VIDEO = {".txt", ".csv", ".jsonl", ".json", ".png", ".jpg", ".jpeg", ".npz", ".npy", ".md", ".part", ".yaml"}
+MIN_MEDIAN_FRAMES = 8  # a background median from fewer outside-window frames keeps too much foreground
+DECODE_CHUNK_PIXELS = 64 * 1920 * 1080  # frames decoded at once: bounds memory on 4K sources
+VFR_RATIO = 1.25  # longest / shortest frame interval above this: a variable frame rate (tools/check_dataset.py's)
+
+
+class BadInput(Exception):
+    """A source that gives no clips, with the summary's word for it."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def list_sources(input_dir: Path, output_dir: Path) -> list[Path]:
+    out = output_dir.resolve()
+    found = []
+    for p in sorted(input_dir.rglob("*")):
+        rel_parts = p.relative_to(input_dir).parts
+        if any(part.startswith(".") for part in rel_parts) or not p.is_file() or p.suffix.lower() in NOT_VIDEO:
+            continue
+        if out == p.resolve().parent or out in p.resolve().parents:
+            continue
+        found.append(p)
+    return found
+
+
+def probe(path: Path):
+    """(decord reader, frame times in seconds, height, width) or BadInput naming the problem."""
+    import decord
+
+    if path.stat().st_size == 0:
+        raise BadInput("empty_file", "zero-length file")
+    try:
+        vr = decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
+    except Exception as e:
+        if "video stream" in str(e):
+            raise BadInput("no_video_stream", "no video stream (an audio-only or data file)") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput("unreadable", f"cannot decode: {first[:200]}") from None
+    if len(vr) == 0:
+        raise BadInput("no_frames", "the video stream has no frames")
+    try:
+        shape = vr[0].shape
+        times = vr.get_frame_timestamp(list(range(len(vr))))[:, 0].astype(np.float64)
+    except Exception as e:
+        raise BadInput("unreadable", f"cannot decode the first frame or the timestamps: {str(e)[:200]}") from None
+    if shape[-1] != 3:
+        raise BadInput("unreadable", f"decord returns {shape[-1]} channels at width {shape[1]} (a decord bug); "
+                       "re-encode it to another width")
+    if not np.isfinite(times).all() or np.any(np.diff(times) < 0):
+        raise BadInput("bad_timestamps", "frame timestamps are not increasing; re-encode with ffmpeg -fps_mode cfr")
+    return vr, times, shape[0], shape[1]
+
+
+def decode(vr, indices: list[int], target_hw: tuple[int, int]) -> np.ndarray:
+    """The source frames at `indices`, centre-cropped and resized to the target: frames_FHW3."""
+    h, w = vr[0].shape[:2]
+    chunk = max(1, DECODE_CHUNK_PIXELS // (h * w))
+    parts = [to_target(vr.get_batch(indices[i:i + chunk]).asnumpy(), target_hw) for i in range(0, len(indices), chunk)]
+    return np.concatenate(parts) if parts else np.zeros((0, *target_hw, 3), np.uint8)
+
+
+def make_backend(cfg: PrepareConfig, device: str):
+    e = cfg.elements
+    if e.backend == "learned" or (e.backend == "auto" and e.sam_model):
+        from .learned import LearnedBackend  # transformers' SAM classes: only when asked for
+
+        return LearnedBackend(e, device)
+    from .classical import ClassicalBackend
+
+    return ClassicalBackend(e)
+
+
+def _save_png(path: Path, image: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".part")
+    Image.fromarray(image).save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Preparer:
+    """Everything loaded once per run (backend, captioner, caption table) and the per-video work."""
+
+    def __init__(self, cfg: PrepareConfig, input_dir: Path, out: Path, device: str = "cpu"):
+        self.cfg, self.input_dir, self.out = cfg, input_dir, out
+        self.target_hw = tuple(cfg.clips.resolution)
+        self.backend = make_backend(cfg, device)
+        mode = self.caption_mode = cfg.captions.mode
+        self.table = cap.load_table(input_dir, cfg.captions) if mode in ("auto", "sidecar") else {}
+        want_model = mode == "model" or (mode == "auto" and cfg.captions.model)
+        self.captioner = cap.ModelCaptioner(cfg.captions, device) if want_model else None
+        items = cfg.elements.items
+        self.subject = next(it.name for it in items if it.role == "subject")
+        self.objects = [it.name for it in items if it.role == "object"]
+        self.background = next((it.name for it in items if it.role == "background"), None)
+        self.config_dict = as_dict(cfg)
+
+    def caption(self, source: Path, clip_FHW3: np.ndarray, counts: Counter) -> tuple[str, str]:
+        """(caption, where it came from)."""
+        if self.caption_mode in ("auto", "sidecar"):
+            text = cap.sidecar(source, self.input_dir, self.table)
+            if text:
+                return text, "sidecar"
+        if self.captioner is not None:
+            t0 = time.perf_counter()
+            text = self.captioner(clip_FHW3)
+            counts["seconds_captions"] += time.perf_counter() - t0
+            if text:
+                return text, f"model:{self.captioner.name}"
+        return cap.filename_words(source), "filename"
+
+    def video(self, source: Path) -> dict:
+        rel = str(source.relative_to(self.input_dir))
+        record = {"source": rel, "status": "done", "notes": [], "samples": [], "counts": {}}
+        counts: Counter = Counter()
+        t0 = time.perf_counter()
+        try:
+            vr, times, h, w = probe(source)
+        except BadInput as e:
+            record.update(status="bad", kind=e.kind, what=str(e))
+            return record
+        except OSError as e:
+            record.update(status="bad", kind="unreadable", what=str(e))
+            return record
+        duration = float(times[-1] - times[0]) + (float(np.median(np.diff(times))) if len(times) > 1 else 0.0)
+        record.update(frames=len(times), height=h, width=w, seconds=round(duration, 3))
+        counts["videos"] += 1
+        counts["footage_seconds"] += duration
+        intervals = np.diff(times)
+        if len(intervals) > 2 and intervals.min() > 0 and intervals.max() / intervals.min() > VFR_RATIO:
+            record["notes"].append(f"variable frame rate (frame intervals {intervals.min() * 1000:.0f}-"
+                                   f"{intervals.max() * 1000:.0f} ms): sampled by time at {self.cfg.clips.fps:g} fps")
+        if h > w:
+            record["notes"].append(f"portrait {w}x{h}: centre-cropped to {self.target_hw[1]}x{self.target_hw[0]}")
+        if max(h, w) >= 2160:
+            record["notes"].append(f"{w}x{h}: decoded in chunks and downscaled to {self.target_hw[1]}x{self.target_hw[0]}")
+        prefix = sample_prefix(rel)
+        if not prefix.startswith(Path(rel).stem + "_"):
+            record["notes"].append(f"sample ids use the ASCII name {prefix}")
+        problem = size_problem(h, w, self.target_hw, self.cfg.clips.min_scale, self.cfg.clips.max_crop)
+        counts["seconds_probe"] += time.perf_counter() - t0
+        if problem:
+            what = {"too_small": f"{w}x{h} is smaller than the target {self.target_hw[1]}x{self.target_hw[0]} "
+                                 f"(clips.min_scale {self.cfg.clips.min_scale:g})",
+                    "aspect": f"{w}x{h}: the centre crop to {self.target_hw[1]}x{self.target_hw[0]} would cut more "
+                              f"than clips.max_crop {self.cfg.clips.max_crop:g} of the frame"}[problem]
+            counts[f"videos_dropped_{problem}"] += 1
+            record.update(status="skipped", kind=problem, what=what, counts=dict(counts))
+            return record
+        t0 = time.perf_counter()
+        try:
+            cuts = detect_cuts(source, self.cfg.shots.threshold, self.cfg.shots.min_shot_frames)
+        except MediaError as e:
+            record.update(status="bad", kind="shot_detection", what=str(e), counts=dict(counts))
+            return record
+        shots = shot_ranges(cuts, len(times))
+        record["cuts"] = cuts
+        counts["seconds_shots"] += time.perf_counter() - t0
+        counts["shots"] += len(shots)
+        for k, (first, last) in enumerate(shots):
+            t0 = time.perf_counter()
+            positions = track(times, first, last, self.cfg.clips.fps, self.cfg.clips.max_shot_seconds)
+            wins = windows(len(positions), self.cfg.clips.num_frames, self.cfg.clips.windows_per_shot)
+            if not wins:
+                counts["shots_too_short"] += 1
+                continue
+            try:
+                frames_FHW3 = decode(vr, positions, self.target_hw)
+            except Exception as e:  # a corrupt stretch: the shot is lost, the video goes on
+                record["notes"].append(f"shot {k}: cannot decode ({str(e)[:120]}); shot skipped")
+                counts["shots_undecodable"] += 1
+                continue
+            counts["seconds_decode"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            masks = self.backend.analyse(frames_FHW3, self.subject, self.objects)
+            counts["seconds_elements"] += time.perf_counter() - t0
+            if masks.problem:
+                counts[f"shots_{masks.problem}"] += 1
+                continue
+            for j, window in enumerate(wins):
+                sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", k, window, positions, times, frames_FHW3,
+                                     masks, counts)
+                if sample:
+                    record["samples"].append(sample)
+        record["counts"] = dict(counts)
+        return record
+
+    def sample(self, source, rel, sid, shot, window, positions, times, frames_FHW3, masks, counts) -> dict | None:
+        cfg = self.cfg.elements
+        t0 = time.perf_counter()
+        gap = int(np.ceil(cfg.reference_gap_seconds * self.cfg.clips.fps))
+        subject = choose(frames_FHW3, masks.masks[self.subject], masks.scores[self.subject], window, gap, cfg)
+        if subject.position is None:
+            counts[f"clips_dropped_subject_{subject.dropped_by}"] += 1
+            counts["seconds_elements"] += time.perf_counter() - t0
+            return None
+        refs: dict[str, np.ndarray] = {}
+        info: dict[str, dict] = {}
+
+        def time_of(p: int) -> float:  # seconds into the source video
+            return round(float(times[positions[p]]), 4)
+
+        m = masks.masks[self.subject][subject.position]
+        refs[self.subject] = cutout_rgba(frames_FHW3[subject.position], m, cfg.margin_px)
+        info[self.subject] = {"time_s": time_of(subject.position), "source_frame": positions[subject.position],
+                              "box": [int(v) for v in bbox(m, cfg.margin_px)],
+                              "outside_window": subject.outside,
+                              "area_share": round(subject.area_share, 4), "score": round(subject.score, 4),
+                              "sharpness": round(subject.sharpness, 1)}
+        for name in self.objects:
+            # what the subject hides of the object is not the object: the least hidden frame wins
+            visible_FHW = masks.masks[name] & ~masks.masks[self.subject]
+            c = choose(frames_FHW3, visible_FHW, masks.scores[name], window, gap, cfg)
+            if c.position is None:
+                counts[f"elements_dropped_{name}_{c.dropped_by}"] += 1
+                continue
+            refs[name] = crop_on_white(frames_FHW3[c.position], visible_FHW[c.position], cfg.margin_px)
+            info[name] = {"time_s": time_of(c.position), "source_frame": positions[c.position],
+                          "box": [int(v) for v in bbox(visible_FHW[c.position], cfg.margin_px)], "outside_window": c.outside,
+                          "area_share": round(c.area_share, 4), "score": round(c.score, 4),
+                          "sharpness": round(c.sharpness, 1)}
+        if self.background:
+            outside = outside_positions(len(frames_FHW3), window, gap)
+            pool = outside if len(outside) >= MIN_MEDIAN_FRAMES else list(range(len(frames_FHW3)))
+            background_HW3, share = self.backend.background(frames_FHW3, masks, pool)
+            if share > cfg.max_foreground_share:
+                counts[f"elements_dropped_{self.background}_foreground_share"] += 1
+            else:
+                refs[self.background] = background_HW3
+                info[self.background] = {"times_s": [time_of(pool[0]), time_of(pool[-1])],
+                                         "outside_window": pool is outside, "foreground_share": round(share, 4)}
+        counts["seconds_elements"] += time.perf_counter() - t0
+        clip_FHW3 = frames_FHW3[window[0]:window[1]]
+        caption, caption_from = self.caption(source, clip_FHW3, counts)
+        counts[f"captions_{caption_from.split(':')[0]}"] += 1
+        t0 = time.perf_counter()
+        for name, image in refs.items():
+            _save_png(self.out / f"{sid}_{name}.png", image)
+            counts[f"elements_{name}"] += 1
+        _write_text(self.out / f"{sid}.txt", caption)
+        if self.cfg.check.contact_sheets:
+            write_sheet(self.out / "contact_sheets" / f"{sid}.png", clip_FHW3, refs)
+        write_h264(self.out / f"{sid}.mp4", clip_FHW3, self.cfg.clips.fps, self.cfg.clips.crf)  # last: the sample exists
+        counts["seconds_write"] += time.perf_counter() - t0
+        counts["clips"] += 1
+        src = [positions[p] for p in range(*window)]
+        return {"id": sid, "source": rel, "shot": shot, "window": {
+                    "start_s": round(float(times[src[0]]), 4), "end_s": round(float(times[src[-1]]), 4),
+                    "source_frames": src},
+                "references": info,
+                "mask_areas": {n: [round(float(a), 4) for a in masks.masks[n][window[0]:window[1]].mean(axis=(1, 2))]
+                               for n in masks.masks},
+                "caption": caption, "caption_from": caption_from, "backend": masks.backend, "models": masks.models,
+                "config": self.config_dict}
+
+
+def summarize(records: list[dict]) -> dict:
+    totals: Counter = Counter()
+    for r in records:
+        totals.update(r.get("counts", {}))
+        totals[f"videos_{r['status']}"] += 1
+    minutes = totals["footage_seconds"] / 60 or float("nan")
+    per_minute = {k[len("seconds_"):]: round(v / minutes, 2) for k, v in totals.items() if k.startswith("seconds_")}
+    named = [{"source": r["source"], "status": r["status"], "kind": r.get("kind", ""), "what": r.get("what", ""),
+              "notes": r.get("notes", [])}
+             for r in records if r["status"] != "done" or r.get("notes")]
+    outside = [v["outside_window"] for r in records for s in r["samples"] for v in s["references"].values()]
+    return {"counts": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in sorted(totals.items())
+                       if not k.startswith("seconds_")},
+            "seconds_per_footage_minute": per_minute,
+            "references_outside_window": f"{sum(outside)}/{len(outside)}",
+            "inputs": named}
+
+
+def print_summary(summary: dict) -> None:
+    print("[prepare] counts:")
+    for k, v in summary["counts"].items():
+        print(f"  {k:<48} {v}")
+    print(f"[prepare] references outside their window: {summary['references_outside_window']}")
+    print("[prepare] seconds per minute of footage: " +
+          ", ".join(f"{k} {v}" for k, v in summary["seconds_per_footage_minute"].items()))
+    for n in summary["inputs"]:
+        line = f"  {n['status'].upper():<8} {n['source']}" + (f" [{n['kind']}]" if n.get("kind") else "")
+        if n["what"]:
+            line += f": {n['what']}"
+        if n["notes"]:
+            line += f" ({'; '.join(n['notes'])})"
+        print(line)
+
+
+def check_argv(cfg: PrepareConfig, out: Path) -> list[str]:
+    """tools/check_dataset.py's arguments for the output, with the clip shape it was cut to."""
+    res = cfg.clips.resolution
+    return ["--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
+            "--json", str(out / STATE / "check_report.json"),
+            "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
+            "--set", f"data.fps={cfg.clips.fps}"] + [a for extra in cfg.check.set for a in ("--set", extra)]
+
+
+def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool = False, rank: int = 0,
+            world: int = 1, device: str = "cpu", barrier=None, check=None) -> dict | None:
+    """Prepare this rank's share of the sources; rank 0 then writes the manifest and summary and
+    runs the check: `check(argv) -> exit code`, tools/check_dataset.py's main, passed in by the
+    caller (tools/ import e2v, never the reverse). Returns the summary on rank 0."""
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    sources = list_sources(input_dir, out)[rank::world]
+    if no_caption:
+        cfg = dataclasses.replace(cfg, captions=dataclasses.replace(cfg.captions, mode="filename"))
+    # a record made with other settings (the check's aside) is stale: its video is redone
+    fingerprint = config_key(cfg)
+    todo = []
+    for s in sources:
+        record = read_record(out, str(s.relative_to(input_dir)))
+        if record is None or record.get("config_key") != fingerprint:
+            todo.append(s)
+    print(f"[prepare rank {rank}/{world}] {len(sources)} source files: {len(sources) - len(todo)} finished before, "
+          f"{len(todo)} to do -> {out}")
+    preparer = Preparer(cfg, input_dir, out, device) if todo else None
+    for s in tqdm(todo, desc=f"prepare rank {rank}", position=rank, dynamic_ncols=True,
+                  mininterval=1 if sys.stderr.isatty() else 30):
+        rel = str(s.relative_to(input_dir))
+        remove_partial(out, rel)  # a killed run's samples of this video
+        try:
+            record = preparer.video(s)
+        except Exception as e:  # an input nobody foresaw: named in the summary, never the end of the run
+            remove_partial(out, rel)
+            record = {"source": rel, "status": "bad", "kind": "error", "what": f"{type(e).__name__}: {str(e)[:300]}",
+                      "notes": [], "samples": [], "counts": {}}
+        record["config_key"] = fingerprint
+        write_json_atomic(record_path(out, rel), record)
+    if barrier is not None:
+        barrier()
+    if rank != 0:
+        return None
+    records = all_records(out)
+    n = write_manifest(out, records)
+    summary = summarize(records)
+    write_json_atomic(out / "prepare_summary.json", summary)
+    print_summary(summary)
+    print(f"[prepare] {n} samples -> {out}; manifest {out / 'prepare_manifest.jsonl'}")
+    if cfg.check.run and check is not None:
+        argv = check_argv(cfg, out)
+        print("[prepare] check: tools/check_dataset.py " + " ".join(argv))
+        summary["check_exit_code"] = check(argv)
+        write_json_atomic(out / "prepare_summary.json", summary)
+    return summary
