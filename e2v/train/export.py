@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from e2v.train.comfy import check_comfy_mappable, comfy_diffs, comfy_lora, wan_original_key
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
 from e2v.runtime.integrity import usual_permissions
+from e2v.runtime.files import replacing
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
@@ -54,20 +54,18 @@ def trained_state(transformer: torch.nn.Module, full_names: list[str], keep: boo
     """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU,
     from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO:
     every rank gathers, only a rank with `keep` (rank 0) holds the copies (6.4 B trained
-    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them)."""
+    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them). The LoRA's
+    names are peft's (`get_peft_model_state_dict` on the gathered masters: the adapter name
+    dropped), so nothing is gathered twice."""
     named = dict(transformer.named_parameters())
-    lora_names = [n for n, p in named.items() if "lora_" in n and p.requires_grad]
     lora, extra = {}, {}
     if getattr(transformer, "peft_config", None):
-        adapter = f".{_adapter_name(transformer)}"
-        for n in lora_names:
-            lora[n.replace(adapter, "")] = _full_fp32(named[n], keep)
-        from peft.utils import get_peft_model_state_dict
+        masters = {n: _full_fp32(p, keep) for n, p in named.items() if "lora_" in n and p.requires_grad}
+        if keep:
+            from peft.utils import get_peft_model_state_dict
 
-        with _gathered([named[n] for n in lora_names]):  # ZeRO-3: peft warns about empty shards otherwise
-            expected = set(get_peft_model_state_dict(transformer))
-        if keep and expected != set(lora):
-            raise RuntimeError(f"LoRA export keys differ from peft's: {sorted(expected ^ set(lora))[:5]}")
+            lora = get_peft_model_state_dict(transformer, state_dict=masters, adapter_name=_adapter_name(transformer),
+                                             save_embedding_layers=False)
     for n in full_names:
         extra[n.replace(".base_layer", "")] = _full_fp32(named[n], keep)
     if not keep:
@@ -123,9 +121,8 @@ def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_d
     if not base:
         return None
     path = Path(run_dir) / BASE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
     usual_permissions(path)
     return path
 

@@ -22,7 +22,7 @@ import torch
 WRAPPER = r"""
 import runpy, sys, torch
 sys.path.insert(0, {root!r})
-from e2v import export
+from e2v.train import export
 
 real_export = export.export_lora
 
