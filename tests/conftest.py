@@ -383,7 +383,7 @@ VIZ_RUN = ("train.max_steps=4", "train.micro_batch_size=2", "train.checkpoint_ev
            "validation.subject_colour={subject: person, background: background, distractors: [object]}")
 
 
-ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alpha=4",
+ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alpha=4", "train.export_comfyui_checkpoint=true",
                      "deepspeed.config=ds_configs/zero3_offload.json", "validation.every_n_steps=0",
                      "visualization.enabled=false")
 
