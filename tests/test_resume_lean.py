@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from e2v.models.plan import checkpoint_bytes
 from e2v.runtime.integrity import weights_only_load
 from e2v.train import checkpoint as ckpt
 
@@ -69,6 +70,10 @@ def _save(engine, root, step: int, lean: bool = True):
         engine.__dict__.pop("save_checkpoint", None)
 
 
+def len_values(engine, names: set) -> int:
+    return sum(getattr(p, "ds_numel", None) or p.numel() for n, p in engine.module.named_parameters() if n in names)
+
+
 def _module_state(path):
     """(module tensor names, bytes of the checkpoint's DeepSpeed files) of a checkpoint folder."""
     files = [f for f in path.rglob("*.pt")]
@@ -104,9 +109,11 @@ def _lean_and_old_resume(stage: int, tmp_path):
     assert not lean_names & frozen, f"frozen tensors in the lean checkpoint: {sorted(lean_names & frozen)[:3]}"
     assert trained <= lean_names or stage == 3, "ZeRO-1/2 keep the trained module weights"
     assert frozen <= old_names, "the old format holds the frozen weights (the test's old checkpoint is one)"
-    frozen_bytes = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                       for n, p in engine.module.named_parameters() if n in frozen) * 4
+    frozen_bytes = len_values(engine, frozen) * 4
     assert old_bytes - lean_bytes >= frozen_bytes, (old_bytes, lean_bytes, frozen_bytes)
+    estimate = checkpoint_bytes(len_values(engine, trained), len_values(engine, frozen), 4, stage)
+    assert estimate["frozen"] == frozen_bytes
+    assert estimate["after"] <= lean_bytes <= 1.3 * estimate["after"], "the plan's estimate, plus pickle framing"
     print(f"ZeRO-{stage}: DeepSpeed files {old_bytes} -> {lean_bytes} bytes; frozen fp32 weights {frozen_bytes} bytes")
 
     for folder in (lean, old):

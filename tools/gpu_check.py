@@ -42,11 +42,11 @@ from e2v.train import export
 
 real_export = export.export_lora
 
-def export_after_peak(transformer, out_dir, full_names, rank=0):
+def export_after_peak(transformer, out_dir, full_names, rank=0, **options):
     if rank == 0:
         open({out!r}, "w").write(json.dumps({{"max_memory_allocated": torch.cuda.max_memory_allocated(),
                                               "max_memory_reserved": torch.cuda.max_memory_reserved()}}))
-    return real_export(transformer, out_dir, full_names, rank=rank)
+    return real_export(transformer, out_dir, full_names, rank=rank, **options)
 
 export.export_lora = export_after_peak
 runpy.run_path({train!r}, run_name="__main__")
