@@ -323,7 +323,8 @@ def main():
     if global_step >= cfg.train.max_steps:
         if saved_step < global_step:
             save(global_step)
-        out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank)
+        out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
+                                 comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
         skipped_total = distributed.distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
             what = "Model" if cfg.model.training_type == "full" else "LoRA"

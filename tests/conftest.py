@@ -49,6 +49,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # OpenMP threads spin against each other. test-fast on 2 cores: 80 s instead of 118 s.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# One home for the launch command, free ports and the run's scalars, shared with tools/ (which
+# cannot import tests/); `_free_port` is the name the tests use.
+from tools.smokelib.measure import free_port as _free_port, read_scalars, train_command  # noqa: E402,F401
+
 TRAIN_HELPERS = {"run_train", "launch_train", "train_command"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
 
@@ -336,28 +340,6 @@ def run_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), tim
     return launch_train(config, *sets, num_gpus=num_gpus, extra=extra, env=env).wait(timeout, check)
 
 
-def train_command(config: str, *sets: str, num_gpus: int = 1, extra: tuple = ()) -> list[str]:
-    """The user's command; its layout (`deepspeed --num_gpus N --master_port P script args`) is
-    what Launch(warm=True) reads."""
-    deepspeed = Path(sys.executable).parent / "deepspeed"
-    cmd = [str(deepspeed), "--num_gpus", str(num_gpus), "--master_port", str(_free_port()),
-           str(ROOT / "train_e2v.py"), "--config", config]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd + list(extra)
-
-
-def read_scalars(run_dir: Path) -> dict[int, dict]:
-    """Per-step scalars from the run's scalars.jsonl (full float precision); a resumed run
-    appends, so a later value for the same step wins."""
-    import json
-
-    steps: dict[int, dict] = {}
-    for d in map(json.loads, (Path(run_dir) / "scalars.jsonl").read_text().splitlines()):
-        steps.setdefault(d["step"], {}).update(d)
-    return steps
-
-
 # --- one intra-op thread for a module of tiny tensors --------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -401,7 +383,7 @@ VIZ_RUN = ("train.max_steps=4", "train.micro_batch_size=2", "train.checkpoint_ev
            "validation.subject_colour={subject: person, background: background, distractors: [object]}")
 
 
-ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alpha=4",
+ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alpha=4", "train.export_comfyui_checkpoint=true",
                      "deepspeed.config=ds_configs/zero3_offload.json", "validation.every_n_steps=0",
                      "visualization.enabled=false")
 
@@ -509,20 +491,3 @@ def viz_run(request) -> Path:
 def viz_run_output(request, viz_run) -> subprocess.CompletedProcess:
     """What the viz run printed (stdout, stderr)."""
     return early("viz_run", request)[0].wait()
-
-
-_ports: set[int] = set()
-
-
-def _free_port() -> int:
-    """A free port, never one handed out before in this session: launches started side by side
-    bind theirs only seconds later."""
-    import socket
-
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ports:
-            _ports.add(port)
-            return port

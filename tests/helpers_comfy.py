@@ -1,4 +1,5 @@
-"""ComfyUI's LoRA loader emulated for tests (no ComfyUI here): its key map accepts, for every model
+"""ComfyUI for tests: its own code from a checkout when $E2V_COMFYUI names one (comfyui_or_skip),
+and, for the tests that run everywhere, its LoRA loader emulated: its key map accepts, for every model
 weight `diffusion_model.<name>.weight`, the key `diffusion_model.<name>` and, for every other model
 tensor, its full key; `<key>.diff` is added to that tensor, `<key>.diff_b` to the bias of the same
 module; LoRA keys (`.lora_A.weight`, `.lora_B.weight`, `.alpha`) are LoRA. Which diffusers
@@ -50,3 +51,70 @@ def apply_diffs(transformer: torch.nn.Module, diffs: dict) -> list[str]:
             params[name].add_(diff.to(params[name].dtype))
             done.append(name)
     return done
+
+
+# --- ComfyUI's own code, where a checkout is available ------------------------------------------
+
+COMFYUI_ENV = "E2V_COMFYUI"  # a ComfyUI checkout (its root folder); the tests that use it skip without
+
+
+def comfyui_or_skip():
+    """ComfyUI's modules `comfy.sd` and `comfy.utils`, imported on CPU from the checkout named by
+    $E2V_COMFYUI, or pytest.skip naming the variable. ComfyUI imports torchvision at module level
+    for models these tests never build: where torchvision is not installed an empty stand-in
+    package takes its place (any attribute is a placeholder class)."""
+    import importlib.abc
+    import importlib.machinery
+    import os
+    import sys
+    import types
+    from pathlib import Path
+
+    import pytest
+
+    root = os.environ.get(COMFYUI_ENV)
+    if not root or not (Path(root) / "comfy/sd.py").is_file():
+        pytest.skip(f"no ComfyUI checkout: set {COMFYUI_ENV} to one (git clone https://github.com/Comfy-Org/ComfyUI)")
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        class Stub(types.ModuleType):
+            __path__: list = []
+
+            def __getattr__(self, name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return type(name, (), {"__init__": lambda self, *a, **k: None})
+
+        class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+            def find_spec(self, name, path=None, target=None):
+                if name == "torchvision" or name.startswith("torchvision."):
+                    return importlib.machinery.ModuleSpec(name, self, is_package=True)
+                return None
+
+            def create_module(self, spec):
+                return Stub(spec.name)
+
+            def exec_module(self, module):
+                pass
+
+        stub = StubFinder()
+        sys.meta_path.append(stub)
+    else:
+        stub = None
+    argv, sys.argv = sys.argv, sys.argv[:1]  # ComfyUI parses the command line at import
+    try:
+        import comfy.cli_args
+
+        comfy.cli_args.args.cpu = True
+        import comfy.sd
+        import comfy.utils
+    finally:
+        sys.argv = argv
+        if stub is not None:  # for ComfyUI's import only: transformers and diffusers must not see it
+            sys.meta_path.remove(stub)
+            for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+                del sys.modules[name]
+    return comfy.sd, comfy.utils

@@ -471,6 +471,9 @@ def test_shipped_e2v_yaml_dry_runs_before_the_data_exists(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "WARNING: data_root data/e2v does not exist: not indexed" in out
     assert "config OK; 0 samples" in out and "in_channels 36, image attention yes" in out
+    # 6.41 B trained: 12 B of optimizer state each (ZeRO-3 keeps no module copy); 10.09 B frozen bf16 not saved
+    assert ("checkpoint per save (estimate): 71.61 GiB (trained weights + optimizer state, 3 kept); the frozen "
+            "18.80 GiB stay in the model folder (saving them too: 90.40 GiB)") in out
 
 
 def test_clip_false_through_the_data_path(tiny_parts):

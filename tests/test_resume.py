@@ -43,7 +43,7 @@ SIGNAL_AFTER, GATE_STEP = 2, 3
 STOP_GATE_WRAPPER = r"""
 import runpy, sys, time
 sys.path.insert(0, {root!r})
-from e2v import distributed
+from e2v.runtime import distributed
 
 real_install = distributed.install_stop_handlers
 

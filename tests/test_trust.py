@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, launch_train, run_train
 from e2v.train import checkpoint as ckpt
 from e2v.runtime.integrity import UnsafeCheckpoint, load_rng, save_rng, weights_only_load
 
@@ -268,6 +268,65 @@ def test_resume_from_an_older_checkpoint_logs_each_step_once(small_run, tmp_path
     assert [d["step"] for d in lines] == [1, 2, 3, 4]
     first = {json.loads(line)["step"]: json.loads(line) for line in (small_run / "run/scalars.jsonl").read_text().splitlines()}
     for d in lines:  # and the resumed steps 3-4 repeat the first run's losses exactly
+        assert d["train/loss"] == first[d["step"]]["train/loss"], d["step"]
+
+
+# train_e2v.py with one test-only hold: after the save of step HOLD_AFTER the rank waits (at most
+# 120 s) instead of training on, so the test's SIGKILL lands between saves whatever the machine's speed.
+HOLD_AFTER = 2
+KILL_HOLD_WRAPPER = r"""
+import runpy, sys, time
+sys.path.insert(0, {root!r})
+from e2v.train import checkpoint
+
+real_save = checkpoint.save_checkpoint
+
+
+def save_then_hold(engine, ckpt_root, step, *args, **kwargs):
+    out = real_save(engine, ckpt_root, step, *args, **kwargs)
+    if step == {hold}:
+        time.sleep(120)
+    return out
+
+
+checkpoint.save_checkpoint = save_then_hold
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def test_resume_after_kill_9_from_a_lean_checkpoint(small_run, tmp_path):
+    """SIGKILL (no handler runs, nothing is saved) after step 2's checkpoint: that checkpoint holds
+    the trained tensors only (the frozen base stays in the model folder), and `--resume latest`
+    continues from it with the uninterrupted run's losses."""
+    sets = _sets(small_run / "data", tmp_path, "killed")
+    run = tmp_path / "killed"
+    wrapper = tmp_path / "train_with_hold.py"
+    wrapper.write_text(KILL_HOLD_WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_e2v.py"), hold=HOLD_AFTER))
+    launch = launch_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, script=wrapper)
+    deadline, killed = time.time() + 600, False
+    while launch.proc.poll() is None and time.time() < deadline:
+        if (run / "checkpoints/latest").is_file():
+            for procs in launch.ranks().values():
+                for p in procs:
+                    p.kill()  # SIGKILL
+            killed = True
+            break
+        time.sleep(0.05)
+    proc = launch.wait(check=False)
+    assert killed and proc.returncode != 0, proc.stdout[-2000:]
+    saved = run / f"checkpoints/step_{HOLD_AFTER:06d}"
+    assert ckpt.find_resume("latest", run) == saved
+
+    meta = json.loads((saved / ckpt.EXPORT_META).read_text())
+    module = weights_only_load(saved / "mp_rank_00_model_states.pt")["module"]
+    trained = [k for k in module if "lora_" in k or k in meta["full_names"]]
+    assert trained and trained == list(module), f"frozen tensors saved: {sorted(set(module) - set(trained))[:3]}"
+
+    run_train(str(ROOT / "configs/t2v_lora.yaml"), *sets, extra=("--resume", "latest"))
+    first = {json.loads(line)["step"]: json.loads(line) for line in (small_run / "run/scalars.jsonl").read_text().splitlines()}
+    lines = [json.loads(line) for line in (run / "scalars.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in lines] == [1, 2, 3, 4]
+    for d in lines:
         assert d["train/loss"] == first[d["step"]]["train/loss"], d["step"]
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -33,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tools.smokelib.measure import free_port  # noqa: E402
 
 MODEL = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=36, out_channels=16,
              text_dim=32, freq_dim=256, ffn_dim=1024, num_layers=4, cross_attn_norm=True,
@@ -117,12 +118,6 @@ def estimate_mb(ulysses: int, ring: int, checkpointing: bool) -> tuple[float, fl
     return gpu / 2**20, exchange_bytes(s, shape, 1, 4, ulysses, ring) / 2**20
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None) -> dict:
     import torch.multiprocessing as mp
 
@@ -138,7 +133,7 @@ def main(argv=None) -> dict:
         for ckpt in (False, True):
             world = ulysses * ring
             with tempfile.TemporaryDirectory() as tmp:
-                mp.start_processes(measure, args=(world, _free_port(), ulysses, ring, ckpt, tmp), nprocs=world,
+                mp.start_processes(measure, args=(world, free_port(), ulysses, ring, ckpt, tmp), nprocs=world,
                                    start_method="spawn")
                 ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
             est, exchange = estimate_mb(ulysses, ring, ckpt)

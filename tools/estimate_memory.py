@@ -70,7 +70,7 @@ from e2v.config.schema import Config
 from e2v.config.load import load_config  # noqa: E402
 from e2v.models.context_parallel import check_heads, layout  # noqa: E402
 from e2v.models.expand import is_expanded  # noqa: E402
-from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, encoder_bytes,  # noqa: E402,F401
+from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, checkpoint_bytes, encoder_bytes,  # noqa: E402,F401
     exchange_bytes, per_token_time, tokens)
 from e2v.models.trainable import setup_training  # noqa: E402
 
@@ -158,7 +158,10 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
                       and r["activation_offload"] == (cfg.train.activation_offload and cfg.train.gradient_checkpointing))
     # Cheapest that fits: least offloading first (faster), checkpointing only when needed.
     best = next((r for r in rows if r["fits"]), None)
+    stage = json.loads((Path(__file__).resolve().parent.parent / cfg.deepspeed.config).read_text())["zero_optimization"]["stage"]
+    ckpt_bytes = checkpoint_bytes(counts.trainable, counts.frozen, e, stage)
     return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
+                checkpoint_gb={k: v / GB for k, v in ckpt_bytes.items()},
                 video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
                 load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
 
@@ -256,6 +259,9 @@ def main() -> None:
                                  f"{str(b['gradient_checkpointing']).lower()} train.activation_offload="
                                  f"{str(b['activation_offload']).lower()}" if b else
                                  "none: lower data.num_frames / data.resolution, or use more GPUs"))
+    ck = r["checkpoint_gb"]
+    print(f"checkpoint per save ({cfg.deepspeed.config}): {ck['after']:.1f} GB (trained weights + optimizer state); "
+          f"the frozen {ck['frozen']:.1f} GB are not saved (with them: {ck['before']:.1f} GB)")
     dtype = "bf16" if cfg.train.mixed_precision == "bf16" else "fp32"
     print(f"loading: without ZeRO-3's partitioned load (model.zero3_init, a local folder) each rank materialises "
           f"the {dtype} transformer: ~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up; with it, "

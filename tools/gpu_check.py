@@ -38,15 +38,15 @@ GIB = 2**30
 PEAK_WRAPPER = r"""
 import json, runpy, sys, torch
 sys.path.insert(0, {root!r})
-from e2v import export
+from e2v.train import export
 
 real_export = export.export_lora
 
-def export_after_peak(transformer, out_dir, full_names, rank=0):
+def export_after_peak(transformer, out_dir, full_names, rank=0, **options):
     if rank == 0:
         open({out!r}, "w").write(json.dumps({{"max_memory_allocated": torch.cuda.max_memory_allocated(),
                                               "max_memory_reserved": torch.cuda.max_memory_reserved()}}))
-    return real_export(transformer, out_dir, full_names, rank=rank)
+    return real_export(transformer, out_dir, full_names, rank=rank, **options)
 
 export.export_lora = export_after_peak
 runpy.run_path({train!r}, run_name="__main__")
@@ -68,7 +68,7 @@ def cuda_problem() -> str | None:
 def launch(name: str, config: str, sets: list[str], wrapper: Path | None = None) -> dict:
     from tools.smokelib.measure import read_scalars, run_measured, train_command
 
-    r = run_measured(name, train_command(config, sets, 1, wrapper), WORK / "logs", timeout=3600)
+    r = run_measured(name, train_command(config, *sets, script=wrapper), WORK / "logs", timeout=3600)
     scalars = read_scalars(WORK / "runs" / name)
     r["losses"] = {s: v["train/loss"] for s, v in scalars.items() if "train/loss" in v}
     times = [v["perf/step_time_s"] for s, v in sorted(scalars.items()) if "perf/step_time_s" in v]

@@ -99,7 +99,7 @@ def precompute(sets: list[str]) -> dict:
 
 def launch(name: str, config: str, sets: list[str], gpus: int, script: Path | None = None) -> dict:
     print(f"[smoke] {name}: {config}, {gpus} process(es) ...", flush=True)
-    r = run_measured(name, train_command(config, sets, gpus, script), OUT / "logs", procs=gpus)
+    r = run_measured(name, train_command(config, *sets, num_gpus=gpus, script=script), OUT / "logs", procs=gpus)
     run = OUT / "runs" / name
     r["losses"] = {s: v["train/loss"] for s, v in read_scalars(run).items() if "train/loss" in v}
     r["step_time_s"] = [v["perf/step_time_s"] for v in read_scalars(run).values() if "perf/step_time_s" in v]

@@ -283,6 +283,10 @@ class Train:
     # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
     # 480p x 81 frames (tools/estimate_memory.py). CUDA only; on a CPU-only machine a no-op.
     activation_offload: bool = False
+    # Also export the LoRA run's transformer, LoRA fused, as one ComfyUI diffusion-model file (a full
+    # fine-tune always writes it): what ComfyUI needs when train.trainable holds scale_shift_table,
+    # which its LoRA loader drops (docs/comfyui.md). Rank 0 holds the model in fp32 while fusing.
+    export_comfyui_checkpoint: bool = False
 
 
 @dataclass

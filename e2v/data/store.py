@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from e2v.config.schema import Config
 from e2v.config.schema import cache_shaping_values
 from e2v.data.sample import Sample, sample_bucket
 from e2v.data.media import MediaError
+from e2v.runtime.files import replacing
 
 CACHE_VERSION = "2"  # 2: the config part of the fingerprint is one field per declared key
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -190,10 +190,9 @@ class CacheStore:
     def _write(self, path: Path, tensors: dict, meta: dict) -> None:
         """Atomic (temp file + rename): an interrupted precompute never leaves a valid-looking entry."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         dtype = DTYPES[self.cfg.cache.dtype]
-        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
 
     def write(self, s: Sample, tensors: dict, element_names: list[str]) -> None:
         meta = {f"fp.{k}": v for k, v in fingerprint(s, self.cfg, sample_bucket(s, self.cfg)).items()}

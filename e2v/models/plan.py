@@ -208,6 +208,27 @@ def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
             "gradient_bytes": width * trainable, "optimizer_bytes": 12 * trainable}
 
 
+def checkpoint_bytes(trainable: int, frozen: int, width: int, zero_stage: int) -> dict:
+    """Bytes one checkpoint save writes, all ranks together (estimate; pickle framing adds a little
+    per tensor): AdamW's fp32 master copy and two moments of every trained parameter (12 B each),
+    plus under ZeRO-1/2 the trained module weights in the training precision (`width` bytes; under
+    ZeRO-3 the module state holds empty partitions). A save leaves the frozen weights out
+    (e2v/train/checkpoint.py); `before` is the save with them (DeepSpeed's default, `width` bytes
+    each, once: ZeRO-2's frozen fragments share storage with the module state, ZeRO-3's are the
+    partitions). Every save is written, hashed and kept `train.keep_last` times."""
+    after = 12 * trainable + (width * trainable if zero_stage < 3 else 0)
+    return {"after": after, "before": after + width * frozen, "frozen": width * frozen}
+
+
+def checkpoint_line(params: int, trainable: int, width: int, zero_stage: int, keep_last: int) -> str:
+    """The plan's line on checkpoint size: per save, with and without the frozen weights."""
+    b, gib = checkpoint_bytes(trainable, params - trainable, width, zero_stage), 1024 ** 3
+    kept = f", {keep_last} kept" if keep_last else ", all kept"
+    return (f"checkpoint per save (estimate): {b['after'] / gib:.2f} GiB (trained weights + optimizer state{kept}); "
+            f"the frozen {b['frozen'] / gib:.2f} GiB stay in the model folder (saving them too: "
+            f"{b['before'] / gib:.2f} GiB)")
+
+
 # The frozen encoders of the released Wan pipelines, for counting on the meta device without a
 # download: UMT5-XXL's encoder (google/umt5-xxl) and CLIP ViT-H/14's vision tower; the VAE is built
 # from vae_config (the default AutoencoderKLWan() is the Wan2.1 VAE, WAN22_VAE TI2V-5B's).
@@ -278,6 +299,8 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
         f"frozen encoders: {encoders}",
         f"weights, gradients and optimizer are totals over all GPUs, sharded by ZeRO-{zero.get('stage', 0)}"
         f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}",
+        checkpoint_line(plan["params"], plan["trainable_params"], 2 if cfg.train.mixed_precision == "bf16" else 4,
+                        zero.get("stage", 0), cfg.train.keep_last),
         activation_line(transformer, cfg),
     ])
 

@@ -20,6 +20,8 @@ import os
 import socket
 from pathlib import Path
 
+from e2v.runtime.files import write_text_atomic
+
 LOCK_FILE = "run.lock"
 
 
@@ -104,9 +106,7 @@ def cut_scalars(path: Path, first_step: int) -> int:
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(f"{line}\n" for line in kept))
         print(f"[e2v] {path}: dropped {dropped} line(s) of steps >= {first_step}, logged by an earlier run "
               "past the point this run starts from")
     return dropped

@@ -32,6 +32,7 @@ import torch
 from e2v.runtime.distributed import barrier, is_distributed, merge_over_ranks, share_of_work, this_rank
 from e2v.models.experts import split_names, split_state
 from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, read_base, export_meta, save_full, write_lora_exports
+from e2v.runtime.files import write_text_atomic
 from e2v.runtime.integrity import (HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine,
     weights_only_zero_to_fp32)
 
@@ -87,7 +88,10 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     if rank == 0:
         remove_stale_saves(ckpt_root)
     barrier()
-    engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False)
+    # Lean: the frozen base weights stay out (a resume loads them from the model folder anyway);
+    # a full fine-tune has none, so it saves everything. load_checkpoint reads either format.
+    engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False,
+                           exclude_frozen_parameters=True)
     if rng is not None:
         save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
     if rank == 0:
@@ -97,8 +101,8 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     files = _hash_files(partial)  # every rank hashes its share of the files; a collective
     if rank == 0:
         world = torch.distributed.get_world_size() if is_distributed() else 1
-        _write_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
-                                                      "files": files}, indent=1))
+        write_text_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
+                                                      "files": files}, indent=1), durable=True)
         if final.exists():  # the same step saved again (a resumed run re-saving): swap, then drop the old one
             old = ckpt_root / f"{tag}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -107,7 +111,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(partial, final)
-        _write_atomic(ckpt_root / "latest", tag)  # DeepSpeed's zero_to_fp32 reads this file
+        write_text_atomic(ckpt_root / "latest", tag, durable=True)  # DeepSpeed's zero_to_fp32 reads this file
         prune_checkpoints(ckpt_root, keep_last)
     barrier()
     return final
@@ -147,15 +151,6 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int) -> list[Path]:
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _hash_files(folder: Path) -> dict:
@@ -277,7 +272,8 @@ def load_checkpoint(engine, path: Path) -> dict:
     path = Path(path)
     engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # DeepSpeed's own unpickles anything
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                             load_lr_scheduler_states=True)
+                                             load_lr_scheduler_states=True, load_module_strict=False,
+                                             custom_load_fn=_load_module_state(path))
     if client_state is None:
         raise RuntimeError(f"could not load checkpoint {path}")
     rank = this_rank()
@@ -289,6 +285,23 @@ def load_checkpoint(engine, path: Path) -> dict:
         raise FileNotFoundError(f"{rng_file} is missing: the checkpoint was saved by {saved} process(es); "
                                 "resume with the same number of processes")
     return client_state
+
+
+def _load_module_state(path: Path):
+    """DeepSpeed's module load for a checkpoint with or without the frozen weights: a lean one
+    (saved with `exclude_frozen_parameters`) lacks exactly the frozen parameters, which keep the
+    values the model folder gave them; an older one holds them too, and they load as saved (the
+    same values). Anything else missing, or a tensor the model does not have, is an error naming
+    the checkpoint."""
+    def load(src: dict, dst: torch.nn.Module) -> None:
+        frozen = {n for n, p in dst.named_parameters() if not p.requires_grad}
+        result = dst.load_state_dict(src, strict=False)
+        missing = sorted(set(result.missing_keys) - frozen)
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"checkpoint {path} does not fit this model: missing trained tensors {missing[:5]}, "
+                               f"unexpected {sorted(result.unexpected_keys)[:5]}; resume with the config it was "
+                               "saved with (model, lora, train.trainable)")
+    return load
 
 
 # --- offline export from a checkpoint folder (tools/export_lora.py) ----------------------------

@@ -1,6 +1,7 @@
 """ComfyUI's naming: the original Wan key names (`diffusion_model.blocks.0.self_attn.q`), its LoRA
 layout (`.lora_down` / `.lora_up` / `.alpha`) and full-weight differences (`.diff`, `.diff_b`),
-and which LoRA targets diffusers' Wan converter can place."""
+which LoRA targets diffusers' Wan converter can place, and which trained tensors a ComfyUI LoRA
+load accepts but never applies (docs/comfyui.md)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,28 @@ def wan_original_key(param: str) -> str:
     """A diffusers parameter name in original Wan naming: `blocks.0.norm2.weight` -> `blocks.0.norm3.weight`."""
     module, _, leaf = param.rpartition(".")
     return f"{wan_original_name(module)}.{leaf}" if leaf in ("weight", "bias") else wan_original_name(param)
+
+
+def wan_original_state(state: dict) -> dict:
+    """A diffusers Wan transformer state dict under the original Wan key names: the layout of the
+    Wan repository's checkpoints, which ComfyUI's diffusion-model loader reads (and diffusers'
+    single-file loader converts back)."""
+    return {wan_original_key(k): v for k, v in state.items()}
+
+
+# ComfyUI's ModelPatcher applies a LoRA's patches while it loads the model's modules, and there it
+# skips every parameter of a module that also has submodules (ModelPatcher._load_list: "skip random
+# weights in non leaf modules"). In its Wan model the modulation tables are such parameters: the
+# block's (`blocks.N.modulation`, diffusers' `blocks.N.scale_shift_table`) and the head's
+# (`head.modulation`, diffusers' `scale_shift_table`). Their `.diff` patches are accepted and
+# dropped, silently. Original Wan key patterns.
+COMFY_LORA_UNAPPLIED = (r"^blocks\.\d+\.modulation$", r"^head\.modulation$")
+
+
+def comfy_lora_unapplied(names: list[str]) -> list[str]:
+    """The trained tensors among `names` (diffusers parameter names) that a stock ComfyUI LoRA
+    load does not apply (COMFY_LORA_UNAPPLIED)."""
+    return [n for n in names if any(re.match(p, wan_original_key(n)) for p in COMFY_LORA_UNAPPLIED)]
 
 
 def comfy_lora(lora: dict, alpha: float) -> dict:

@@ -1,6 +1,8 @@
 """Exports that load in plain diffusers (and ComfyUI) with no DeepSpeed: the LoRA with its adapter
 metadata, a ComfyUI copy with the trained modules as differences, the modules trained in full
-beside it, the model shape; or (a full fine-tune) the whole transformer. Wan2.2's experts: the
+beside it, the model shape; or (a full fine-tune) the whole transformer, in diffusers' layout and
+as one file under Wan's original names for ComfyUI's diffusion-model loader (a LoRA run writes that
+file too, the LoRA fused in, with train.export_comfyui_checkpoint). Wan2.2's experts: the
 same files in one folder per expert. Under ZeRO every rank
 takes part in the gathers and rank 0 alone keeps and writes the copies."""
 
@@ -8,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from pathlib import Path
 
 import torch
 
-from e2v.train.comfy import check_comfy_mappable, comfy_diffs, comfy_lora, wan_original_key
+from e2v.train.comfy import (check_comfy_mappable, comfy_diffs, comfy_lora, comfy_lora_unapplied, wan_original_key,
+    wan_original_state)
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
 from e2v.runtime.integrity import usual_permissions
+from e2v.runtime.files import replacing
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
@@ -25,6 +28,9 @@ COMFY_EXTRA_FILE = "e2v_modules_comfyui.safetensors"  # the same modules under o
 MODEL_FILE = "e2v_model.json"  # what inference needs to rebuild the model shape
 FULL_DIR = "transformer"  # full fine-tune: the transformer via save_pretrained (bf16; fp32 where diffusers keeps it)
 BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): trained-in-full modules before training
+# The whole transformer (LoRA fused) under Wan's original key names, export dtypes: ComfyUI's
+# diffusion-model loader ("Load Diffusion Model") reads it and applies every tensor.
+COMFY_CHECKPOINT_FILE = "e2v_transformer_comfyui.safetensors"
 
 
 def _gathered(params: list[torch.nn.Parameter]):
@@ -54,20 +60,18 @@ def trained_state(transformer: torch.nn.Module, full_names: list[str], keep: boo
     """(LoRA state dict in diffusers naming, fully-trained module weights), gathered, fp32 CPU,
     from the optimizer's fp32 master copies when DeepSpeed holds them. Collective under ZeRO:
     every rank gathers, only a rank with `keep` (rank 0) holds the copies (6.4 B trained
-    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them)."""
+    parameters of configs/e2v.yaml are 24 GiB of fp32 per rank that keeps them). The LoRA's
+    names are peft's (`get_peft_model_state_dict` on the gathered masters: the adapter name
+    dropped), so nothing is gathered twice."""
     named = dict(transformer.named_parameters())
-    lora_names = [n for n, p in named.items() if "lora_" in n and p.requires_grad]
     lora, extra = {}, {}
     if getattr(transformer, "peft_config", None):
-        adapter = f".{_adapter_name(transformer)}"
-        for n in lora_names:
-            lora[n.replace(adapter, "")] = _full_fp32(named[n], keep)
-        from peft.utils import get_peft_model_state_dict
+        masters = {n: _full_fp32(p, keep) for n, p in named.items() if "lora_" in n and p.requires_grad}
+        if keep:
+            from peft.utils import get_peft_model_state_dict
 
-        with _gathered([named[n] for n in lora_names]):  # ZeRO-3: peft warns about empty shards otherwise
-            expected = set(get_peft_model_state_dict(transformer))
-        if keep and expected != set(lora):
-            raise RuntimeError(f"LoRA export keys differ from peft's: {sorted(expected ^ set(lora))[:5]}")
+            lora = get_peft_model_state_dict(transformer, state_dict=masters, adapter_name=_adapter_name(transformer),
+                                             save_embedding_layers=False)
     for n in full_names:
         extra[n.replace(".base_layer", "")] = _full_fp32(named[n], keep)
     if not keep:
@@ -123,9 +127,8 @@ def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_d
     if not base:
         return None
     path = Path(run_dir) / BASE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
     usual_permissions(path)
     return path
 
@@ -139,7 +142,8 @@ def read_base(*candidates: Path) -> dict:
     return {}
 
 
-def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path:
+def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0,
+                comfyui_checkpoint: bool = False) -> Path:
     """LoRA run: the diffusers-format LoRA with adapter metadata (without it the loader sets
     alpha = r), a ComfyUI file (the LoRA plus the fully-trained modules as differences from the
     base weights the run saved beside `out_dir`), the fully-trained modules and the model shape.
@@ -147,6 +151,8 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     in `<out_dir>/transformer`. Wan2.2's experts: the same files for each expert the model holds,
     in `<out_dir>/high_noise/` and `<out_dir>/low_noise/`, under the plain transformer names (the
     low-noise LoRA loads with `load_lora_weights(..., load_into_transformer_2=True)`).
+    `comfyui_checkpoint` (a LoRA run): also the fused transformer as COMFY_CHECKPOINT_FILE (a full
+    fine-tune always writes it).
     Collective under ZeRO: every rank calls it, rank 0 writes. Returns the folder written."""
     base = read_base(Path(out_dir).parent / BASE_FILE) if rank == 0 else {}
     out = Path(out_dir)
@@ -160,7 +166,47 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
         lora, extra = trained_state(module, split_names(full_names, expert), keep=rank == 0)
         if rank == 0:
             write_lora_exports(folder, lora, extra, meta, base=split_state(base, expert))
+        if comfyui_checkpoint:
+            fused = fused_state(module, lora, extra, meta, keep=rank == 0)
+            if rank == 0:
+                save_comfy_checkpoint(fused, folder / COMFY_CHECKPOINT_FILE)
     return out
+
+
+def fused_state(transformer: torch.nn.Module, lora: dict, extra: dict, meta: dict, keep: bool = True) -> dict:
+    """The transformer a LoRA run trained, as one plain state dict (diffusers names, export dtypes):
+    the frozen base weights gathered from the live module (a collective under ZeRO-3), the modules
+    trained in full (`extra`), and the LoRA (`lora`, diffusers naming) fused by diffusers / peft
+    (`load_lora_adapter`, `fuse_lora`) in fp32. Rank 0 (`keep`) holds the whole model in fp32
+    while fusing: 4 bytes a parameter, ~57 GiB for a 14B transformer. {} where not `keep`."""
+    from diffusers import WanTransformer3DModel
+
+    named = [(n, p) for n, p in transformer.named_parameters() if not p.requires_grad]
+    frozen = {n.replace(".base_layer", ""): _full_fp32(p, keep) for n, p in named}
+    if not keep:
+        return {}
+    config = {k: v for k, v in meta["transformer_config"].items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = WanTransformer3DModel.from_config(config)
+    model.load_state_dict({**frozen, **extra}, strict=True, assign=True)
+    model.load_lora_adapter(lora, prefix=None, adapter_name="e2v", metadata=meta["lora"])
+    model.fuse_lora(lora_scale=1.0)
+    model.unload_lora()
+    return {k: v.to(export_dtype(k)) for k, v in model.state_dict().items()}
+
+
+def save_comfy_checkpoint(state: dict, path: Path) -> Path:
+    """The whole transformer (diffusers names) as one safetensors file under Wan's original key
+    names, no prefix: the layout of the Wan repository's checkpoints and of ComfyUI's
+    models/diffusion_models files. Every key maps (wan_original_key raises on one that does not)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path) as tmp:
+        save_file({k: v.contiguous() for k, v in wan_original_state(state).items()}, str(tmp), metadata={"format": "pt"})
+    usual_permissions(path)
+    return path
 
 
 def export_dtype(name: str) -> torch.dtype:
@@ -200,6 +246,7 @@ def save_full(state: dict, config: dict, out_dir: Path) -> None:
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True, assign=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     usual_permissions(*Path(out_dir).iterdir())
+    save_comfy_checkpoint(model.state_dict(), Path(out_dir).parent / COMFY_CHECKPOINT_FILE)
 
 
 def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base: dict | None = None) -> None:
@@ -229,8 +276,23 @@ def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base:
     c = meta["transformer_config"]
     shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
              "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
+    unapplied = comfy_lora_unapplied(sorted(extra))
+    if unapplied:
+        shape["comfyui_lora_not_applied"] = unapplied
+        shape["comfyui_note"] = comfy_unapplied_note(unapplied)
+        print(f"[e2v export] warning: {shape['comfyui_note']}")
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
     usual_permissions(*(out_dir / f for f in (LORA_FILE, COMFY_FILE, EXTRA_FILE, COMFY_EXTRA_FILE, MODEL_FILE)))
+
+
+def comfy_unapplied_note(unapplied: list[str]) -> str:
+    """What a ComfyUI user of this LoRA must know about the trained tensors its LoRA load drops."""
+    return (f"a stock ComfyUI LoRA load does not apply {len(unapplied)} trained tensor(s): "
+            f"{', '.join(unapplied)} (Wan's modulation tables, blocks.N.modulation / head.modulation; ComfyUI "
+            "patches only parameters of leaf modules), so in ComfyUI this LoRA gives a different model than in "
+            f"diffusers. For ComfyUI load {COMFY_CHECKPOINT_FILE} (the transformer with the LoRA fused, written with "
+            "train.export_comfyui_checkpoint: true) with the diffusion-model loader instead of the LoRA, or train "
+            "without scale_shift_table in train.trainable (docs/comfyui.md)")
 
 
 def load_extra_modules(transformer: torch.nn.Module, lora_dir: Path) -> list[str]:

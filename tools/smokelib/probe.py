@@ -22,11 +22,11 @@ import torch
 WRAPPER = r"""
 import runpy, sys, torch
 sys.path.insert(0, {root!r})
-from e2v import export
+from e2v.train import export
 
 real_export = export.export_lora
 
-def export_after_probe(transformer, out_dir, full_names, rank=0):
+def export_after_probe(transformer, out_dir, full_names, rank=0, **options):
     probe = torch.load({probe!r})
     dtype = transformer.patch_embedding.weight.dtype
     probe = {{k: v.to(dtype) if k != "timestep" else v for k, v in probe.items()}}
@@ -34,7 +34,7 @@ def export_after_probe(transformer, out_dir, full_names, rank=0):
         out = transformer(**probe, return_dict=False)[0]
     if rank == 0:
         torch.save(out, {out!r})
-    return real_export(transformer, out_dir, full_names, rank=rank)
+    return real_export(transformer, out_dir, full_names, rank=rank, **options)
 
 export.export_lora = export_after_probe
 runpy.run_path({train!r}, run_name="__main__")
