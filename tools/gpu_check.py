@@ -412,7 +412,7 @@ def sample(ctx: Ctx, base: list[str], data: Path, lora: Path, frames: int) -> di
     mp4 = ctx.work / "main_path_sample.mp4"
     mp4.unlink(missing_ok=True)
     cmd = [sys.executable, str(ROOT / "tools/sample.py"), "--config", "configs/e2v.yaml", "--lora", str(lora),
-           "--element", f"person={data / '000_person.png'}", "--element", f"object={data / '000_object.png'}",
+           "--element", f"subject={data / '000_person.png'}", "--element", f"object={data / '000_object.png'}",
            "--element", f"background={data / '000_background.png'}", "--prompt", "a shape moves",
            "--out", str(mp4), "--steps", "2", "--frames", str(frames), "--height", str(h), "--width", str(w)]
     for s in base + [TORCH_ADAM]:
