@@ -460,15 +460,18 @@ def section_24gb(ctx: Ctx) -> dict:
 
 
 def verdict_24gb(run: dict) -> dict:
-    """Pass, or by how much the run exceeded the cap: the peak it reached plus the allocation it
-    was refused (the out-of-memory message's "Tried to allocate")."""
+    """Pass, or by how much the run exceeded the cap: what the allocator held at its peak plus the
+    allocation it was refused (the out-of-memory message's "Tried to allocate"). Without a peak
+    read (a crash before the wrapper's exit hook), only the refused size: an upper bound, since the
+    process held at most the cap."""
     oom = run.get("oom") or ("out of memory" in run.get("log_text_tail", "").lower() and run["log_text_tail"]) or ""
     if not oom:
         return {"passed": run["passed"], "exceeds_by_gib": None}
     m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB)", oom)
-    tried = (float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024)) if m else 0.0
-    peak = run.get("max_memory_allocated_gib") or 0.0
-    return {"passed": False, "exceeds_by_gib": round(max(peak + tried - LIMIT_GIB, tried), 2), "oom": True}
+    refused = (float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024)) if m else None
+    held = run.get("max_memory_reserved_gib") or run.get("max_memory_allocated_gib")
+    exceeds = round(held + refused - LIMIT_GIB, 2) if held is not None and refused is not None else None
+    return {"passed": False, "oom": True, "refused_gib": refused, "exceeds_by_gib": exceeds}
 
 
 def section_activation_offload(ctx: Ctx) -> dict:
@@ -671,7 +674,8 @@ def _render_24gb(r: dict) -> list[str]:
             est = x["estimate"]["gpu_total_gib"]
             est40 = f" (40 layers: {x['estimate_40_layers']['gpu_total_gib']:.1f})" if "estimate_40_layers" in x else ""
             out.append(f"| {name} | {_ok(x)} | {est:.1f}{est40} | {_f(run.get('max_memory_allocated_gib'))} | "
-                       f"{_f(run.get('max_memory_reserved_gib'))} | {_f(x.get('exceeds_by_gib'))} | "
+                       f"{_f(run.get('max_memory_reserved_gib'))} | {_f(x.get('exceeds_by_gib'))}"
+                       f"{' (refused ' + _f(x.get('refused_gib')) + ')' if x.get('oom') else ''} | "
                        f"{_f(run.get('step_time_after_first_s'))} |")
     return out + ["", f"Each under torch.cuda.set_per_process_memory_fraction = {r.get('limit_gib')} GiB of the card."]
 
