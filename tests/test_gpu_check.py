@@ -89,7 +89,7 @@ def test_the_budget_skips_what_cannot_finish_and_the_report_follows_every_sectio
     assert final["finished"] and not writes[0]["finished"]
     assert final["sections"]["environment"]["passed"]
     assert final["sections"]["step_1.3b"]["skipped"].startswith("needs ~170 s")
-    assert final["sections"]["wan22"]["skipped"].startswith("needs ~30 s")
+    assert final["sections"]["wan22"]["skipped"].startswith("needs ~40 s")
     assert not (tmp_path / "work" / "data_e2v").exists(), "a skipped section builds nothing"
 
 
