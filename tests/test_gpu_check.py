@@ -257,3 +257,42 @@ def test_vae_dtype_is_a_config_key_the_loader_and_the_plan_follow():
     assert load_parts(fp32, with_transformer=False).vae.dtype == torch.float32
     assert encoder_bytes(bf16)["vae"] * 2 == encoder_bytes(fp32)["vae"]
     assert np.isclose(encoder_bytes(bf16)["text_encoder"], encoder_bytes(fp32)["text_encoder"])
+
+
+def test_phases_on_cuda_are_read_from_cuda_events(monkeypatch):
+    """The step section's phase split on a GPU is the time between two CUDA events recorded around
+    each phase (after a synchronisation), not the host's clock: simulated with events whose
+    elapsed_time is known."""
+    import torch
+
+    from tools.benchlib.common import Phases
+
+    recorded = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):  # ms, like torch.cuda.Event
+            return 250.0 * (end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ph = Phases(cuda=True)
+    with ph("forward_and_loss"):
+        time.sleep(0.01)
+    with ph("forward_and_loss"):
+        pass
+    assert ph.t == {"forward_and_loss": 0.5}  # two phases of one event interval each: 2 x 250 ms
+    cpu = Phases(cuda=False)
+    with cpu("backward"):
+        time.sleep(0.01)
+    assert 0.005 < cpu.t["backward"] < 1 and len(recorded) == 4
