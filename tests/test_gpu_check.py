@@ -149,7 +149,7 @@ def test_step_section_on_tiny_folders(tmp_path):
     assert on["phases_s"]["vae_encode"] > 0 and on["phases_s"]["text_encode"] > 0
     assert "vae_encode" not in cached["phases_s"] and "cache_assembly" in cached["phases_s"]
     assert on["latent_shape"] == cached["latent_shape"] == [1, 16, 5, 8, 8]
-    assert 0 < on["estimate_gib"] and cached["estimate_gib"] < on["estimate_gib"]  # no encoders resident
+    assert 0 < cached["estimate_gib"] <= on["estimate_gib"]  # no encoders resident (bytes, for the tiny ones)
     assert sum(on["phases_s"].values()) <= on["step_s"] * 1.05  # medians of parts within the step
     assert r["precompute_s"] > 0 and "--set deepspeed.torch_adam=true" in r["command"]
 
