@@ -256,7 +256,10 @@ def section_environment(ctx: Ctx) -> dict:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
-    out = {"versions": versions, "cuda": torch.version.cuda, "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+    # the sections that need each: deepspeed every launch, diffusers every model, decord the mp4
+    # clips of users' data (not this check's), imageio-ffmpeg the mp4s of sample.py and validation
+    out = {"missing": [k for k, x in versions.items() if x is None and k != "decord"]}
+    out |= {"versions": versions, "cuda": torch.version.cuda, "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST"),
            "device": "cpu"}
     if ctx.cuda:
         props = torch.cuda.get_device_properties(0)
@@ -274,7 +277,7 @@ def section_environment(ctx: Ctx) -> dict:
     for offload in (False, True):
         use_torch, why = choose_adam(None, ctx.cuda, offload)
         out["optimizer"][f"default_{'offload' if offload else 'gpu'}"] = why
-    out["passed"] = True
+    out["passed"] = not {"deepspeed", "diffusers"} & set(out["missing"])  # nothing else can run without them
     return out
 
 
@@ -623,7 +626,9 @@ def render(result: dict) -> str:
 
 def _render_environment(r: dict) -> list[str]:
     v = r.get("versions", {})
-    return [f"- device: {r.get('device')} ({_f(r.get('memory_gib'), '{:.1f}')} GiB, compute capability "
+    missing = (["- **missing: " + ", ".join(r["missing"]) + "** (install the carried wheels: the module docstring)"]
+               if r.get("missing") else [])
+    return missing + [f"- device: {r.get('device')} ({_f(r.get('memory_gib'), '{:.1f}')} GiB, compute capability "
             f"{r.get('capability', '-')}), driver {r.get('driver', '-')}, CUDA {r.get('cuda')}",
             "- " + ", ".join(f"{k} {x}" for k, x in v.items()),
             f"- TORCH_CUDA_ARCH_LIST: {r.get('TORCH_CUDA_ARCH_LIST') or 'unset'}"
