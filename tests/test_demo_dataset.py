@@ -189,11 +189,11 @@ def test_half_written_dataset_is_detected_and_regenerated(copy, tool, monkeypatc
     real_write = tool.write_sample
     calls = []
 
-    def crash_on_third(out, ident, spec, write_meta):
+    def crash_on_third(out, ident, spec, *rest):
         calls.append(ident)
         if len(calls) == 3:
             raise KeyboardInterrupt("simulated crash")
-        real_write(out, ident, spec, write_meta)
+        real_write(out, ident, spec, *rest)
 
     monkeypatch.setattr(tool, "write_sample", crash_on_third)
     with pytest.raises(KeyboardInterrupt):

@@ -3,6 +3,11 @@
 Usage:
     python tools/make_demo_dataset.py OUT_DIR [--num-samples 64] [--size 64] [--frames 17]
                                               [--seed 0] [--force] [--write-meta] [--verify]
+                                              [--real-size] [--video-format mp4|npz] [--dry-run]
+
+    # the training shape (81 frames; the trainer center-crops 480 x 832 from 832 x 832), without
+    # ffmpeg: uint8 frames in ID.npz (168 MB a sample), as tools/gpu_check.py builds its data
+    python tools/make_demo_dataset.py OUT_DIR --real-size --size 832 --frames 81 --video-format npz
 
 Layout (one id links everything, as `e2v.data.elements` discovers it):
     OUT_DIR/000.mp4 000.txt 000_person.png 000_object.png 000_background.png [000.json] 001.mp4 ...
@@ -26,6 +31,14 @@ are H.264 4:4:4 at CRF 12 from imageio-ffmpeg's bundled ffmpeg (single thread, b
 decord decodes to the same frames on every run, about 1 level (of 255) mean absolute error from
 the rendered frames (`--verify` measures it).  4:2:0 chroma roughly triples that at 64 px (colour
 edges bleed) and OpenCV's 'mp4v' quadruples it, so neither is used.
+
+Sizes: 32-512 px and 5-33 frames by default (a demo trains in minutes); `--real-size` allows up
+to 1280 px and 81 frames, the Wan training shapes (the videos stay square: the trainer's
+center_crop takes 480 x 832 from 832 x 832). `--video-format npz` writes `ID.npz` (uint8 frames
+[F, H, W, 3] under `frames`, read by e2v.data.media without a decoder) instead of H.264: no
+ffmpeg needed, and the frames are exactly the rendered ones. `--dry-run` writes nothing: it
+renders the first and last frame of sample 0 at the asked size and prints the files and bytes a
+build would write.
 
 Length: one generator read top to bottom (the sample's parameters, the renderers of subject,
 object and background, the writers), about 470 lines; split across files it would need its drawing
@@ -75,9 +88,11 @@ OBJECT_SIDES = (3, 4, 5, 6)  # the object is a regular polygon with this many co
 PATTERNS = ("stripes", "checks", "noise")
 SUFFIXES = ("_person.png", "_object.png", "_background.png")
 FPS = 8
+LIMITS = {"size": 512, "frames": 33}  # without --real-size: a demo's sizes
+REAL_LIMITS = {"size": 1280, "frames": 81}  # with --real-size: Wan2.1's 720p width, A2's 81 frames
 CRF = 12  # H.264 quality: 0 is lossless, 23 is ffmpeg's default; 12 keeps flat colours within ~1 level
 MARKER, IN_PROGRESS, TMP = ".complete", ".generating", ".tmp"
-OWN_FILE = re.compile(r"^\d+(\.mp4|\.txt|\.json|_person\.png|_object\.png|_background\.png)$")
+OWN_FILE = re.compile(r"^\d+(\.mp4|\.npz|\.txt|\.json|_person\.png|_object\.png|_background\.png)$")
 
 
 # --- sizes -------------------------------------------------------------------------------------
@@ -305,13 +320,21 @@ def write_png(path: Path, image: np.ndarray) -> None:
     Image.fromarray(image).save(path, format="PNG")
 
 
-def write_sample(out: Path, ident: str, spec: dict, write_meta: bool) -> None:
+def write_npz(path: Path, frames: np.ndarray) -> None:
+    """uint8 frames [F, H, W, 3] under `frames`, uncompressed (e2v.data.media reads only the header
+    to probe). np.savez appends .npz to a name without it: the .tmp name keeps the suffix."""
+    with path.open("wb") as f:
+        np.savez(f, frames=frames)
+
+
+def write_sample(out: Path, ident: str, spec: dict, write_meta: bool, video_format: str = "mp4") -> None:
     """All files of one sample, each written to `.tmp/` and renamed into place."""
     size = spec["size"]
     bg_h, bg_w = reference_sizes(size)["background"]
     background = to_uint8(render_background(spec["background"], bg_h, bg_w))
+    write_clip = write_video if video_format == "mp4" else write_npz
     writers = {
-        ".mp4": lambda p: write_video(p, render_video(spec)),
+        f".{video_format}": lambda p: write_clip(p, render_video(spec)),
         ".txt": lambda p: p.write_text(spec["prompt"] + "\n"),
         "_person.png": lambda p: write_png(p, render_person(spec)),
         "_object.png": lambda p: write_png(p, render_object(spec)),
@@ -335,7 +358,7 @@ def ids(num_samples: int) -> list[str]:
 
 
 def expected_files(params: dict) -> list[str]:
-    suffixes = (".mp4", ".txt") + SUFFIXES + ((".json",) if params["write_meta"] else ())
+    suffixes = (f".{params.get('video_format', 'mp4')}", ".txt") + SUFFIXES + ((".json",) if params["write_meta"] else ())
     return [i + s for i in ids(params["num_samples"]) for s in suffixes]
 
 
@@ -391,7 +414,7 @@ def generate(out: Path, params: dict) -> None:
     write_marker(out, IN_PROGRESS, params)
     for index, ident in enumerate(ids(params["num_samples"])):
         spec = draw_sample(params["seed"], index, params["size"], params["frames"])
-        write_sample(out, ident, spec, params["write_meta"])
+        write_sample(out, ident, spec, params["write_meta"], params.get("video_format", "mp4"))
     write_marker(out, MARKER, params)  # last: its presence means every sample is complete
     (out / IN_PROGRESS).unlink()
     shutil.rmtree(out / TMP)
@@ -399,12 +422,16 @@ def generate(out: Path, params: dict) -> None:
 
 def verify(out: Path, params: dict) -> None:
     """Decode every video with decord (as the trainer does) and compare with the rendered frames."""
-    import decord  # only here: generating needs no decoder
-
     errors = []
     for index, ident in enumerate(ids(params["num_samples"])):
         spec = draw_sample(params["seed"], index, params["size"], params["frames"])
         rendered = render_video(spec)
+        if params.get("video_format") == "npz":  # the rendered frames themselves: exact or wrong
+            with np.load(out / f"{ident}.npz") as z:
+                errors.append(np.abs(z["frames"].astype(np.int16) - rendered).mean())
+            continue
+        import decord  # only here: generating needs no decoder
+
         reader = decord.VideoReader(str(out / f"{ident}.mp4"), ctx=decord.cpu(0), num_threads=1)
         decoded = reader.get_batch(list(range(len(reader)))).asnumpy()
         if decoded.shape != rendered.shape:
@@ -419,15 +446,15 @@ def verify(out: Path, params: dict) -> None:
 
 def frame_count(text: str) -> int:
     n = int(text)
-    if n % 4 != 1 or not 5 <= n <= 33:
-        raise argparse.ArgumentTypeError(f"{n}: frames must be 4k+1 between 5 and 33 (5, 9, ..., 33)")
+    if n % 4 != 1 or not 5 <= n:
+        raise argparse.ArgumentTypeError(f"{n}: frames must be 4k+1 from 5 (5, 9, ..., 33; up to 81 with --real-size)")
     return n
 
 
 def frame_size(text: str) -> int:
     n = int(text)
-    if n % 16 or not 32 <= n <= 512:
-        raise argparse.ArgumentTypeError(f"{n}: size must be a multiple of 16 between 32 and 512")
+    if n % 16 or not 32 <= n:
+        raise argparse.ArgumentTypeError(f"{n}: size must be a multiple of 16 from 32 (up to 512; 1280 with --real-size)")
     if n == 48:  # decord 0.6.0 returns 4 channels for 48-px-wide videos and get_batch fails
         raise argparse.ArgumentTypeError("48: decord 0.6.0 cannot decode 48-px-wide videos; use 32 or 64")
     return n
@@ -451,12 +478,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--write-meta", action="store_true", help="also write ID.json (colours, positions)")
     p.add_argument("--verify", action="store_true",
                    help="decode every mp4 with decord; report the colour error against the rendered frames")
-    return p.parse_args(argv)
+    p.add_argument("--real-size", action="store_true",
+                   help=f"allow up to {REAL_LIMITS['size']} px and {REAL_LIMITS['frames']} frames (training shapes)")
+    p.add_argument("--video-format", choices=["mp4", "npz"], default="mp4",
+                   help="npz: uint8 frames, no ffmpeg needed (machines without one)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write nothing: render sample 0's first and last frame, print what a build would write")
+    args = p.parse_args(argv)
+    limits = REAL_LIMITS if args.real_size else LIMITS
+    for key, flag in (("size", "--size"), ("frames", "--frames")):
+        if getattr(args, key) > limits[key]:
+            more = "" if args.real_size else f"; pass --real-size for up to {REAL_LIMITS[key]}"
+            p.error(f"{flag} {getattr(args, key)}: at most {limits[key]}{more}")
+    return args
+
+
+def dry_run(args) -> dict:
+    """Sample 0 drawn at the asked size, its first and last frame rendered (the drawing works at
+    that size), and the plan: files per sample, bytes of one raw clip."""
+    spec = draw_sample(args.seed, 0, args.size, args.frames)
+    ends = render_video({**spec, "frames": 2, "subject": {**spec["subject"], "path": spec["subject"]["path"][::args.frames - 1]},
+                         "object": {**spec["object"], "path": spec["object"]["path"][::args.frames - 1]}})
+    clip_bytes = args.frames * args.size * args.size * 3
+    plan = {"samples": args.num_samples, "frames": args.frames, "size": args.size, "video_format": args.video_format,
+            "files_per_sample": len(expected_files({**vars(args), "num_samples": 1})),
+            "rendered_frames_shape": list(ends.shape), "raw_clip_bytes": clip_bytes,
+            "npz_bytes_total": clip_bytes * args.num_samples if args.video_format == "npz" else None}
+    print(f"dry run: would write {args.num_samples} samples x {plan['files_per_sample']} files to {args.out_dir}, "
+          f"{args.frames} x {args.size} x {args.size} .{args.video_format} (raw clip {clip_bytes / 2**20:.0f} MiB); "
+          f"frames 0 and {args.frames - 1} of sample 0 rendered: {tuple(ends.shape)}")
+    return plan
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.dry_run:
+        dry_run(args)
+        return
     params = {k: getattr(args, k) for k in ("num_samples", "size", "frames", "seed", "write_meta")}
+    if args.video_format != "mp4":  # mp4 folders keep their marker (and so stay complete) as before
+        params["video_format"] = args.video_format
     start = time.perf_counter()
     reason = reason_to_write(args.out_dir, params, args.force)
     if reason is not None:

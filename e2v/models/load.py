@@ -122,6 +122,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
             parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts)
+    if parts.vae is not None and cfg.model.vae_dtype == "bf16":  # loaded fp32 (A2's dtype); model.vae_dtype
+        parts.vae.to(torch.bfloat16)
     place_encoders(parts, device)
     if not with_transformer:
         return replace(parts, transformer=build_meta_transformer(cfg))

@@ -266,13 +266,14 @@ def encoder_modules(cfg: Config) -> dict[str, torch.nn.Module]:
 
 
 def encoder_bytes(cfg: Config) -> dict[str, int]:
-    """Weight bytes of each resident encoder: the VAE and CLIP in fp32 (as A2 runs them), UMT5 in
-    model.weight_dtype. Empty with cache.enabled: a cached run never builds them. Not counted:
+    """Weight bytes of each resident encoder: CLIP in fp32 (as A2 runs it), the VAE in
+    model.vae_dtype (fp32 by default, as A2), UMT5 in model.weight_dtype. Empty with cache.enabled: a cached run never builds them. Not counted:
     the VAE's encode workspace (it encodes 4 frames at a time, so it grows with H x W, not F)."""
     if cfg.cache.enabled:
         return {}
-    text_width = 2 if cfg.model.weight_dtype == "bf16" else 4
-    return {name: (text_width if name == "text_encoder" else 4) * sum(p.numel() for p in m.parameters())
+    width = {"text_encoder": 2 if cfg.model.weight_dtype == "bf16" else 4,
+             "vae": 2 if cfg.model.vae_dtype == "bf16" else 4}
+    return {name: width.get(name, 4) * sum(p.numel() for p in m.parameters())
             for name, m in encoder_modules(cfg).items()}
 
 

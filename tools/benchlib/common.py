@@ -50,24 +50,35 @@ def summarise_phases(steps: list[dict]) -> dict:
 
 
 class Phases:
-    """Accumulates wall time per named phase of one step; on CUDA it synchronises around each phase
-    so asynchronous kernels are charged to the phase that launched them."""
+    """Accumulates the time of each named phase of one step: wall time on a CPU; on CUDA the time
+    between two CUDA events recorded around the phase, after a synchronisation, so asynchronous
+    kernels are charged to the phase that launched them and the figure is the GPU's own clock."""
 
     def __init__(self, cuda: bool):
         import torch
 
+        self.cuda = cuda
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self.event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
         self.t: dict[str, float] = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         self.sync()
         t0 = time.perf_counter()
+        if self.cuda:
+            start, end = self.event(), self.event()
+            start.record()
         try:
             yield
         finally:
-            self.sync()
-            self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
+            if self.cuda:
+                end.record()
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1e3  # ms -> s
+            else:
+                seconds = time.perf_counter() - t0
+            self.t[name] = self.t.get(name, 0.0) + seconds
 
 
 @contextlib.contextmanager

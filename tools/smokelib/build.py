@@ -11,7 +11,10 @@ norm shifts 0. Not zeros: a zero model would hide overflow and dead-gradient bug
 a random 30-layer model finite in bf16 (1 / sqrt(width) would too; 0.02 is the usual init scale).
 
 `scale="small"` keeps every width and cuts the depths (transformer 2 layers, CLIP 2): the same
-code paths in seconds, for developing the smoke run itself."""
+code paths in seconds, for developing the smoke run itself. `scale="wide"` is the main path's
+transformer, Wan2.1-I2V-14B-480P (width 5120, 36 input channels, image attention), with 2 of its
+40 layers (tools/gpu_check.py: the 14B path's code at its real widths). `build_tiny_folders`
+saves the tiny preset as such folders, for running those tools' logic on a CPU."""
 
 from __future__ import annotations
 
@@ -25,9 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 STD = 0.02
 T2V_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+I2V_ID = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
+MODEL_IDS = {"full": T2V_ID, "small": T2V_ID, "wide": I2V_ID}
+FOLDER_NAMES = {"full": "Wan2.1-T2V-1.3B-full", "small": "Wan2.1-T2V-1.3B-small", "wide": "Wan2.1-I2V-14B-2layers"}
 # 2.9 GB of bf16 transformer -> 3 shards + an index, like the published folders (small: 0.24 GB -> 3)
-SHARD = {"full": "1GB", "small": "100MB"}
-DEPTHS = {"full": dict(transformer=30, clip=32), "small": dict(transformer=2, clip=2)}
+SHARD = {"full": "1GB", "small": "100MB", "wide": "1GB"}
+DEPTHS = {"full": dict(transformer=30, clip=32), "small": dict(transformer=2, clip=2), "wide": dict(transformer=2, clip=2)}
 BUILD_VERSION = 2  # bump when what is built changes: a folder built by another version is rebuilt
 
 
@@ -59,7 +65,7 @@ def fill_(model: torch.nn.Module, seed: int, dtype: torch.dtype) -> torch.nn.Mod
 def transformer_config(scale: str) -> dict:
     from e2v.models.plan import KNOWN_WAN_CONFIGS
 
-    return {**KNOWN_WAN_CONFIGS[T2V_ID], "num_layers": DEPTHS[scale]["transformer"]}
+    return {**KNOWN_WAN_CONFIGS[MODEL_IDS[scale]], "num_layers": DEPTHS[scale]["transformer"]}
 
 
 def build_transformer(scale: str, seed: int):
@@ -130,7 +136,7 @@ def build_folders(root: Path, scale: str = "full", seed: int = 0, log=print) -> 
     from e2v.models.tiny import build_tiny_tokenizer
 
     what = {"version": BUILD_VERSION, "scale": scale, "seed": seed, "std": STD}
-    t2v, clip = root / f"Wan2.1-T2V-1.3B-{scale}", root / f"Wan2.1-CLIP-ViT-H14-{scale}"
+    t2v, clip = root / FOLDER_NAMES[scale], root / f"Wan2.1-CLIP-ViT-H14-{scale}"
     if not _done(t2v, what):
         shutil.rmtree(t2v, ignore_errors=True)
         tokenizer = build_tiny_tokenizer()
@@ -149,6 +155,30 @@ def build_folders(root: Path, scale: str = "full", seed: int = 0, log=print) -> 
         (clip / ".smoke_complete").write_text(json.dumps(what))
         log(f"[smoke] built {clip}")
     return {"t2v": t2v, "clip": clip}
+
+
+def build_tiny_folders(root: Path) -> dict[str, Path]:
+    """The tiny preset (e2v.models.tiny) saved as a user's folders, in seconds: root/t2v (a
+    WanPipeline of the 16-channel transformer), root/i2v (the same with the 36-channel I2V
+    transformer) and root/clip (the tiny CLIP in an I2V pipeline's image_encoder/ and
+    image_processor/). Rebuilt unless a marker says they are complete."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from e2v.models.tiny import build_tiny_parts
+
+    what = {"version": BUILD_VERSION, "scale": "tiny"}
+    if _done(root, what):
+        return {"t2v": root / "t2v", "i2v": root / "i2v", "clip": root / "clip"}
+    shutil.rmtree(root, ignore_errors=True)
+    for name, base in (("t2v", "t2v"), ("i2v", "i2v")):
+        p = build_tiny_parts(seed=0, base=base)
+        WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae, transformer=p.transformer,
+                    scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True),
+                    ).save_pretrained(root / name)
+    p.image_encoder.save_pretrained(root / "clip" / "image_encoder")
+    p.image_processor.save_pretrained(root / "clip" / "image_processor")
+    (root / ".smoke_complete").write_text(json.dumps(what))
+    return {"t2v": root / "t2v", "i2v": root / "i2v", "clip": root / "clip"}
 
 
 def build_data(root: Path, frames: int, size: int, samples: int = 4) -> dict[str, Path]:

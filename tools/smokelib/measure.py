@@ -103,7 +103,7 @@ def run_measured(name: str, cmd: list[str], log_dir: Path, timeout: float = 900,
             sampler.stop()
     return {"name": name, "rc": rc, "wall_s": round(time.perf_counter() - t0, 1),
             "peak_rss_gib": round(sampler.peak_rss / GIB, 2), "peak_pss_gib": round(sampler.peak_pss / GIB, 2),
-            "log": str(log_path.relative_to(ROOT)), "command": " ".join(cmd)}
+            "log": str(log_path.relative_to(ROOT) if log_path.is_relative_to(ROOT) else log_path), "command": " ".join(cmd)}
 
 
 def tail(path: Path, n: int = 25) -> str:
