@@ -155,7 +155,7 @@ def test_step_section_on_tiny_folders(tmp_path):
 
 
 def warm_start_training(name, config, sets, script, extra, log_dir, timeout):
-    """gpu_check.start_training through the suite's warm launcher (same command, same wrapper)."""
+    """tools/gpulib/common.start_training through the suite's warm launcher (same command, same wrapper)."""
     t0 = time.perf_counter()
     done = launch_train(config, *sets, script=script, extra=tuple(extra)).wait(int(timeout), check=False)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +169,9 @@ def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     """main_path, gpu_24gb, activation_offload and wan22 at tiny sizes, each launch through the
     launcher with gpu_check's peak/cap wrapper: what each section claims, read from its result."""
     import tools.gpu_check as gc
+    from tools.gpulib import common
 
-    monkeypatch.setattr(gc, "start_training", warm_start_training)
+    monkeypatch.setattr(common, "start_training", warm_start_training)  # train() looks it up there
     gc.main(["--allow-cpu", "--budget", "3000", "--only", "main_path,gpu_24gb,activation_offload,wan22",
              "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     s = json.loads((tmp_path / "out/results/gpu.json").read_text())["sections"]

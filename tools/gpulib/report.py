@@ -1,0 +1,138 @@
+"""The GPU check's report: bench/RESULTS_GPU.md and bench/results/gpu.json, rewritten after every section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools.gpulib.sections import CONFIGS_24GB, SECTIONS, STEP_PHASES, WAN22_RUNS
+
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _ok(r: dict) -> str:
+    return "skipped" if "skipped" in r else ("ok" if r.get("passed") else "FAILED")
+
+
+def render(result: dict) -> str:
+    """bench/RESULTS_GPU.md from a result dict (the one gpu.json holds)."""
+    lines = [f"# GPU check: {result['device']}", "",
+             f"`python tools/gpu_check.py{result.get('argv', '')}` on {result['device']}, {result['date_utc']}: "
+             f"{result['elapsed_s']:.0f} s of a {result['budget_s']:.0f} s budget. "
+             f"Overall: {'PASSED' if result.get('passed') else 'FAILED'}"
+             f"{' (so far)' if not result.get('finished') else ''}.", ""]
+    if not result.get("cuda"):
+        lines += ["**CPU at tiny sizes (--allow-cpu): checks the tool's code paths; no figure here is a GPU's.**", ""]
+    lines += ["| section | result | wall s |", "|---|---|---|"]
+    for s in SECTIONS:
+        r = result["sections"].get(s.name)
+        if r is not None:
+            lines.append(f"| {s.name} | {_ok(r)}{': ' + r['skipped'] if 'skipped' in r else ''} | {_f(r.get('wall_s'), '{:.0f}')} |")
+    lines.append("")
+    for s in SECTIONS:
+        r = result["sections"].get(s.name)
+        if r is None or "skipped" in r:
+            continue
+        lines += [f"## {s.name}: {s.title}", ""]
+        if "error" in r and not r.get("passed"):
+            lines += ["```", str(r["error"])[-1500:], "```", ""]
+        lines += RENDERERS.get(s.name, lambda r: [])(r) + [""]
+    return "\n".join(lines)
+
+
+def _render_environment(r: dict) -> list[str]:
+    v = r.get("versions", {})
+    missing = (["- **missing: " + ", ".join(r["missing"]) + "** (install the carried wheels: the module docstring)"]
+               if r.get("missing") else [])
+    return missing + [f"- device: {r.get('device')} ({_f(r.get('memory_gib'), '{:.1f}')} GiB, compute capability "
+            f"{r.get('capability', '-')}), driver {r.get('driver', '-')}, CUDA {r.get('cuda')}",
+            "- " + ", ".join(f"{k} {x}" for k, x in v.items()),
+            f"- TORCH_CUDA_ARCH_LIST: {r.get('TORCH_CUDA_ARCH_LIST') or 'unset'}"
+            + (f" ({r['arch_list_problem']})" if r.get("arch_list_problem") else ""),
+            "- optimizer: " + "; ".join(f"{k}: {x}" for k, x in r.get("optimizer", {}).items())]
+
+
+def _render_step(r: dict) -> list[str]:
+    if "online" not in r:
+        return []
+    rows = ["| mode | step s | " + " | ".join(STEP_PHASES.values()) + " | max allocated GiB | estimate GiB |",
+            "|---|---|" + "---|" * len(STEP_PHASES) + "---|---|"]
+    for mode in ("online", "cached"):
+        m = r[mode]
+        rows.append(f"| {mode} | {m['step_s']:.2f} | " + " | ".join(_f(m["phases_s"].get(k)) for k in STEP_PHASES)
+                    + f" | {_f(m['max_memory_allocated_gib'], '{:.1f}')} | {m['estimate_gib']:.1f} |")
+    return rows + ["", f"Latents {r['online']['latent_shape']}; precompute {r['precompute_s']} s; online / cached "
+                       f"{r['online_over_cached']}. Phases: medians over the timed steps (CUDA events on a GPU)."]
+
+
+def _render_vae(r: dict) -> list[str]:
+    if "fp32" not in r:
+        return []
+    return [f"One {r['clip']} clip, latents {r['latent_shape']}: fp32 {r['fp32']['encode_s']:.2f} s, bf16 "
+            f"{r['bf16']['encode_s']:.2f} s ({r['speedup']}x); relative latent error of bf16 "
+            f"{r['relative_latent_error']:.2e}. Random weights: the error of the released VAE may differ."]
+
+
+def _run_line(name: str, x: dict) -> str:
+    return (f"| {name} | {_ok(x)} | {x.get('rc')} | {x.get('losses')} | {_f(x.get('step_time_after_first_s'))} | "
+            f"{_f(x.get('max_memory_allocated_gib'))} |")
+
+
+RUN_HEADER = ["| run | result | rc | losses | step s (after the first) | max allocated GiB |", "|---|---|---|---|---|---|"]
+
+
+def _render_main(r: dict) -> list[str]:
+    out = RUN_HEADER + [_run_line(k, r[k]) for k in ("first", "resumed") if k in r]
+    s = r.get("sample", {})
+    return out + ["", f"Partitioned at load: {'yes' if r.get('partitioned_load') else 'NO'}; resumed from step "
+                      f"{r.get('resumed', {}).get('from_step')}; export: {', '.join(r.get('export_files', [])) or 'none'}; "
+                      f"sample: {_ok(s) if s else '-'} (shape {s.get('shape')}, pixel std {s.get('pixel_std')}, "
+                      f"mean frame-to-frame change {s.get('frame_to_frame_change')})"]
+
+
+def _render_24gb(r: dict) -> list[str]:
+    out = ["| config | result | estimate GiB | max allocated GiB | max reserved GiB | exceeds by GiB | step s |",
+           "|---|---|---|---|---|---|---|"]
+    for name in CONFIGS_24GB:
+        x = r.get(name)
+        if x:
+            run = x.get("run", {})
+            est = x["estimate"]["gpu_total_gib"]
+            est40 = f" (40 layers: {x['estimate_40_layers']['gpu_total_gib']:.1f})" if "estimate_40_layers" in x else ""
+            out.append(f"| {name} | {_ok(x)} | {est:.1f}{est40} | {_f(run.get('max_memory_allocated_gib'))} | "
+                       f"{_f(run.get('max_memory_reserved_gib'))} | {_f(x.get('exceeds_by_gib'))}"
+                       f"{' (refused ' + _f(x.get('refused_gib')) + ')' if x.get('oom') else ''} | "
+                       f"{_f(run.get('step_time_after_first_s'))} |")
+    return out + ["", f"Each under torch.cuda.set_per_process_memory_fraction = {r.get('limit_gib')} GiB of the card."]
+
+
+def _render_offload(r: dict) -> list[str]:
+    out = RUN_HEADER + [_run_line(f"offload {k}", r[k]) for k in ("off", "on") if k in r]
+    return out + ["", f"{r.get('frames')} frames; losses equal within tolerance: "
+                      f"{'yes' if r.get('losses', {}).get('passed') else 'NO'}"]
+
+
+def _render_wan22(r: dict) -> list[str]:
+    out = ["| preset | result | losses | validation loss |", "|---|---|---|---|"]
+    return out + [f"| {n} | {_ok(r[n])} | {r[n].get('losses')} | {r[n].get('val_loss')} |" for n in WAN22_RUNS if n in r]
+
+
+def _render_attention(r: dict) -> list[str]:
+    return [f"Kernel used: **{r['backend']}**; SDPA flags: " + ", ".join(f"{k} {v}" for k, v in r["sdp_flags"].items()),
+            "", "Kernels seen: " + (", ".join(f"`{k}`" for k in r["attention_kernels"]) or "none")] if "backend" in r else []
+
+
+RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae_dtype": _render_vae,
+             "main_path": _render_main, "gpu_24gb": _render_24gb, "activation_offload": _render_offload,
+             "wan22": _render_wan22, "attention": _render_attention}
+
+
+def write_report(result: dict, out_dir: Path) -> tuple[Path, Path]:
+    md, js = out_dir / "RESULTS_GPU.md", out_dir / "results" / "gpu.json"
+    js.parent.mkdir(parents=True, exist_ok=True)
+    js.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    md.write_text(render(result) + "\n")
+    return md, js
