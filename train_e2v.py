@@ -23,7 +23,7 @@ from e2v.runtime import distributed, hostmem
 from e2v.train import export
 from e2v.conditioning.cached import batch_conditions
 from e2v.config.schema import ConfigError
-from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
+from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
 from e2v.config.load import load_config, save_config
 from e2v.models.context_parallel import check_heads, layout
 from e2v.data.dataset import index_samples, make_loader
@@ -166,6 +166,7 @@ def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
     """The parts (the transformer partitioned at load under ZeRO-3; no encoders with the cache),
     set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
     ds_config = resolve_deepspeed_config(cfg, data_parallel, device.type == "cuda")
+    optimizer_preflight(cfg, ds_config, device.type == "cuda")  # a compiled optimizer fails here, not after the load
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)

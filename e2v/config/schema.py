@@ -261,10 +261,18 @@ class Train:
 @dataclass
 class DeepSpeed:
     config: str = "ds_configs/zero2.json"
-    # true: torch.optim.AdamW, bit-exact resume. false: DeepSpeed's C++ Adam (DeepSpeedCPUAdam with
-    # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
-    # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
-    torch_adam: Optional[bool] = None
+    # torch_adamw: torch.optim.AdamW, fused where CUDA is (on the GPU, or on the CPU under optimizer
+    # offload): in the wheel, nothing to build, bit-exact resume. deepspeed_adam: DeepSpeed's
+    # FusedAdam (CPU Adam under offload), JIT-built unless prebuilt, in a preflight before any
+    # weight loads; a resumed run drifts ~1e-4 (docs/optimizer.md).
+    optimizer: Literal["torch_adamw", "deepspeed_adam"] = "torch_adamw"
+
+
+# Keys that were removed, with what replaces them (load_config names the replacement).
+REMOVED_KEYS = {
+    "deepspeed.torch_adam": "replaced by deepspeed.optimizer: torch_adamw (the default now; was torch_adam: true "
+                            "or unset) or deepspeed_adam (was torch_adam: false); delete the line or rename it",
+}
 
 
 @dataclass
