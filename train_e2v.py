@@ -34,6 +34,7 @@ from e2v.models.expand import expansion_modules, is_expanded
 from e2v.config.experts import boundary_ratio
 from e2v.train.step import expert_sigma_range
 from e2v.train.guard import NonFiniteGuard
+from e2v.models.agree import agree_on_local_facts
 from e2v.models.load import load_parts
 from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.config.bases import vae_config
@@ -167,6 +168,7 @@ def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
     set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
     ds_config = resolve_deepspeed_config(cfg, data_parallel, device.type == "cuda")
     optimizer_preflight(cfg, ds_config, device.type == "cuda")  # a compiled optimizer fails here, not after the load
+    agree_on_local_facts(cfg, ds_config)  # every rank loads the same way, or every rank stops here
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)
