@@ -20,6 +20,7 @@ import torch
 
 from e2v.train import checkpoint as ckpt
 from e2v.runtime import distributed, hostmem
+from e2v.runtime.threads import set_rank_threads
 from e2v.train import export
 from e2v.conditioning.cached import batch_conditions
 from e2v.config.schema import ConfigError
@@ -144,6 +145,7 @@ def start_run(cfg, args):
             raise SystemExit("config error: train.mixed_precision: bf16, but this GPU has no bf16 (pre-Ampere); "
                              "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
     distributed.init_distributed()
+    threads = set_rank_threads() if cuda else None  # ranks share the node's cores (the offloaded Adam runs there)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     try:
         lay = layout(cfg, rank, world)
@@ -155,7 +157,7 @@ def start_run(cfg, args):
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-        print(f"[e2v] {malloc}")
+        print(f"[e2v] {malloc}" + (f"\n[e2v] {threads}" if threads else ""))
         if lay.enabled:
             print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
                   f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -38,6 +38,7 @@ from e2v.data.elements import Problem, Sample, discover, sample_bucket
 from e2v.data.media import (MediaError, NoClockError, TooShortError, check_clock, image_to_tensor, load_image,
     load_video, preprocess_image, probe_video, supported_frames)
 from e2v.config.schema import frame_bucket_list
+from e2v.runtime.threads import local_ranks, one_thread_worker
 
 Bucket = tuple[int, int, int]  # (F, H, W)
 
@@ -368,7 +369,7 @@ def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, st
     workers = loader_workers(cfg)
     return DataLoader(
         dataset, batch_sampler=sampler, collate_fn=collate,
-        num_workers=workers, pin_memory=torch.cuda.is_available(),
+        num_workers=workers, pin_memory=torch.cuda.is_available(), worker_init_fn=one_thread_worker if workers else None,
         prefetch_factor=cfg.data.prefetch_factor if workers else None, persistent_workers=workers > 0,
     )
 
@@ -380,5 +381,4 @@ def loader_workers(cfg: Config) -> int:
         return cfg.data.num_workers
     if not torch.cuda.is_available():
         return 0
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
-    return max(0, min(4, (os.cpu_count() or 1) // local_ranks - 1))
+    return max(0, min(4, (os.cpu_count() or 1) // local_ranks() - 1))
