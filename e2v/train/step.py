@@ -145,15 +145,53 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
     }
 
 
+class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
+    """The tensors saved for backward that the forward made (those with a grad_fn: activations,
+    with gradient checkpointing the block inputs) go to host memory and come back for backward.
+    Leaves stay where they are: a parameter (trained or frozen, also under ZeRO-3 while gathered)
+    or an input is held by its owner anyway, so a copy would free nothing and cost a transfer per
+    use. torch's save_on_cpu copies every saved tensor, weights included, with a blocking copy
+    each; here the copies are non-blocking into pinned memory (`pin_memory`, with CUDA), ordered on
+    the current stream: the device-to-host copy runs before anything reuses the source's memory,
+    the host-to-device copy before backward reads it. `offloaded`: (shape, dtype) of each copy."""
+
+    def __init__(self, pin_memory: bool):
+        self.offloaded: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+        def pack(t: torch.Tensor):
+            if not offloads(t):
+                return t
+            host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin_memory)
+            host.copy_(t, non_blocking=pin_memory)
+            self.offloaded.append((tuple(t.shape), t.dtype))
+            return t.device, host
+
+        def unpack(packed):
+            if isinstance(packed, tuple):
+                device, host = packed
+                return host.to(device, non_blocking=pin_memory)
+            return packed
+
+        super().__init__(pack, unpack)
+
+
+def offloads(t: torch.Tensor) -> bool:
+    """Whether ActivationOffload moves this saved tensor: made by the forward (a grad_fn), not a
+    parameter, nor a view of a leaf (a transposed weight)."""
+    if isinstance(t, torch.nn.Parameter) or t.grad_fn is None:
+        return False
+    return t._base is None or t._base.grad_fn is not None
+
+
 def activation_context(offload: bool):
-    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA they
-    go to pinned CPU memory (torch.autograd.graph.save_on_cpu) and come back for backward; with
-    gradient checkpointing those are only the block boundaries. Costs a host<->device copy of
-    each saved tensor per step. Without CUDA there is nothing to offload: a no-op."""
+    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA the
+    forward's activations go to pinned CPU memory (ActivationOffload) and come back for backward;
+    with gradient checkpointing those are only the block boundaries. Costs a host<->device copy
+    of each, overlapped with the compute. Without CUDA there is nothing to offload: a no-op."""
     import contextlib
 
     if offload and torch.cuda.is_available():
-        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return ActivationOffload(pin_memory=True)
     return contextlib.nullcontext()
 
 
