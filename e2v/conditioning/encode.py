@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from e2v.runtime.device import as_pixels, module_device
+from e2v.runtime.device import as_pixels, module_device, vae_tf32
 from e2v.config.schema import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
 from e2v.conditioning.ti2v import pad_prefix
 
@@ -66,7 +66,8 @@ def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Pixels -> normalised latents [B,C,T,h,w] on the VAE's device (posterior mean, or a sample
     drawn from the CPU `generator` and moved, as diffusers' randn_tensor does)."""
-    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    with vae_tf32(vae):
+        dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     z = dist.sample(generator) if sample_mode == "sample" else dist.mode()
     return normalize_latents(z.float(), vae)
 
@@ -76,12 +77,14 @@ def decode_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
     """Normalised latents (the VAE's C channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
     [-1, 1]; callers clamp as their output needs)."""
     z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
-    return vae.decode(z, return_dict=False)[0].float()
+    with vae_tf32(vae):
+        return vae.decode(z, return_dict=False)[0].float()
 
 
 def encode_video_stats(video_BCFHW: torch.Tensor, vae) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised posterior mean and std, for caches that must still allow sampling."""
-    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    with vae_tf32(vae):
+        dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     _, inv_std = _latent_stats(vae, dist.mean)
     return normalize_latents(dist.mean.float(), vae), (dist.std * inv_std).float()
 

@@ -14,6 +14,7 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from e2v.config.schema import Config
+from e2v.runtime.device import TF32_ATTR
 from e2v.models.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
 from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, expert_for, trained_experts
 from e2v.models.experts import TwoExperts, map_experts, switch
@@ -123,6 +124,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts)
     place_encoders(parts, device)
+    if parts.vae is not None:
+        setattr(parts.vae, TF32_ATTR, cfg.model.vae_tf32)  # runtime.device.vae_tf32 reads it
     if not with_transformer:
         return replace(parts, transformer=build_meta_transformer(cfg))
     return parts
@@ -184,6 +187,7 @@ def load_vae(cfg: Config, device) -> AutoencoderKLWan:
         return load_parts(cfg, device=device, with_transformer=False).vae
     vae = AutoencoderKLWan.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="vae",
                                            torch_dtype=torch.float32)
+    setattr(vae, TF32_ATTR, cfg.model.vae_tf32)
     return vae.requires_grad_(False).eval().to(device)
 
 

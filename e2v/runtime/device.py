@@ -19,6 +19,8 @@ that mixes a CPU tensor with a meta one raises, as a CPU/CUDA mix would on a GPU
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 PIXEL_SCALE = 127.5  # uint8 -> [-1, 1]: x / 127.5 - 1, the diffusers VaeImageProcessor arithmetic
@@ -59,3 +61,24 @@ def accelerator_device() -> torch.device:
     from deepspeed.accelerator import get_accelerator
 
     return torch.device(get_accelerator().current_device_name())
+
+
+TF32_ATTR = "e2v_tf32"  # set on a loaded VAE from model.vae_tf32 (models.load)
+
+
+@contextlib.contextmanager
+def vae_tf32(vae):
+    """TF32 for the VAE's fp32 matmuls and cuDNN convolutions while it runs, on Ampere+ GPUs, when
+    its model.vae_tf32 (the attribute TF32_ATTR) asks; the process's settings are restored after,
+    so the transformer's fp32 matmuls are untouched."""
+    on = (getattr(vae, TF32_ATTR, False) and torch.cuda.is_available()
+          and torch.cuda.get_device_capability()[0] >= 8)
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
