@@ -267,7 +267,7 @@ class DeepSpeed:
     # torch_adamw: torch.optim.AdamW, fused where CUDA is (on the GPU, or on the CPU under optimizer
     # offload): in the wheel, nothing to build, bit-exact resume. deepspeed_adam: DeepSpeed's
     # FusedAdam (CPU Adam under offload), JIT-built unless prebuilt, in a preflight before any
-    # weight loads; a resumed run drifts ~1e-4 (docs/optimizer.md).
+    # weight loads; a resumed run drifts ~1e-4 (docs/gpu_runs.md).
     optimizer: Literal["torch_adamw", "deepspeed_adam"] = "torch_adamw"
 
 

@@ -76,5 +76,5 @@ def agree_on_local_facts(cfg: Config, ds_config: dict | None) -> dict:
             what = "; ".join(f"{k}: rank 0 {first.get(k)!r}, rank {rank} {facts.get(k)!r}" for k in differ)
             raise SystemExit(f"the ranks read different models from model.pretrained ({what}): every node must hold the same "
                              "copy of model.pretrained (and the same HF_HOME cache for a hub id; .deepspeed_env "
-                             "forwards it to every node, docs/multinode.md)")
+                             "forwards it to every node, docs/gpu_runs.md)")
     return first

@@ -1,4 +1,4 @@
-"""Which Adam steps the weights, and the preflight of DeepSpeed's compiled ones (docs/optimizer.md).
+"""Which Adam steps the weights, and the preflight of DeepSpeed's compiled ones (docs/gpu_runs.md).
 
 torch's AdamW is the default on every device: under ZeRO the optimizer sees one flat fp32
 partition, so `AdamW(fused=True)` (one kernel, on the GPU, or on the CPU under optimizer offload)

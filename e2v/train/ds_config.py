@@ -79,7 +79,7 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
     if torch_adam and cuda and "optimizer" in ds:
         ds["optimizer"].setdefault("params", {})["fused"] = True  # one kernel over the flat partition
     if torch_adam and offload:
-        # DeepSpeed takes torch's AdamW under offload only with this key (else: "use DeepSpeedCPUAdam")
+        # DeepSpeed's switch for a torch optimizer under offload (a client-built one is refused without it)
         ds["zero_force_ds_cpu_optimizer"] = False
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
     return context_parallel.zero_settings(cfg, ds)
