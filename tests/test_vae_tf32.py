@@ -4,21 +4,33 @@ restored after each call (the transformer's fp32 matmuls are not the VAE's)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from conftest import ROOT
 from e2v.config.load import load_config
+from e2v.runtime.device import TF32_ATTR
+
+
+def test_the_key_reaches_the_loaded_vae():
+    from e2v.models.load import load_parts
+
+    for value in (True, False):
+        cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"model.vae_tf32={str(value).lower()}"],
+                          check_paths=False)
+        assert getattr(load_parts(cfg, with_transformer=False).vae, TF32_ATTR) is value
+    assert load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False).model.vae_tf32 is True
 
 
 @pytest.mark.parametrize("key,capability,want", [(True, (9, 0), True), (False, (9, 0), False), (True, (7, 5), False)],
                          ids=["default_hopper", "opted_out", "turing"])
-def test_vae_calls_run_in_tf32_on_ampere_and_later(key, capability, want, monkeypatch):
+def test_vae_calls_run_in_tf32_on_ampere_and_later(key, capability, want, tiny_parts, monkeypatch):
     from e2v.conditioning.encode import decode_latents, encode_video
-    from e2v.models.load import load_parts
 
-    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"model.vae_tf32={str(key).lower()}"], check_paths=False)
-    vae = load_parts(cfg, with_transformer=False).vae
+    vae = copy.deepcopy(tiny_parts.vae)
+    setattr(vae, TF32_ATTR, key)
     seen = []
     real_encode, real_decode = vae.encode, vae.decode
 
