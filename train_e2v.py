@@ -20,10 +20,11 @@ import torch
 
 from e2v.train import checkpoint as ckpt
 from e2v.runtime import distributed, hostmem
+from e2v.runtime.threads import set_rank_threads
 from e2v.train import export
 from e2v.conditioning.cached import batch_conditions
 from e2v.config.schema import ConfigError
-from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
+from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
 from e2v.config.load import load_config, save_config
 from e2v.models.context_parallel import check_heads, layout
 from e2v.data.dataset import index_samples, make_loader
@@ -34,6 +35,7 @@ from e2v.models.expand import expansion_modules, is_expanded
 from e2v.config.experts import boundary_ratio
 from e2v.train.step import expert_sigma_range
 from e2v.train.guard import NonFiniteGuard
+from e2v.models.agree import agree_on_local_facts
 from e2v.models.load import load_parts
 from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.config.bases import vae_config
@@ -143,6 +145,7 @@ def start_run(cfg, args):
             raise SystemExit("config error: train.mixed_precision: bf16, but this GPU has no bf16 (pre-Ampere); "
                              "set train.mixed_precision: 'no' (fp32; DeepSpeed's fp16 is not supported here)")
     distributed.init_distributed()
+    threads = set_rank_threads() if cuda else None  # ranks share the node's cores (the offloaded Adam runs there)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     try:
         lay = layout(cfg, rank, world)
@@ -154,7 +157,7 @@ def start_run(cfg, args):
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-        print(f"[e2v] {malloc}")
+        print(f"[e2v] {malloc}" + (f"\n[e2v] {threads}" if threads else ""))
         if lay.enabled:
             print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
                   f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")
@@ -166,6 +169,8 @@ def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
     """The parts (the transformer partitioned at load under ZeRO-3; no encoders with the cache),
     set up for training. Returns (parts, names trained in full, resolved DeepSpeed config)."""
     ds_config = resolve_deepspeed_config(cfg, data_parallel, device.type == "cuda")
+    optimizer_preflight(cfg, ds_config, device.type == "cuda")  # a compiled optimizer fails here, not after the load
+    agree_on_local_facts(cfg, ds_config)  # every rank loads the same way, or every rank stops here
     parts = load_parts(cfg, with_encoders=not cfg.cache.enabled, device=device, ds_config=ds_config)
     full_names = prepare_for_training(parts, cfg)
     try:  # a hub id's shape is known only now (preflight could not see it)

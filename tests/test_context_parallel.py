@@ -269,3 +269,17 @@ def test_context_parallel_resume_continues_with_the_uninterrupted_losses(cp_runs
     _close(resumed, u2, [3, 4])
     _close(resumed, one, [3, 4])
     _close(resumed, one, [4], keys=[k for k in one[4] if k.startswith("val/loss")])
+
+
+def test_ring_attention_in_fp32_is_refused_at_config_time_on_cuda(monkeypatch):
+    """On CUDA the ring's attention is the flash op, bf16 / fp16 only: fp32 stops at load_config,
+    naming the key and both fixes. The CPU's flash op takes fp32 (the ring tests here run it)."""
+    from e2v.config.schema import ConfigError
+
+    assert _cfg("parallel.ring_degree=2", "train.mixed_precision=no").parallel.ring_degree == 2  # CPU: allowed
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"parallel.ring_degree: 2 with train.mixed_precision: 'no' .*bf16 or fp16 "
+                                          r"only; set train.mixed_precision: bf16, or .*parallel.ulysses_degree"):
+        _cfg("parallel.ring_degree=2", "train.mixed_precision=no")
+    assert _cfg("parallel.ring_degree=2", "train.mixed_precision=bf16").train.mixed_precision == "bf16"
+    assert _cfg("parallel.ulysses_degree=2", "train.mixed_precision=no").parallel.ulysses_degree == 2

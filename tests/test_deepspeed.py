@@ -22,22 +22,18 @@ def test_shipped_configs():
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_auto_field_is_filled_from_the_yaml(name, monkeypatch):
-    import e2v.runtime.device
-
-    monkeypatch.setattr(e2v.runtime.device, "deepspeed_adam_problem", lambda offload: None)  # a GPU machine that builds it
+def test_every_auto_field_is_filled_from_the_yaml(name):
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}", "train.lr=3e-4",
                                                       "train.micro_batch_size=3", "train.gradient_accumulation_steps=2",
-                                                      "train.mixed_precision=bf16", "deepspeed.torch_adam=null"],
+                                                      "train.mixed_precision=bf16"],
                       check_paths=False)
     raw = json.loads((ROOT / "ds_configs" / name).read_text())
     cpu, gpu = resolve_deepspeed_config(cfg, 2, cuda=False), resolve_deepspeed_config(cfg, 2, cuda=True)
     assert '"auto"' in json.dumps(raw) and '"auto"' not in json.dumps(cpu) + json.dumps(gpu)
     assert cpu["train_batch_size"] == 3 * 2 * 2 and cpu["bf16"]["enabled"] is True
     assert cpu["optimizer"]["params"]["lr"] == 3e-4
-    # Unset torch_adam: torch's AdamW without CUDA (DeepSpeed's C++ Adam would JIT-compile), DeepSpeed's with
-    # it where the op can be built (tests/test_devices.py: the fallback where it cannot).
-    assert cpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["torch_adam"] is False
+    # torch's AdamW on every device by default (tests/test_optimizer.py: DeepSpeed's Adam by name)
+    assert cpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["torch_adam"] is True
     zero = cpu["zero_optimization"]
     assert zero["stage"] == (3 if "zero3" in name else 2)
     offloaded = {k for k in ("offload_optimizer", "offload_param") if k in zero}
@@ -46,9 +42,9 @@ def test_every_auto_field_is_filled_from_the_yaml(name, monkeypatch):
     for k in offloaded:
         assert zero[k]["device"] == "cpu" and zero[k]["pin_memory"] is False
         assert gpu["zero_optimization"][k]["pin_memory"] is True
-    pinned = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}",
-                                                         "deepspeed.torch_adam=true"], check_paths=False)
-    assert resolve_deepspeed_config(pinned, 1, cuda=True)["optimizer"]["params"]["torch_adam"] is True
+    named = load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"deepspeed.config=ds_configs/{name}",
+                                                        "deepspeed.optimizer=deepspeed_adam"], check_paths=False)
+    assert resolve_deepspeed_config(named, 1, cuda=True)["optimizer"]["params"]["torch_adam"] is False
 
 
 @pytest.fixture(scope="module")

@@ -182,27 +182,22 @@ def test_zero3_partitioned_load_puts_the_buffers_on_the_engine_device(tiny_parts
 
 
 @pytest.mark.parametrize("ds_file,offload", [("ds_configs/zero2.json", False), ("ds_configs/zero2_offload.json", True)])
-def test_cuda_without_a_buildable_deepspeed_adam_falls_back_to_torch_adamw(ds_file, offload, monkeypatch):
-    import e2v.runtime.device as device
+def test_with_cuda_torch_adamw_is_fused_where_the_fp32_partition_lives(ds_file, offload):
+    """Under ZeRO the optimizer steps one flat fp32 partition: on the GPU, or on the CPU under
+    optimizer offload, where torch's fused CPU AdamW runs it (DeepSpeed told so by
+    zero_force_ds_cpu_optimizer: false). Fused AdamW does not need the parameters on the GPU.
+    tests/test_optimizer.py: DeepSpeed's Adam by name, and its preflight."""
     from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
 
     cfg = make_cfg(deepspeed__config=ds_file)
-    monkeypatch.setattr(device, "deepspeed_adam_problem", lambda offload: "FusedAdam is not prebuilt and JIT-building "
-                        "it needs nvcc (CUDA_HOME)")
     ds = resolve_deepspeed_config(cfg, world_size=1, cuda=True)
-    params = ds["optimizer"]["params"]
-    assert params["torch_adam"] is True
-    assert params.get("fused", False) is (not offload)  # fused torch AdamW needs the parameters on the GPU
-    assert "needs nvcc" in adam_choice(cfg, ds, cuda=True)[1]
-
-    monkeypatch.setattr(device, "deepspeed_adam_problem", lambda offload: None)
-    ds = resolve_deepspeed_config(cfg, world_size=1, cuda=True)
-    assert ds["optimizer"]["params"]["torch_adam"] is False and "fused" not in ds["optimizer"]["params"]
-    cfg.deepspeed.torch_adam = True  # the user's choice wins, and says so
-    assert adam_choice(cfg, ds, cuda=True) == (True, "deepspeed.torch_adam: true")
+    assert ds["optimizer"]["params"]["torch_adam"] is True and ds["optimizer"]["params"]["fused"] is True
+    assert ("zero_force_ds_cpu_optimizer" in ds) is offload
+    assert ("on the CPU (optimizer offload)" if offload else "on the GPU") in adam_choice(cfg, ds, cuda=True)[1]
 
 
 def test_without_cuda_torch_adamw_is_used_and_never_fused():
+    """The CPU-only runs (the tests, the golden losses) keep torch's default AdamW implementation."""
     from e2v.train.ds_config import resolve_deepspeed_config
 
     ds = resolve_deepspeed_config(make_cfg(), world_size=1, cuda=False)

@@ -43,7 +43,7 @@ FAKE = {
         "environment": {"passed": True, "wall_s": 0.4, "device": "NVIDIA H100 80GB HBM3", "memory_gib": 79.1,
                         "capability": "9.0", "driver": "570.1", "cuda": "12.8", "versions": {"torch": "2.13.0"},
                         "TORCH_CUDA_ARCH_LIST": "9.0a", "arch_list_problem": "letters ...",
-                        "optimizer": {"this_check": "deepspeed.torch_adam: true"}},
+                        "optimizer": {"default_gpu": "torch's AdamW fused on the GPU"}},
         "step_1.3b": {"passed": True, "wall_s": 150, "precompute_s": 20.5, "online_over_cached": 2.1,
                       "online": {"step_s": 5.68, "phases_s": {"vae_encode": 2.5, "forward_and_loss": 0.9,
                                                               "backward": 1.8, "optimizer": 0.05},
@@ -128,7 +128,8 @@ def test_environment_vae_and_attention_sections_on_cpu(tmp_path):
     assert gc.main(["--allow-cpu", "--only", "environment,vae_dtype,attention", "--out", str(tmp_path / "out"),
                     "--work", str(tmp_path / "work")]) == 0
     s = json.loads((tmp_path / "out/results/gpu.json").read_text())["sections"]
-    assert s["environment"]["optimizer"]["this_check"] == "deepspeed.torch_adam: true"
+    assert s["environment"]["optimizer"]["default_gpu"].startswith("torch's AdamW")
+    assert s["environment"]["optimizer"]["default_offload"].startswith("torch's AdamW")
     assert s["environment"]["versions"]["deepspeed"]
     v = s["vae_dtype"]
     assert (v["fp32"]["vae_param_dtype"], v["bf16"]["vae_param_dtype"]) == ("torch.float32", "torch.bfloat16")
@@ -151,7 +152,7 @@ def test_step_section_on_tiny_folders(tmp_path):
     assert on["latent_shape"] == cached["latent_shape"] == [1, 16, 5, 8, 8]
     assert 0 < cached["estimate_gib"] <= on["estimate_gib"]  # no encoders resident (bytes, for the tiny ones)
     assert sum(on["phases_s"].values()) <= on["step_s"] * 1.05  # medians of parts within the step
-    assert r["precompute_s"] > 0 and "--set deepspeed.torch_adam=true" in r["command"]
+    assert r["precompute_s"] > 0 and "--set deepspeed.optimizer=torch_adamw" in r["command"]
 
 
 def warm_start_training(name, config, sets, script, extra, log_dir, timeout):

@@ -6,7 +6,7 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
 
   environment         GPU, driver, torch / CUDA / deepspeed / diffusers versions, TORCH_CUDA_ARCH_LIST,
                       the optimizer the plan picks and why (this check sets torch's AdamW explicitly:
-                      deepspeed.torch_adam=true, so nothing is JIT-built)
+                      deepspeed.optimizer=torch_adamw, so nothing is JIT-built)
   step_1.3b           Wan2.1-T2V-1.3B expanded for elements, real shapes with random weights
                       (tools/smokelib/build.py), 81 x 480 x 832, ZeRO-2, checkpointing: the online step
                       and, after tools/precompute.py on the GPU, the cached step, split into phases

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"config error: {e}")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device("cuda", args.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":  # this rank's GPU for everything that takes the current device (cuDNN, pinned copies)
+        torch.cuda.set_device(device)
     from tqdm import tqdm
 
     samples = list({(s.dataset, s.id): s for s in index_samples(cfg, verbose=rank == 0)}.values())

@@ -31,7 +31,7 @@ from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
 from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
 from e2v.data.media import load_image  # noqa: E402
-from e2v.models.load import load_parts  # noqa: E402
+from e2v.models.load import for_sampling, load_parts  # noqa: E402
 from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
 from e2v.eval.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.eval.viz import write_mp4  # noqa: E402
@@ -127,7 +127,7 @@ def main(argv=None):
 
     def run(model, tag: str) -> list[Path]:
         written = []
-        to_inference_dtype(model, args.device, dtype)
+        model = for_sampling(model, args.device, dtype)  # Wan2.2's experts take turns on the device
         for i, prompt in enumerate(prompts):  # one video at a time: a 14B model has no room for batches
             for k in range(args.num_videos):
                 t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from e2v.runtime.device import as_pixels, module_device
+from e2v.runtime.device import as_pixels, module_device, vae_tf32
 from e2v.config.shapes import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
 from e2v.conditioning.ti2v import pad_prefix
 
@@ -49,11 +49,14 @@ def denormalize_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
 
 def _vae_input(video_BCFHW: torch.Tensor, vae) -> torch.Tensor:
     """Pixels (uint8, or float in [-1, 1]) on the VAE's device and in its dtype, shape and range
-    checked (the range where values exist: not on the meta device tests use for a second device)."""
+    checked. The range only of float input: uint8 maps into [-1, 1] by construction, and the
+    reduction would cost a host sync before every encode (nor where no values exist: the meta
+    device tests use for a second device)."""
+    checked_range = video_BCFHW.dtype != torch.uint8
     video_BCFHW = as_pixels(video_BCFHW.to(vae.device))
     assert video_BCFHW.ndim == 5 and video_BCFHW.shape[1] == 3, f"expected [B,3,F,H,W], got {tuple(video_BCFHW.shape)}"
     assert (video_BCFHW.shape[2] - 1) % VAE_T == 0, f"F={video_BCFHW.shape[2]} must be 4k+1"
-    if not video_BCFHW.is_meta:
+    if checked_range and not video_BCFHW.is_meta:
         lo, hi = video_BCFHW.aminmax()
         assert lo >= -1.0001 and hi <= 1.0001, f"pixels must be in [-1, 1], got [{lo:.3f}, {hi:.3f}]"
     return video_BCFHW.to(vae.dtype)
@@ -63,7 +66,8 @@ def encode_video(video_BCFHW: torch.Tensor, vae, *, sample_mode: str = "argmax",
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Pixels -> normalised latents [B,C,T,h,w] on the VAE's device (posterior mean, or a sample
     drawn from the CPU `generator` and moved, as diffusers' randn_tensor does)."""
-    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    with vae_tf32(vae):
+        dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     z = dist.sample(generator) if sample_mode == "sample" else dist.mode()
     return normalize_latents(z.float(), vae)
 
@@ -73,12 +77,14 @@ def decode_latents(latents_BCTHW: torch.Tensor, vae) -> torch.Tensor:
     """Normalised latents (the VAE's C channels) -> pixels [B,3,F,H,W], float32 on the VAE's device (about
     [-1, 1]; callers clamp as their output needs)."""
     z = denormalize_latents(latents_BCTHW.to(vae.device, vae.dtype), vae)
-    return vae.decode(z, return_dict=False)[0].float()
+    with vae_tf32(vae):
+        return vae.decode(z, return_dict=False)[0].float()
 
 
 def encode_video_stats(video_BCFHW: torch.Tensor, vae) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised posterior mean and std, for caches that must still allow sampling."""
-    dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
+    with vae_tf32(vae):
+        dist = vae.encode(_vae_input(video_BCFHW, vae)).latent_dist
     _, inv_std = _latent_stats(vae, dist.mean)
     return normalize_latents(dist.mean.float(), vae), (dist.std * inv_std).float()
 

@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from e2v.config.experts import check_expert_config
 from e2v.config.schema import REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape, resolve_repo_path
 from e2v.config.shapes import PATCH, PIXELS_PER_TOKEN, VAE_T, frame_bucket_list, latent_size, nearest_valid_sizes
@@ -178,6 +180,13 @@ def _validate_parallel(cfg: Config) -> None:
     degree = p.ulysses_degree * p.ring_degree
     if degree == 1:
         return
+    if p.ring_degree > 1 and cfg.train.mixed_precision == "no" and torch.cuda.is_available():
+        # On CUDA the ring's attention is torch's flash-attention op, which takes bf16 / fp16 only
+        # (e2v/models/context_parallel.py); the CPU's flash op takes fp32, so CPU runs are let through.
+        raise ConfigError(f"parallel.ring_degree: {p.ring_degree} with train.mixed_precision: 'no' (fp32): on CUDA ring "
+                          "attention runs the flash-attention op, which takes bf16 or fp16 only; set "
+                          "train.mixed_precision: bf16, or split the tokens with parallel.ulysses_degree instead "
+                          "(ring_degree: 1)")
     from e2v.config.bases import vae_config  # the model's VAE strides (plan loads after this module)
 
     d, vae = cfg.data, vae_config(cfg)

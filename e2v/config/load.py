@@ -22,7 +22,7 @@ import yaml
 
 from e2v.config.checks import validate
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
-from e2v.config.schema import VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
+from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
 from e2v.config.shapes import nearest_valid_size  # noqa: F401
 from e2v.config.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRESSION_MARK, is_regression_seed,
     key_homes, map_seed_json, map_seed_regression)
@@ -122,6 +122,8 @@ def _unknown_key(key: str, path: str, fields: dict) -> ConfigError:
     own = {old: home.rsplit(".", 1)[-1] for old, home in OLD_KEYS.items()  # old names of this section's keys
            if (home.rsplit(".", 1)[0] if "." in home else "") == section}
     where = f"{path}.{key}" if path else str(key)
+    if here in REMOVED_KEYS:
+        return ConfigError(f"'{where}' was {REMOVED_KEYS[here]}")
     if key in own:
         return ConfigError(f"unknown key '{where}'; did you mean '{own[key]}'?")
     if homes:

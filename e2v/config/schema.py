@@ -245,6 +245,9 @@ class Model:
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
+    # The fp32 VAE's matmuls and convolutions in TF32 on Ampere+ GPUs (~3x faster encodes, ~1e-3
+    # relative rounding); false: full fp32. No effect without CUDA.
+    vae_tf32: bool = True
     # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
     # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/config/experts.py).
     expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
@@ -295,10 +298,18 @@ class Train:
 @dataclass
 class DeepSpeed:
     config: str = "ds_configs/zero2.json"
-    # true: torch.optim.AdamW, bit-exact resume. false: DeepSpeed's C++ Adam (DeepSpeedCPUAdam with
-    # offload), faster on GPUs but a resumed run drifts ~1e-4 (README). Unset: torch's on a
-    # CPU-only machine (DeepSpeed's JIT-compiles ~45 s there), DeepSpeed's with CUDA.
-    torch_adam: Optional[bool] = None
+    # torch_adamw: torch.optim.AdamW, fused where CUDA is (on the GPU, or on the CPU under optimizer
+    # offload): in the wheel, nothing to build, bit-exact resume. deepspeed_adam: DeepSpeed's
+    # FusedAdam (CPU Adam under offload), JIT-built unless prebuilt, in a preflight before any
+    # weight loads; a resumed run drifts ~1e-4 (docs/gpu_runs.md).
+    optimizer: Literal["torch_adamw", "deepspeed_adam"] = "torch_adamw"
+
+
+# Keys that were removed, with what replaces them (load_config names the replacement).
+REMOVED_KEYS = {
+    "deepspeed.torch_adam": "replaced by deepspeed.optimizer: torch_adamw (the default now; was torch_adam: true "
+                            "or unset) or deepspeed_adam (was torch_adam: false); delete the line or rename it",
+}
 
 
 @dataclass

@@ -39,6 +39,7 @@ from e2v.data.sample import Problem, Sample, element_paths, sample_bucket
 from e2v.data.media import (MediaError, NoClockError, TooShortError, WindowError, check_clock, clip_window,
     image_to_tensor, load_image, load_video, preprocess_image, probe_video, supported_frames)
 from e2v.config.shapes import frame_bucket_list
+from e2v.runtime.threads import local_ranks, one_thread_worker
 
 Bucket = tuple[int, int, int]  # (F, H, W)
 
@@ -375,7 +376,7 @@ def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, st
     workers = loader_workers(cfg)
     return DataLoader(
         dataset, batch_sampler=sampler, collate_fn=collate,
-        num_workers=workers, pin_memory=torch.cuda.is_available(),
+        num_workers=workers, pin_memory=torch.cuda.is_available(), worker_init_fn=one_thread_worker if workers else None,
         prefetch_factor=cfg.data.prefetch_factor if workers else None, persistent_workers=workers > 0,
     )
 
@@ -387,5 +388,4 @@ def loader_workers(cfg: Config) -> int:
         return cfg.data.num_workers
     if not torch.cuda.is_available():
         return 0
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
-    return max(0, min(4, (os.cpu_count() or 1) // local_ranks - 1))
+    return max(0, min(4, (os.cpu_count() or 1) // local_ranks() - 1))

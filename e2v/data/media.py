@@ -348,7 +348,11 @@ def _probe_npz(path: Path) -> VideoInfo:
 
 
 def _reader(path):
-    import decord  # imported here: the tiny tests that never touch video should not pay for it
+    try:
+        import decord  # imported here: the tiny tests that never touch video should not pay for it
+    except ImportError as e:  # no aarch64 wheel on PyPI (GH200 / GB200): built from source there
+        raise MediaError(f"cannot decode video {path}: decord is not installed ({e}); on aarch64 build it from "
+                         "source (docs/gpu_runs.md, 'aarch64')") from e
 
     try:
         return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)

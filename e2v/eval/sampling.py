@@ -144,6 +144,7 @@ def load_trained(transformer, lora_dir: str | Path):
     from diffusers.loaders import WanLoraLoaderMixin
 
     from e2v.models.experts import TwoExperts
+    from e2v.models.precision import model_dtype
     from e2v.train.export import FULL_DIR, LORA_FILE, load_extra_modules
 
     lora_dir = Path(lora_dir)
@@ -155,7 +156,9 @@ def load_trained(transformer, lora_dir: str | Path):
         return TwoExperts({**transformer.experts, **{name: load_trained(e, lora_dir / name) for name, e in found.items()}},
                           transformer.boundary_ratio)
     if (lora_dir / FULL_DIR / "config.json").exists():
-        return WanTransformer3DModel.from_pretrained(str(lora_dir / FULL_DIR), torch_dtype=torch.float32)
+        # in the base's dtype (bf16 for sampling; diffusers keeps its fp32 modules fp32), not fp32: half
+        # the host memory, and sampled as the base is
+        return WanTransformer3DModel.from_pretrained(str(lora_dir / FULL_DIR), torch_dtype=model_dtype(transformer))
     if not (lora_dir / LORA_FILE).exists():
         raise FileNotFoundError(f"--lora {lora_dir}: no {LORA_FILE} (nor {FULL_DIR}/); pass a run's lora/ folder")
 

@@ -116,6 +116,7 @@ class Validator:
         self.conds: list[Conditions] | None = None
         self.images: list[dict] | None = None  # held-out element images, loaded at the first validation
         self.refs: list[dict] | None = None  # the same, preprocessed as conditioning takes them
+        self.host: dict = {}  # what validation reuses, read from disk once and kept on the host (models.load)
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
 
@@ -129,7 +130,7 @@ class Validator:
         was_training = model.training
         model.eval()
         try:
-            with with_encoders(self.parts, self.cfg, self.device) as parts:  # a cached run loads them now
+            with with_encoders(self.parts, self.cfg, self.device, self.host) as parts:  # a cached run: from the host
                 scalars = self.losses(model, parts) if self.samples else {}
                 written, video_scalars = self.videos(model, step, parts)
                 scalars.update(video_scalars)
@@ -233,7 +234,7 @@ class Validator:
         inputs = self.video_inputs()
         if not inputs:
             return 0, {}
-        with with_all_experts(model, parts, self.cfg, self.device, self.dtype) as full:  # Wan2.2: the other expert
+        with with_all_experts(model, parts, self.cfg, self.device, self.dtype, self.host) as full:  # Wan2.2
             latents = self.generate(full, parts, inputs)
             swapped = None
             if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise

@@ -14,8 +14,9 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from e2v.config.schema import Config
+from e2v.runtime.device import TF32_ATTR
 from e2v.models.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
-from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, trained_experts
+from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, expert_for, trained_experts
 from e2v.models.experts import TwoExperts, map_experts, switch
 from e2v.models.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_location, place_encoders
 from e2v.config.bases import resolve_pretrained
@@ -125,6 +126,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
     if parts.vae is not None and cfg.model.vae_dtype == "bf16":  # loaded fp32 (A2's dtype); model.vae_dtype
         parts.vae.to(torch.bfloat16)
     place_encoders(parts, device)
+    if parts.vae is not None:
+        setattr(parts.vae, TF32_ATTR, cfg.model.vae_tf32)  # runtime.device.vae_tf32 reads it
     if not with_transformer:
         return replace(parts, transformer=build_meta_transformer(cfg))
     return parts
@@ -139,22 +142,32 @@ def expanded(transformer: WanTransformer3DModel, cfg: Config, image_width: int) 
 
 
 @contextlib.contextmanager
-def with_all_experts(model, parts: Parts, cfg: Config, device, dtype: torch.dtype):
+def with_all_experts(model, parts: Parts, cfg: Config, device, dtype: torch.dtype, host: dict | None = None):
     """The model inference runs. A run that trains one of two experts: a callable that switches at
     the boundary (experts.switch) between `model` for that expert's timesteps and the other
     expert's base weights (expanded as training expands them, zero-initialised: the base's
-    output), loaded onto `device` in `dtype` now and released on exit: a 14B expert costs ~29 GB
-    of bf16 on the GPU while it is held. Anything else: `model` itself."""
+    output), on `device` in `dtype` while the context is open: a 14B expert costs ~29 GB of bf16
+    on the GPU while it is held. `host` (a dict the caller keeps, the Validator's): the expert is
+    read from disk once, kept there on the host between uses and moved to `device` for each,
+    instead of read (~29 GB) at every validation. Anything else: `model` itself."""
     trained = trained_experts(cfg)
     if len(trained) != 1:
         yield model
         return
     missing = [name for name in EXPERTS if name not in trained]
-    base = load_base_experts(cfg, missing, clip_width(parts, cfg), device, dtype)
+    kept = host.get("experts") if host is not None else None
+    if kept is None:
+        kept = load_base_experts(cfg, missing, clip_width(parts, cfg), "cpu" if host is not None else device, dtype)
+        if host is not None:
+            host["experts"] = kept
+    base = {name: e.to(device) for name, e in kept.items()}
     try:
         yield switch({**base, trained[0]: model}, boundary_ratio(cfg))
     finally:
-        del base
+        if host is not None:
+            for e in kept.values():
+                e.to("cpu")  # back to the host copy; the device memory is freed
+        del base, kept
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -176,21 +189,62 @@ def load_vae(cfg: Config, device) -> AutoencoderKLWan:
         return load_parts(cfg, device=device, with_transformer=False).vae
     vae = AutoencoderKLWan.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="vae",
                                            torch_dtype=torch.float32)
+    setattr(vae, TF32_ATTR, cfg.model.vae_tf32)
     return vae.requires_grad_(False).eval().to(device)
 
 
 @contextlib.contextmanager
-def with_encoders(parts: Parts, cfg: Config, device):
+def with_encoders(parts: Parts, cfg: Config, device, host: dict | None = None):
     """`parts` with its frozen encoders: as they are when loaded (an online run), else (a run from
-    the cache, which never builds them) loaded onto `device` now and released on exit, so a cached
-    run holds the ~13 GiB of encoders only while validation runs, not for the whole run."""
+    the cache, which never builds them) on `device` while the context is open, so a cached run
+    holds the ~13 GiB of encoders on the GPU only while validation runs, not for the whole run.
+    `host` (a dict the caller keeps, the Validator's): they are read from disk once, kept on the
+    host between validations and moved to `device` for each, instead of read at every one."""
     if parts.vae is not None or not cfg.cache.enabled:
         yield parts
         return
-    loaded = load_parts(cfg, device=device, with_transformer=False)
+    loaded = host.get("encoders") if host is not None else None
+    if loaded is None:
+        loaded = load_parts(cfg, device="cpu" if host is not None else device, with_transformer=False)
+        if host is not None:
+            host["encoders"] = loaded
+    place_encoders(loaded, device)
     try:
         yield replace(loaded, transformer=parts.transformer, fp32_file_values=parts.fp32_file_values)
     finally:
+        if host is not None:
+            place_encoders(loaded, "cpu")
         del loaded
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def for_sampling(model, device, dtype: torch.dtype):
+    """The transformer ready to sample on `device` in `dtype` (precision.to_inference_dtype). Two
+    experts (a TwoExperts) stay on the host and take turns on the device, swapped at the boundary:
+    one 14B expert's ~29 GB of bf16 on the GPU instead of both (~58 GB)."""
+    if not isinstance(model, TwoExperts):
+        return to_inference_dtype(model, device, dtype)
+    experts = {name: to_inference_dtype(e, "cpu", dtype) for name, e in model.experts.items()}
+    return swap_on_device(experts, model.boundary_ratio, device)
+
+
+def swap_on_device(experts: dict, boundary: float, device):
+    """experts.switch over `experts` kept on the host, each moved to `device` when its timesteps
+    come (the other one moved back first): a denoising loop runs the high-noise expert, then the
+    low-noise one, so a video costs one swap each way."""
+    on_device = {"name": None}
+
+    def call(hidden_states, timestep, **kwargs):
+        name = expert_for(timestep, boundary)
+        if on_device["name"] != name:
+            if on_device["name"] is not None:
+                experts[on_device["name"]].to("cpu")
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            experts[name].to(device)
+            on_device["name"] = name
+        return experts[name](hidden_states, timestep=timestep, **kwargs)
+
+    call.experts, call.on_device = experts, on_device  # what tests and callers inspect
+    return call

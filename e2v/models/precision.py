@@ -18,6 +18,11 @@ def kept_in_fp32(name: str) -> bool:
     return any(k in name.split(".") for k in WanTransformer3DModel._keep_in_fp32_modules or [])
 
 
+def model_dtype(transformer: torch.nn.Module) -> torch.dtype:
+    """The dtype the transformer computes in: its parameters' outside the modules kept in fp32."""
+    return next((p.dtype for n, p in transformer.named_parameters() if not kept_in_fp32(n)), torch.float32)
+
+
 def fp32_kept_params(transformer: torch.nn.Module, file_values: dict[str, torch.Tensor] | None = None
                      ) -> dict[str, torch.Tensor]:
     """fp32 copies of the frozen parameters diffusers keeps in fp32 (`_keep_in_fp32_modules`; for

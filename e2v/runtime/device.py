@@ -19,7 +19,7 @@ that mixes a CPU tensor with a meta one raises, as a CPU/CUDA mix would on a GPU
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 
 import torch
 
@@ -63,45 +63,22 @@ def accelerator_device() -> torch.device:
     return torch.device(get_accelerator().current_device_name())
 
 
-# --- which Adam -----------------------------------------------------------------------------------
+TF32_ATTR = "e2v_tf32"  # set on a loaded VAE from model.vae_tf32 (models.load)
 
 
-def deepspeed_adam_problem(offload: bool) -> str | None:
-    """Why DeepSpeed's own Adam cannot be had on this machine, or None when it can: the CPU Adam
-    (optimizer offload) is a C++ op and the FusedAdam a CUDA op; each is either prebuilt into the
-    deepspeed install (DS_BUILD_CPU_ADAM=1 / DS_BUILD_FUSED_ADAM=1 pip install deepspeed) or
-    JIT-built at the first step, which needs ninja and a C++ compiler (and nvcc for FusedAdam)."""
+@contextlib.contextmanager
+def vae_tf32(vae):
+    """TF32 for the VAE's fp32 matmuls and cuDNN convolutions while it runs, on Ampere+ GPUs, when
+    its model.vae_tf32 (the attribute TF32_ATTR) asks; the process's settings are restored after,
+    so the transformer's fp32 matmuls are untouched."""
+    on = (getattr(vae, TF32_ATTR, False) and torch.cuda.is_available()
+          and torch.cuda.get_device_capability()[0] >= 8)
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
-        from deepspeed.git_version_info import installed_ops
-        from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
-    except Exception as e:  # an install without op builders
-        return f"deepspeed's op builders are not importable ({e})"
-    builder = CPUAdamBuilder() if offload else FusedAdamBuilder()
-    if installed_ops.get(builder.NAME, False):
-        return None
-    missing = [tool for tool in ("ninja", "c++") if shutil.which(tool) is None]
-    if not offload:
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        if CUDA_HOME is None:
-            missing.append("nvcc (CUDA_HOME)")
-    if missing:
-        return f"{builder.NAME} is not prebuilt and JIT-building it needs {', '.join(missing)}"
-    if not builder.is_compatible(verbose=False):
-        return f"{builder.NAME} is not compatible with this machine (run `ds_report`)"
-    return None
-
-
-def choose_adam(torch_adam: bool | None, cuda: bool, offload: bool) -> tuple[bool, str]:
-    """(use torch's AdamW, why). `torch_adam` (deepspeed.torch_adam) decides when set. Without CUDA: torch's
-    AdamW (DeepSpeed's CPU Adam JIT-compiles for ~45 s and resumes 1e-4 off, torch's exactly).
-    With CUDA: DeepSpeed's Adam when it can be built, else torch's (`fused=True` on the GPU:
-    one kernel for all parameters, nothing to build)."""
-    if torch_adam is not None:
-        return torch_adam, f"deepspeed.torch_adam: {str(torch_adam).lower()}"
-    if not cuda:
-        return True, "no CUDA: torch's AdamW (exact resume, no op to build)"
-    problem = deepspeed_adam_problem(offload)
-    if problem is None:
-        return False, f"DeepSpeed's {'CPU Adam (optimizer offload)' if offload else 'FusedAdam'}"
-    return True, f"torch's AdamW{'' if offload else ' (fused)'}: {problem}"
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -70,6 +70,16 @@ def broadcast(obj, rank: int):
     return obj
 
 
+def gather_all(obj) -> list:
+    """Every rank's `obj` in rank order ([obj] in one process): a collective. How one rank's local
+    finding (a failed build, a missing file) reaches every rank, so all decide alike."""
+    if not is_distributed():
+        return [obj]
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, obj)
+    return parts
+
+
 def share_of_work(items: list) -> list:
     """This rank's share of a list every rank holds in the same order."""
     if not is_distributed():

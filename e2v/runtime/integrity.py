@@ -126,8 +126,8 @@ def save_rng(state: dict, path: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {"torch": state["torch"], "generator": state["generator"]}
-    for i, s in enumerate(state.get("cuda") or []):
-        tensors[f"cuda_{i}"] = s
+    if state.get("cuda") is not None:  # the rank's own device's state (checkpoint.rng_state)
+        tensors["cuda"] = state["cuda"]
     version, internal, gauss = state["python"]
     name, keys, pos, has_gauss, cached = state["numpy"]
     meta = {"python": json.dumps([version, list(internal), gauss]),
@@ -148,10 +148,12 @@ def load_rng(path: Path) -> dict:
         tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
     version, internal, gauss = json.loads(meta["python"])
     name, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
-    cuda = [tensors[f"cuda_{i}"] for i in range(sum(k.startswith("cuda_") for k in tensors))]
+    # one device's state; an older file holds every visible device's as cuda_0, cuda_1, ...
+    legacy = [tensors[f"cuda_{i}"] for i in range(sum(k.startswith("cuda_") for k in tensors))]
+    cuda = tensors["cuda"] if "cuda" in tensors else legacy or None
     return {"python": (version, tuple(internal), gauss), "torch": tensors["torch"],
             "numpy": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
-            "generator": tensors["generator"], "cuda": cuda or None}
+            "generator": tensors["generator"], "cuda": cuda}
 
 
 # --- checksums -----------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from e2v.runtime.integrity import (HASH, file_digest, load_rng, save_rng, weight
     weights_only_zero_to_fp32)
 
 MANIFEST = "COMPLETE"
+OPTIMIZER_FILE = "e2v_optimizer.json"  # the class that stepped the weights; a resume must use the same
 EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
 PARTIAL = ".partial"
 
@@ -54,7 +55,8 @@ def rng_state(rng: random.Random, generator: torch.Generator) -> dict:
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "generator": generator.get_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # this rank's own device only: a resume may see other devices (CUDA_VISIBLE_DEVICES, fewer GPUs)
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
 
 
@@ -63,8 +65,12 @@ def set_rng_state(state: dict, rng: random.Random, generator: torch.Generator) -
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     generator.set_state(state["generator"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, (list, tuple)):  # an older checkpoint: every visible device's state; take this rank's
+        own = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        cuda = cuda[own] if own < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)  # the current device: the rank's own (torch.cuda.set_device at start)
 
 
 def _rng_file(path: Path, rank: int) -> Path:
@@ -72,6 +78,36 @@ def _rng_file(path: Path, rank: int) -> Path:
     new = path / f"rng_rank_{rank:04d}.safetensors"
     old = new.with_suffix(".pt")
     return old if old.exists() and not new.exists() else new
+
+
+# --- the optimizer's class --------------------------------------------------------------------
+
+
+def optimizer_class(engine) -> str:
+    """The qualified class of the optimizer that steps the weights (under ZeRO, the one DeepSpeed wraps)."""
+    opt = getattr(engine, "basic_optimizer", None) or engine.optimizer
+    return f"{type(opt).__module__}.{type(opt).__qualname__}"
+
+
+def _config_value(qualified: str) -> str:
+    """The deepspeed.optimizer value that builds this class."""
+    return "deepspeed_adam" if qualified.startswith("deepspeed.") else "torch_adamw"
+
+
+def check_optimizer_class(engine, path: Path) -> None:
+    """Stop a resume whose optimizer differs from the one that saved the checkpoint: the states of
+    torch's AdamW and DeepSpeed's FusedAdam / CPU Adam are not each other's (names, layout, step
+    counts), and a mix would load a wrong state or fail deep in DeepSpeed. A checkpoint saved
+    before the class was recorded is not checked."""
+    record = Path(path) / OPTIMIZER_FILE
+    if not record.is_file():
+        return
+    saved, now = json.loads(record.read_text())["class"], optimizer_class(engine)
+    if saved != now:
+        raise SystemExit(f"--resume {path}: the checkpoint was saved with the optimizer {saved} "
+                         f"(deepspeed.optimizer: {_config_value(saved)}), this run builds {now} "
+                         f"(deepspeed.optimizer: {_config_value(now)}); their states do not convert. Resume with "
+                         f"--set deepspeed.optimizer={_config_value(saved)}, or start a new run")
 
 
 # --- save / find / load ------------------------------------------------------------------------
@@ -95,6 +131,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     if rng is not None:
         save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
     if rank == 0:
+        (partial / OPTIMIZER_FILE).write_text(json.dumps({"class": optimizer_class(engine)}))
         (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
         _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE)  # a checkpoint exports alone
     barrier()
@@ -270,6 +307,7 @@ def find_resume(resume: str, run_dir: Path | None) -> Path | None:
 def load_checkpoint(engine, path: Path) -> dict:
     """Model, optimizer, LR schedule and client state (step, samples seen), plus this rank's RNG."""
     path = Path(path)
+    check_optimizer_class(engine, path)  # before any state is read into the engine
     engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # DeepSpeed's own unpickles anything
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=True, load_module_strict=False,

@@ -1,15 +1,17 @@
 """The DeepSpeed config a run uses: the chosen ds_configs/*.json with its "auto" fields filled from
 the YAML (micro batch, accumulation, clipping, bf16, the optimizer's hyperparameters), the Adam
-this machine can run, and the ZeRO settings context parallelism needs. Written to the run folder
+named by deepspeed.optimizer, and the ZeRO settings context parallelism needs. Written to the run folder
 as ds_config.json."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from e2v.config.schema import Config, ConfigError, resolve_repo_path
 from e2v.models import context_parallel
-from e2v.runtime.device import choose_adam
+from e2v.runtime import distributed
+from e2v.runtime.adam import TORCH_ADAMW, preflight_deepspeed_adam
 
 
 def optimizer_offloaded(ds_config: dict) -> bool:
@@ -17,8 +19,24 @@ def optimizer_offloaded(ds_config: dict) -> bool:
 
 
 def adam_choice(cfg: Config, ds_config: dict, cuda: bool) -> tuple[bool, str]:
-    """(torch's AdamW rather than DeepSpeed's, why) for this DeepSpeed config on this machine."""
-    return choose_adam(cfg.deepspeed.torch_adam, cuda, optimizer_offloaded(ds_config))
+    """(torch's AdamW rather than DeepSpeed's, what it is) for this DeepSpeed config. The YAML decides,
+    never the machine: every rank reads the same key, so no rank can pick another optimizer."""
+    offload = optimizer_offloaded(ds_config)
+    if cfg.deepspeed.optimizer == TORCH_ADAMW:
+        where = "on the CPU (optimizer offload)" if offload else "on the GPU" if cuda else "(no CUDA: not fused)"
+        fused = " fused" if cuda else ""
+        return True, f"torch's AdamW{fused} {where} (deepspeed.optimizer: {TORCH_ADAMW}; no build, exact resume)"
+    return False, (f"DeepSpeed's {'CPU Adam (optimizer offload)' if offload else 'FusedAdam'} "
+                   f"(deepspeed.optimizer: {cfg.deepspeed.optimizer}; built in the preflight)")
+
+
+def optimizer_preflight(cfg: Config, ds_config: dict, cuda: bool) -> None:
+    """Before any weight is read: build DeepSpeed's Adam when the YAML names it, stopping every
+    rank with the cause and the fix if any rank cannot (e2v.runtime.adam). A collective when it
+    builds; nothing to do for torch's AdamW."""
+    if cfg.deepspeed.optimizer != TORCH_ADAMW:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # the launcher's; the node's first rank builds
+        preflight_deepspeed_adam(optimizer_offloaded(ds_config), cuda, local_rank, distributed.gather_all)
 
 
 def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
@@ -27,7 +45,9 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
 
     The LR schedule is not DeepSpeed's (its WarmupLR forbids 0 warmup steps and starts at lr 0);
     train_e2v.py passes a torch LambdaLR, which DeepSpeed checkpoints with the engine.
-    Which Adam: e2v.runtime.device.choose_adam (DeepSpeed's where it can be built, else torch's AdamW)."""
+    Which Adam: deepspeed.optimizer. torch's AdamW is fused wherever CUDA is (a GPU partition, or
+    the CPU partition of optimizer offload: torch's fused CPU kernel); without CUDA it keeps torch's
+    default implementation (the CPU-only runs, the golden losses)."""
     ds = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())
     t = cfg.train
     torch_adam, _ = adam_choice(cfg, ds, cuda)
@@ -56,7 +76,10 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
         return node
 
     ds = fill(ds)
-    if torch_adam and cuda and not offload and "optimizer" in ds:
-        ds["optimizer"].setdefault("params", {})["fused"] = True  # torch's one-kernel AdamW on the GPU
+    if torch_adam and cuda and "optimizer" in ds:
+        ds["optimizer"].setdefault("params", {})["fused"] = True  # one kernel over the flat partition
+    if torch_adam and offload:
+        # DeepSpeed's switch for a torch optimizer under offload (a client-built one is refused without it)
+        ds["zero_force_ds_cpu_optimizer"] = False
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
     return context_parallel.zero_settings(cfg, ds)

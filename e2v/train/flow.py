@@ -127,9 +127,10 @@ def time_bucket(sigma: float, timestep_list: list[float] | None = None) -> str:
     return f"{hi - 250}-{hi}"
 
 
-def latent_stats(target_BCTHW: torch.Tensor, pred_BCTHW: torch.Tensor) -> dict[str, float]:
-    """Mean and std of the clean latents and of the model's x0 estimate: a regression whose
-    prediction std collapses below the target's is averaging, not reconstructing."""
-    target, pred = target_BCTHW.float(), pred_BCTHW.float()
-    return {"target_latent_mean": target.mean().item(), "target_latent_std": target.std().item(),
-            "pred_latent_mean": pred.mean().item(), "pred_latent_std": pred.std().item()}
+def latent_stats(target_BCTHW: torch.Tensor, pred_BCTHW: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean and std of the clean latents and of the model's x0 estimate (0-dim tensors on their
+    device: read back when logged): a regression whose prediction std collapses below the
+    target's is averaging, not reconstructing."""
+    target, pred = target_BCTHW.detach().float(), pred_BCTHW.detach().float()
+    return {"target_latent_mean": target.mean(), "target_latent_std": target.std(),
+            "pred_latent_mean": pred.mean(), "pred_latent_std": pred.std()}

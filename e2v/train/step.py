@@ -85,18 +85,45 @@ def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dty
 # --- what a step logs --------------------------------------------------------------------------
 
 
-def add_step_stats(stats: dict[str, list[float]], sigma, per_sample, target, model_pred, fl,
+PENDING = "_pending"  # add_step_stats' device tensors, read back by step_scalars
+
+
+def add_step_stats(stats: dict[str, list], sigma, per_sample, target, model_pred, fl,
                    boundary: float | None = None) -> None:
     """One micro-batch's values for the logged means: the loss by timestep bucket (where the model
     is weak), for a two-expert base (`boundary`: its boundary_ratio) the loss by expert
-    (`train/loss_high_noise`), and, for video regression, the latent statistics."""
-    for s, l in zip(sigma.tolist(), per_sample.tolist()):
-        stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
-    if boundary is not None:
-        stats.setdefault(f"train/loss_{expert_for(1000 * sigma, boundary)}", []).extend(per_sample.tolist())
-    if fl.objective == "x0":
-        for k, v in latent_stats(target, model_pred).items():
-            stats.setdefault(f"train/{k}", []).append(v)
+    (`train/loss_high_noise`), and, for video regression, the latent statistics. Kept on the
+    device, detached: called right after engine.step(), a read-back here would make the host wait
+    for the whole backward every micro-batch; step_scalars reads them once per logged step."""
+    latent = latent_stats(target, model_pred) if fl.objective == "x0" else None
+    stats.setdefault(PENDING, []).append((sigma.detach(), per_sample.detach(), latent, fl, boundary))
+
+
+def read_step_stats(stats: dict[str, list]) -> dict[str, list[float]]:
+    """add_step_stats' values as the logged lists, read back from the device in one copy."""
+    stats = dict(stats)
+    pending = stats.pop(PENDING, [])
+    if not pending:
+        return stats
+    flat = [t for sigma, per_sample, latent, _, _ in pending
+            for t in (sigma.float().flatten(), per_sample.float().flatten(), *(
+                [torch.stack(list(latent.values()))] if latent else []))]
+    values = torch.cat(flat).tolist()  # the one host sync of the logged statistics
+    at = 0
+    for sigma, per_sample, latent, fl, boundary in pending:
+        n = sigma.numel()
+        sigmas, losses = values[at:at + n], values[at + n:at + 2 * n]
+        at += 2 * n
+        for s, l in zip(sigmas, losses):
+            stats.setdefault(f"train/loss_at_time_{time_bucket(s, fl.denoising_step_list)}", []).append(l)
+        if boundary is not None:
+            sigma_B = torch.tensor(sigmas, dtype=sigma.dtype)  # the drawn values, on the host: no sync
+            stats.setdefault(f"train/loss_{expert_for(1000 * sigma_B, boundary)}", []).extend(losses)
+        if latent:
+            for k, v in zip(latent, values[at:at + len(latent)]):
+                stats.setdefault(f"train/{k}", []).append(v)
+            at += len(latent)
+    return stats
 
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
@@ -106,6 +133,7 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
     `data_parallel`: the ranks that load distinct micro-batches (world / the context-parallel
     degree; default world). The ranks of a context-parallel group log the same loss, so the mean
     over all ranks is still the mean over the global batch."""
+    stats = read_step_stats(stats)
     ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
     samples = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * (data_parallel or world)
     return {
@@ -117,15 +145,53 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
     }
 
 
+class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
+    """The tensors saved for backward that the forward made (those with a grad_fn: activations,
+    with gradient checkpointing the block inputs) go to host memory and come back for backward.
+    Leaves stay where they are: a parameter (trained or frozen, also under ZeRO-3 while gathered)
+    or an input is held by its owner anyway, so a copy would free nothing and cost a transfer per
+    use. torch's save_on_cpu copies every saved tensor, weights included, with a blocking copy
+    each; here the copies are non-blocking into pinned memory (`pin_memory`, with CUDA), ordered on
+    the current stream: the device-to-host copy runs before anything reuses the source's memory,
+    the host-to-device copy before backward reads it. `offloaded`: (shape, dtype) of each copy."""
+
+    def __init__(self, pin_memory: bool):
+        self.offloaded: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+        def pack(t: torch.Tensor):
+            if not offloads(t):
+                return t
+            host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin_memory)
+            host.copy_(t, non_blocking=pin_memory)
+            self.offloaded.append((tuple(t.shape), t.dtype))
+            return t.device, host
+
+        def unpack(packed):
+            if isinstance(packed, tuple):
+                device, host = packed
+                return host.to(device, non_blocking=pin_memory)
+            return packed
+
+        super().__init__(pack, unpack)
+
+
+def offloads(t: torch.Tensor) -> bool:
+    """Whether ActivationOffload moves this saved tensor: made by the forward (a grad_fn), not a
+    parameter, nor a view of a leaf (a transposed weight)."""
+    if isinstance(t, torch.nn.Parameter) or t.grad_fn is None:
+        return False
+    return t._base is None or t._base.grad_fn is not None
+
+
 def activation_context(offload: bool):
-    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA they
-    go to pinned CPU memory (torch.autograd.graph.save_on_cpu) and come back for backward; with
-    gradient checkpointing those are only the block boundaries. Costs a host<->device copy of
-    each saved tensor per step. Without CUDA there is nothing to offload: a no-op."""
+    """Where the tensors saved for backward live. With `train.activation_offload` and CUDA the
+    forward's activations go to pinned CPU memory (ActivationOffload) and come back for backward;
+    with gradient checkpointing those are only the block boundaries. Costs a host<->device copy
+    of each, overlapped with the compute. Without CUDA there is nothing to offload: a no-op."""
     import contextlib
 
     if offload and torch.cuda.is_available():
-        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return ActivationOffload(pin_memory=True)
     return contextlib.nullcontext()
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GIB = 2**30
 LIMIT_GIB = 24.0  # the "small GPU" this check holds the 24 GB configs to
-TORCH_ADAM = "deepspeed.torch_adam=true"  # torch's AdamW: no JIT build, whatever the default becomes
+TORCH_ADAM = "deepspeed.optimizer=torch_adamw"  # torch's AdamW (the default): nothing is JIT-built, said explicitly
 # Two runs of one bf16 step with a different place for the saved activations: the forward is the
 # same computation (first loss equal to ~1e-3), later losses follow slightly different reductions.
 LOSS_RTOL = {1: 1e-3, 2: 1e-2}

@@ -22,7 +22,10 @@ def section_environment(ctx: Ctx) -> dict:
 
     import torch
 
-    from e2v.runtime.device import choose_adam
+    from types import SimpleNamespace
+
+    from e2v.runtime.adam import TORCH_ADAMW, arch_list_problem
+    from e2v.train.ds_config import adam_choice
 
     versions = {}
     for pkg in ("torch", "deepspeed", "diffusers", "transformers", "peft", "decord", "imageio-ffmpeg"):
@@ -43,14 +46,13 @@ def section_environment(ctx: Ctx) -> dict:
         if smi:
             q = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
             out["driver"] = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else None
-    arch = out["TORCH_CUDA_ARCH_LIST"] or ""
-    out["arch_list_problem"] = ("letters in TORCH_CUDA_ARCH_LIST break DeepSpeed 0.19.8's op builds (int('0a')); "
-                                "this check builds none" if re.search(r"\d[a-z]", arch) else None)
-    # What the plan picks: this check's explicit setting, and what the default would pick here.
-    out["optimizer"] = {"this_check": choose_adam(True, ctx.cuda, False)[1]}
-    for offload in (False, True):
-        use_torch, why = choose_adam(None, ctx.cuda, offload)
-        out["optimizer"][f"default_{'offload' if offload else 'gpu'}"] = why
+    # DeepSpeed's op builder and a letter in the arch list (e.g. "9.0a"): only an opted-in build meets it
+    out["arch_list_problem"] = arch_list_problem(out["TORCH_CUDA_ARCH_LIST"])
+    # What the plan picks (the YAML decides, never the machine): the default, with and without offload.
+    cfg = SimpleNamespace(deepspeed=SimpleNamespace(optimizer=TORCH_ADAMW))
+    offloaded = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    out["optimizer"] = {"default_gpu": adam_choice(cfg, {}, ctx.cuda)[1],
+                        "default_offload": adam_choice(cfg, offloaded, ctx.cuda)[1]}
     out["passed"] = not {"deepspeed", "diffusers"} & set(out["missing"])  # nothing else can run without them
     return out
 

@@ -1,0 +1,92 @@
+"""One decision for all ranks (e2v/models/agree.py): two gloo ranks on this CPU, each reading its own
+copy of a Wan2.2 pipeline folder as two nodes would, end with the same decision or with the same
+clear error on both, never a hang: the processes are time-limited, and the process group's own
+timeout turns a rank left waiting into an error well within it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+RANK_SCRIPT = """
+import datetime, json, os, sys
+from types import SimpleNamespace
+import torch.distributed as dist
+from e2v.models.agree import agree_on_local_facts
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+for case in json.loads(sys.argv[1]):  # [[rank 0's folder, rank 1's folder], ...]: one group, every case
+    folder = case[dist.get_rank()]
+    cfg = SimpleNamespace(model=SimpleNamespace(preset=None, pretrained=folder, zero3_init=True, expert="high_noise"))
+    try:
+        facts = agree_on_local_facts(cfg, {"zero_optimization": {"stage": 3}})
+        print("AGREED " + json.dumps(facts, sort_keys=True), flush=True)
+    except SystemExit as e:
+        print(f"STOPPED {e}", flush=True)
+"""
+
+
+def pipeline(root: Path, boundary: float = 0.9, shards: int = 2, present: int = 2) -> Path:
+    """A Wan2.2 two-expert pipeline folder as the loader sees it before reading weights: the index,
+    `present` of its `shards` shard files, the transformers' configs."""
+    root.mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps({"transformer": ["diffusers", "WanTransformer3DModel"],
+                                                       "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                                                       "boundary_ratio": boundary}))
+    for sub in ("transformer", "transformer_2"):
+        (root / sub).mkdir()
+        (root / sub / "config.json").write_text(json.dumps({"num_layers": 2}))
+        names = [f"diffusion_pytorch_model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        (root / sub / "diffusion_pytorch_model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
+        for n in names[:present]:
+            (root / sub / n).write_bytes(b"\0" * 64)
+    return root
+
+
+def two_ranks(cases: list[tuple[Path, Path]]) -> list[list[str]]:
+    """Each rank's line per case (rank 0's folder, rank 1's), from two processes that must finish
+    within 300 s (most of it importing on a loaded 2-core machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    arg = json.dumps([[str(a), str(b)] for a, b in cases])
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, arg], cwd=ROOT, env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [[line for line in o.splitlines() if line.startswith(("AGREED", "STOPPED"))] for o in outs]
+
+
+CASES = {
+    "same_copy": (dict(), "AGREED"),
+    "shard_missing_on_rank_1": (dict(present=1), "STOPPED rank 1: .* lacks "
+                                                 "transformer/diffusion_pytorch_model-00002-of-00002.safetensors"),
+    "other_boundary_on_rank_1": (dict(boundary=0.875), "STOPPED the ranks read different models .*boundary_ratio: "
+                                                       "rank 0 0.9, rank 1 0.875"),
+}
+
+
+def test_two_ranks_with_different_local_copies_decide_alike_or_stop_alike(tmp_path):
+    import re
+
+    cases = [(pipeline(tmp_path / name / "node0"), pipeline(tmp_path / name / "node1", **rank1))
+             for name, (rank1, _) in CASES.items()]
+    rank0, rank1 = two_ranks(cases)
+    assert len(rank0) == len(rank1) == len(CASES), (rank0, rank1)  # every case ended on both ranks
+    for (name, (_, expect)), line0, line1 in zip(CASES.items(), rank0, rank1):
+        assert line0 == line1, (name, line0, line1)  # the same decision, or the same message, on both
+        assert re.match(expect, line0), (name, line0)
+    facts = json.loads(rank0[0].split(" ", 1)[1])
+    assert facts["boundary_ratio"] == 0.9 and facts["_where"].endswith("same_copy/node0")
+    assert facts["boundary_ratio"] == 0.9 and facts["transformer: load"] == "partitioned (ZeRO-3)"

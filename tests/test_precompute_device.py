@@ -1,0 +1,27 @@
+"""tools/precompute.py sets its rank's GPU as the current device (LOCAL_RANK), before it loads or
+encodes anything: without it every rank's cuDNN handles and current-device tensors land on cuda:0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+
+class Stop(Exception):
+    pass
+
+
+def test_precompute_sets_its_ranks_device_first(demo_data, monkeypatch):
+    import tools.precompute as precompute
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
+    monkeypatch.setattr(precompute, "index_samples", lambda *a, **kw: (_ for _ in ()).throw(Stop()))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(Stop):
+        precompute.main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set",
+                         f"data.datasets.0.data_root={demo_data}", "--local_rank", "3"])
+    assert calls == [torch.device("cuda", 3)]
