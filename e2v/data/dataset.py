@@ -16,8 +16,9 @@ first, then split by rank), so nothing waits on a rank with a different shape.
 Bad samples (`data.on_bad_sample`): `error` stops with the file named; `skip` takes the next
 sample of the same bucket instead and reports the skipped one in the batch the first time this
 worker meets it, so the loop counts it once; the worker then remembers it and never decodes it
-again. Index-time problems (missing required element, unreadable or too-short clip) are
-reported the same way before the first step.
+again. Index-time problems (missing required element, unreadable, truncated or too-short clip,
+empty caption, unreadable reference: e2v.data.preflight) are reported the same way before the
+first step, so a mid-run failure is rare (a file changed while training).
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from e2v.data import preflight
 from e2v.data.store import CacheStore
 from e2v.config.schema import Config, ConfigError
-from e2v.data.elements import Problem, Sample, discover, sample_bucket
+from e2v.data.elements import Sample, discover, sample_bucket
 from e2v.data.media import (MediaError, NoClockError, TooShortError, check_clock, image_to_tensor, load_image,
-    load_video, preprocess_image, probe_video, supported_frames)
+    load_video, preprocess_image)
 from e2v.config.schema import frame_bucket_list
 
 Bucket = tuple[int, int, int]  # (F, H, W)
@@ -81,30 +82,6 @@ def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
     return (f, h, w)
 
 
-def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list[Problem]:
-    """Probe every clip (header + one frame, in threads: decord releases the GIL) and set its
-    bucket. Without buckets nothing is probed (a too-short clip then fails at load)."""
-    if not uses_buckets(cfg):
-        return []
-
-    def probe(s: Sample):
-        try:
-            info = probe_video(s.video)
-            frames = supported_frames(s.video, info.frames, cfg.data.fps)
-            s.bucket = choose_bucket(frames, info.height, info.width, cfg)
-            return None
-        except TooShortError as e:
-            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
-                           "use a longer clip, or allow shorter data.frame_buckets", "too_short")
-        except (MediaError, OSError) as e:
-            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
-                           "re-encode or replace the clip, or remove the sample", "video_unreadable")
-
-    unique = {id(s): s for s in samples}.values()  # repeats share one Sample object
-    with ThreadPoolExecutor(workers) as pool:
-        return [p for p in pool.map(probe, unique) if p is not None]
-
-
 def bucket_name(b: Bucket) -> str:
     return f"{b[0]}x{b[1]}x{b[2]}"
 
@@ -141,34 +118,47 @@ def require_clocks(samples: list[Sample]) -> None:
             raise ConfigError(f"sample {s.id}: {e}") from None
 
 
-def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None) -> list[Sample]:
-    """Every sample of every dataset, with its bucket. Problems are reported by name: with
-    on_bad_sample error they stop here, with skip the samples are left out, listed, and appended
-    to `excluded` (so the run can count them beside the samples skipped while loading)."""
-    samples, problems = [], []
+def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None,
+                  stop_on_bad: bool | None = None, warnings: list | None = None) -> list[Sample]:
+    """Every sample of every dataset, checked (e2v.data.preflight: every clip decoded at both
+    ends and its usable frames counted, every caption and element read) and given its bucket.
+    Bad samples are named, one line each: with on_bad_sample error (or stop_on_bad) they stop the
+    run here, before any weight is loaded; with skip they are left out, listed, and appended to
+    `excluded` (the run counts them beside the samples skipped while loading). Warnings (a tiny
+    reference, a missing optional element) are printed summarized and appended to `warnings`."""
+    found_all, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
                                 cfg.data.allow_outside_root)
         if cfg.data.fps is not None:
             require_clocks(found)
-        probs += assign_buckets(found, cfg)
-        bad = {p.sample for p in probs}
-        samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
-        problems.extend(probs)
-    if problems:
-        lines = "\n  ".join(str(p) for p in problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        msg = f"{len(problems)} sample(s) excluded:\n  {lines}{more}"
-        if cfg.data.on_bad_sample == "error":
-            raise BadSampleError(msg + "\n(set data.on_bad_sample: skip to train without them; "
-                                       "tools/check_dataset.py lists every problem)")
+        found_all += found
+        problems += probs
+    problems += preflight.check_samples(cfg, found_all, progress=verbose)
+    errors = [p for p in problems if p.severity == "error"]
+    notes = [p for p in problems if p.severity != "error"]
+    bad = {(s.dataset, s.id) for s in found_all for p in errors if p.sample == s.id}
+    samples = with_repeats([s for s in found_all if (s.dataset, s.id) not in bad], cfg)
+    if warnings is not None:
+        warnings.extend(notes)
+    if verbose and notes:
+        print("[e2v data] warnings (they train; tools/check_dataset.py writes the full list):\n  "
+              + "\n  ".join(preflight.summarize(notes)))
+    if errors:
+        lines = "\n  ".join(str(p) for p in errors[:20])
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        msg = f"{len(bad)} sample(s) unusable:\n  {lines}{more}"
+        if cfg.data.on_bad_sample == "error" if stop_on_bad is None else stop_on_bad:
+            raise BadSampleError(msg + f"\n({len({(s.dataset, s.id) for s in samples})} usable; set "
+                                       "data.on_bad_sample: skip to train without them; tools/check_dataset.py "
+                                       "lists every problem)")
         if verbose:
-            print(f"[e2v data] {msg}")
+            print(f"[e2v data] left out: {msg}")
         if excluded is not None:
-            excluded.extend(problems)
+            excluded.extend(errors)
     if not samples:
         roots = ", ".join(d.data_root for d in cfg.data.datasets)
-        raise BadSampleError(f"no samples found in {roots}")
+        raise BadSampleError(f"no usable samples in {roots}")
     return samples
 
 
