@@ -127,7 +127,8 @@ def pick_checkpoint(args, cfg, run_dir: Path, rank: int) -> Path | None:
     if not args.resume:
         return None
     try:
-        found = ckpt.find_resume(args.resume, run_dir)  # a collective (checksums split over the ranks)
+        found = ckpt.find_resume("latest" if args.resume in resuming.MODES else args.resume,  # a collective
+                                 run_dir)
     except FileNotFoundError as e:
         raise SystemExit(f"resume error: {e}")
     verdict = None

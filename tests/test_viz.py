@@ -35,7 +35,17 @@ def test_files_only_at_configured_steps(viz_run):
             assert Image.open(d / name / pngs[0]).size == (64, 64)
         assert len(list((d / "reference_images").glob("*.png"))) == 6
         # contact sheet: 2 rows of 3 references + 2 target + 2 predicted 64-px tiles, 2-px gaps
-        assert Image.open(d / "contact_sheet.png").size == (7 * 64 + 6 * 2, 2 * 64 + 2)
+        from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+        sheet = np.asarray(Image.open(d / "contact_sheet.png"))
+        assert sheet.shape[:2] == (LABEL_BAND + 2 * 64 + 2, LABEL_MARGIN + 7 * 64 + 6 * 2)
+        # labelled: a header over every column (3 references, 2 target, 2 predicted frames), and
+        # each row's sigma and sample id beside it
+        for col in range(7):
+            x = LABEL_MARGIN + col * 66
+            assert (sheet[:LABEL_BAND, x:x + 64] < 100).any(), col
+        for row in range(2):
+            assert (sheet[LABEL_BAND + row * 66:LABEL_BAND + row * 66 + 64, :LABEL_MARGIN] < 100).any(), row
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -90,7 +100,9 @@ def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
 
     assert iio.imread(d / "step_000003/noisy_latents/sample0.mp4").shape[1:] == (32, 32, 3)
     # ref | target frames 0, -1 | predicted frames 0, -1 (one decoded frame: both are frame 0)
-    assert Image.open(d / "step_000003/contact_sheet.png").size == (5 * 32 + 4 * 2, 32)
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+    assert Image.open(d / "step_000003/contact_sheet.png").size == (LABEL_MARGIN + 5 * 32 + 4 * 2, LABEL_BAND + 32)
 
 
 def test_other_ranks_and_disabled_write_nothing(tiny_parts, tmp_path):
@@ -213,8 +225,10 @@ def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_d
         assert torch.equal(refs0[i], torch.stack([batch["vae_refs"][i][k] for k in names]))
 
     # sheet rows: 3 reference tiles | target 0, -1 | predicted 0, -1; 64-px tiles, 2-px gaps
-    sheet = np.asarray(Image.open(dropped / "contact_sheet.png"))
-    sheet0 = np.asarray(Image.open(kept / "contact_sheet.png"))
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+    sheet = np.asarray(Image.open(dropped / "contact_sheet.png"))[LABEL_BAND:, LABEL_MARGIN:]  # the body
+    sheet0 = np.asarray(Image.open(kept / "contact_sheet.png"))[LABEL_BAND:, LABEL_MARGIN:]
     for row in range(2):
         for j in range(3):
             y, x = row * 66, j * 66

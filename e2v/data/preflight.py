@@ -67,7 +67,7 @@ def quiet_decoder() -> None:
         pass
 
 
-def _quiet_worker() -> None:
+def quiet_worker() -> None:
     """A worker process's stderr goes nowhere: decord's own C++ log lines ("ERROR opening ...")
     ignore its log level. Nothing is lost: every failure comes back as the sample's problem."""
     quiet_decoder()
@@ -137,7 +137,7 @@ def _pool(workers: int, n: int):
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return ThreadPoolExecutor(workers, initializer=quiet_decoder)
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_quiet_worker)
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=quiet_worker)
 
 
 def default_workers() -> int:
