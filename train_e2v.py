@@ -35,6 +35,7 @@ from e2v.config.experts import boundary_ratio
 from e2v.train.step import expert_sigma_range
 from e2v.train.guard import NonFiniteGuard
 from e2v.models.load import load_parts
+from e2v.models.weights import missing_weights
 from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.config.bases import vae_config
 from e2v.models.precision import trained_fp32_kept
@@ -162,6 +163,11 @@ def checked_config(args):
             return dry_run(cfg)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
+    error, notes = missing_weights(cfg)  # one line before any loader retries (docs/weights.md)
+    if error:
+        raise SystemExit(f"weights: {error}")
+    for note in notes if os.environ.get("RANK", "0") == "0" else []:
+        print(f"[e2v] note: {note}")
     try:
         if knows_shape_offline(cfg):
             comfy_check(preflight(cfg)[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, launch_train, run_train, wait_all
+from tests.conftest import ROOT, launch_train, wait_all
 
 BAD = {"001": "truncated", "002": "empty caption", "003": "9 frames"}
 

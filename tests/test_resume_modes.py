@@ -4,6 +4,8 @@ starts fresh saying so, a shape-changing key (LoRA rank) stops naming it, an opt
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import yaml
 
@@ -35,14 +37,16 @@ def base_run(demo_data, tmp_path_factory):
 @pytest.mark.train
 def test_four_resume_cases_each_say_one_line(base_run):
     out, sets = base_run
+    for copy in ("base_rank", "base_lr"):  # one run folder each: a run folder takes one run at a time
+        shutil.copytree(out / "base", out / copy)
     cases = {
         "nothing": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=empty", "train.max_steps=2",
                                 extra=("--resume", "latest")),
         "auto": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=fresh", "train.max_steps=1",
                              extra=("--resume", "auto")),
-        "rank": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3",
+        "rank": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base_rank", "train.max_steps=3",
                              "lora.rank=8", extra=("--resume", "latest")),
-        "lr": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3",
+        "lr": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base_lr", "train.max_steps=3",
                            "train.lr=1e-5", extra=("--resume", "latest")),
     }
     got = dict(zip(cases, wait_all(*cases.values(), check=False)))

@@ -36,6 +36,7 @@ from e2v.config.load import load_config  # noqa: E402
 from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
 from e2v.data.media import load_image  # noqa: E402
 from e2v.models.load import load_parts  # noqa: E402
+from e2v.models.weights import missing_weights  # noqa: E402
 from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
 from e2v.eval.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.eval.viz import write_mp4  # noqa: E402
@@ -136,6 +137,9 @@ def main(argv=None):
         cfg = load_config(args.config, sets, check_paths=False)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
+    error, _ = missing_weights(cfg)
+    if error:
+        raise SystemExit(f"weights: {error}")
     v = cfg.validation
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
