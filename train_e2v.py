@@ -81,7 +81,11 @@ def dry_run(cfg) -> None:
               f"set it with --set data.datasets.0.data_root=...)")
     cfg.data.datasets = [d for d in cfg.data.datasets if d.data_root not in missing]
     excluded = []  # the same check as training's start; here listed, never fatal
-    samples = index_samples(cfg, excluded=excluded, stop_on_bad=False) if cfg.data.datasets else []
+    try:
+        samples = index_samples(cfg, excluded=excluded, stop_on_bad=False) if cfg.data.datasets else []
+    except BadSampleError as e:  # none usable: the plan is still worth reading
+        print(f"[e2v dry run] {e}")
+        samples = []
     transformer, full_names = preflight(cfg)
     comfy_check(transformer)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
