@@ -1,15 +1,18 @@
 """`--resume` says what it does (e2v/train/resume.py): latest with nothing to resume stops, auto
-starts fresh saying so, a shape-changing key (LoRA rank) stops naming it, an optimizer setting
+starts fresh saying so (run as `python train_e2v.py`, without the launcher: one process trains), a shape-changing key (LoRA rank) stops naming it, an optimizer setting
 (lr) stops naming it, a schedule change (max_steps) is applied, named and recorded in config.yaml."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from tests.conftest import launch_train, run_train, wait_all
+from tests.conftest import ROOT, launch_train, run_train, wait_all
 
 
 def test_config_changes_sorted_by_what_they_touch():
@@ -42,14 +45,19 @@ def test_four_resume_cases_each_say_one_line(base_run):
     cases = {
         "nothing": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=empty", "train.max_steps=2",
                                 extra=("--resume", "latest")),
-        "auto": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=fresh", "train.max_steps=1",
-                             extra=("--resume", "auto")),
         "rank": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base_rank", "train.max_steps=3",
                              "lora.rank=8", extra=("--resume", "latest")),
         "lr": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base_lr", "train.max_steps=3",
                            "train.lr=1e-5", extra=("--resume", "latest")),
     }
+    # meanwhile `--resume auto` with nothing to resume, in one process without the launcher
+    auto = subprocess.Popen([sys.executable, "train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
+                             *[a for s in (*sets, "run_id=fresh", "train.max_steps=1") for a in ("--set", s)],
+                             "--resume", "auto"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
     got = dict(zip(cases, wait_all(*cases.values(), check=False)))
+    auto_out, auto_err = auto.communicate(timeout=600)
+    got["auto"] = subprocess.CompletedProcess(auto.args, auto.returncode, auto_out, auto_err)
     for name in ("nothing", "rank", "lr"):
         p = got[name]
         assert p.returncode != 0 and "Traceback" not in p.stderr, (name, p.stderr[-3000:])
@@ -58,6 +66,8 @@ def test_four_resume_cases_each_say_one_line(base_run):
     assert "changed optimizer setting (train.lr: 0.002 -> 1e-05)" in got["lr"].stderr, got["lr"].stderr[-2000:]
     assert got["auto"].returncode == 0, got["auto"].stderr[-2000:]
     assert "--resume auto: nothing to resume" in got["auto"].stdout and "starting at step 0" in got["auto"].stdout
+    assert "[e2v] no launcher: one process (rank 0 of 1)" in got["auto"].stdout  # python train_e2v.py trains
+    assert (out / "fresh/lora/pytorch_lora_weights.safetensors").is_file()
     # a schedule change is applied, named and recorded; the refused runs left the record alone
     assert yaml.safe_load((out / "base/config.yaml").read_text())["lora"]["rank"] == 4
     p = run_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3", extra=("--resume", "latest"))
