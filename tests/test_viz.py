@@ -287,8 +287,11 @@ def test_dump_tool_uses_the_configured_sheet_frames(viz_run, tmp_path):
     from tools.dump_visualizations import main
 
     main(["--config", str(tmp_path / "config.yaml"), str(step)])
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
     sheet = np.asarray(Image.open(step / "render/contact_sheet.png"))
-    assert sheet.shape == (2 * 64 + 2, 5 * 64 + 4 * 2, 3)  # 3 references | target frame 8 | predicted frame 8
+    assert sheet.shape == (LABEL_BAND + 2 * 64 + 2, LABEL_MARGIN + 5 * 64 + 4 * 2, 3)  # 3 refs | target f8 | pred f8
+    sheet = sheet[LABEL_BAND:, LABEL_MARGIN:]  # the body, below the headers and right of the row labels
     for name, col in (("input_latents", 3), ("predicted_latents", 4)):
         grid = np.asarray(Image.open(step / f"render/{name}_grid.png"))
         assert np.array_equal(sheet[:64, col * 66:col * 66 + 64], grid[:64, 2 * 66:2 * 66 + 64]), name
