@@ -125,36 +125,6 @@ def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def pick_checkpoint(args, cfg, run_dir: Path, rank: int) -> Path | None:
-    """The checkpoint --resume continues from, checked against this config (e2v.train.resume), or
-    None for a fresh start; every rank gets rank 0's verdict, so all stop together. Runs before
-    the run's config.yaml is rewritten: that file is what the checkpoint was trained with."""
-    if not args.resume:
-        return None
-    try:
-        found = ckpt.find_resume("latest" if args.resume in resuming.MODES else args.resume,  # a collective
-                                 run_dir)
-    except FileNotFoundError as e:
-        raise SystemExit(f"resume error: {e}")
-    verdict = None
-    if rank == 0:
-        try:
-            if found is None:
-                verdict = ("note", resuming.nothing_to_resume(args.resume, run_dir,
-                                                              f"no intact checkpoint in {run_dir / 'checkpoints'}"))
-            else:
-                applied = resuming.check_config(found.parent.parent / "config.yaml", to_dict(cfg))
-                verdict = ("note", f"resume: applying the changed key(s) {'; '.join(applied)}" if applied else "")
-        except resuming.ResumeError as e:
-            verdict = ("error", str(e))
-    kind, line = distributed.broadcast(verdict, rank)
-    if kind == "error":
-        raise SystemExit(f"resume error: {line}")
-    if rank == 0 and line:
-        print(f"[e2v] {line}")
-    return found
-
-
 def checked_config(args):
     """The validated config, or None after a dry run; the model-dependent checks run on the meta
     device first, before minutes of loading."""
@@ -208,7 +178,7 @@ def start_run(cfg, args):
         raise SystemExit(f"resume error: {error}")
     run_dir = Path(run_dir)
     lock = lock_run_folder(run_dir, rank)  # held until exit: a second run in this folder stops
-    args.resume_from = pick_checkpoint(args, cfg, run_dir, rank)
+    args.resume_from = resuming.pick_checkpoint(args.resume, to_dict(cfg), run_dir, rank)  # before config.yaml
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")

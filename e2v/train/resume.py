@@ -26,6 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from e2v.runtime import distributed
+from e2v.train import checkpoint as ckpt
+
 # keys whose change makes the checkpoint's tensors or their partitioning unusable
 STRUCTURAL = ("model.", "lora.", "e2v_type", "train.trainable", "train.mixed_precision", "deepspeed.", "parallel.",
               "conditioning.")
@@ -98,3 +101,31 @@ def nothing_to_resume(mode: str, run_dir: Path | None, where: str) -> str:
         raise ResumeError(f"--resume latest: nothing to resume ({where}). Start without --resume, or use "
                           "--resume auto to resume only when there is a checkpoint")
     return f"--resume auto: nothing to resume ({where}): starting at step 0"
+
+
+def pick_checkpoint(mode: str | None, config: dict, run_dir: Path, rank: int) -> Path | None:
+    """The checkpoint `--resume mode` continues from, checked against this config (as a dict), or
+    None for a fresh start; every rank gets rank 0's verdict, so all stop together. Call it before
+    the run's config.yaml is rewritten: that file is what the checkpoint was trained with."""
+    if not mode:
+        return None
+    try:
+        found = ckpt.find_resume("latest" if mode in MODES else mode, run_dir)  # a collective (checksums)
+    except FileNotFoundError as e:
+        raise SystemExit(f"resume error: {e}")
+    verdict = None
+    if rank == 0:
+        try:
+            if found is None:
+                verdict = ("note", nothing_to_resume(mode, run_dir, f"no intact checkpoint in {run_dir / 'checkpoints'}"))
+            else:
+                applied = check_config(found.parent.parent / "config.yaml", config)
+                verdict = ("note", f"resume: applying the changed key(s) {'; '.join(applied)}" if applied else "")
+        except ResumeError as e:
+            verdict = ("error", str(e))
+    kind, line = distributed.broadcast(verdict, rank)
+    if kind == "error":
+        raise SystemExit(f"resume error: {line}")
+    if rank == 0 and line:
+        print(f"[e2v] {line}")
+    return found
