@@ -118,6 +118,9 @@ def test_training_stops_before_step_1_on_two_ranks_and_skip_trains(bad_data, tmp
     assert not (out / "stop" / "checkpoints" / "step_000001").exists()
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     assert "left out 3 bad sample(s) at the start" in skipped.stdout, skipped.stdout[-2000:]
+    for line in (f"Outputs in {out / 'skip'}", f"LoRA: {out / 'skip/lora'}", f"TensorBoard: tensorboard --logdir {out / 'skip/tb'}",
+                 f"checkpoints: {out / 'skip/checkpoints'}", f"config: {out / 'skip/config.yaml'}"):
+        assert line in skipped.stdout, line  # the last lines name every output folder
     dry = __import__("subprocess").run(
         [str(Path(__import__("sys").executable)), str(ROOT / "train_e2v.py"), "--config", "configs/e2v_tiny_lora.yaml",
          "--set", f"data.datasets.0.data_root={bad_data}", "--dry_run"], capture_output=True, text=True, cwd=ROOT)
