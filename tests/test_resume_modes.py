@@ -49,6 +49,9 @@ def test_four_resume_cases_each_say_one_line(base_run):
                              "lora.rank=8", extra=("--resume", "latest")),
         "lr": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base_lr", "train.max_steps=3",
                            "train.lr=1e-5", extra=("--resume", "latest")),
+        # a schedule change is applied, named and recorded
+        "steps": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3",
+                              extra=("--resume", "latest")),
     }
     # meanwhile `--resume auto` with nothing to resume, in one process without the launcher
     auto = subprocess.Popen([sys.executable, "train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
@@ -68,9 +71,10 @@ def test_four_resume_cases_each_say_one_line(base_run):
     assert "--resume auto: nothing to resume" in got["auto"].stdout and "starting at step 0" in got["auto"].stdout
     assert "[e2v] no launcher: one process (rank 0 of 1)" in got["auto"].stdout  # python train_e2v.py trains
     assert (out / "fresh/lora/pytorch_lora_weights.safetensors").is_file()
-    # a schedule change is applied, named and recorded; the refused runs left the record alone
-    assert yaml.safe_load((out / "base/config.yaml").read_text())["lora"]["rank"] == 4
-    p = run_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3", extra=("--resume", "latest"))
+    # the refused runs left their record alone; the schedule change is applied, named and recorded
+    assert yaml.safe_load((out / "base_rank/config.yaml").read_text())["lora"]["rank"] == 4
+    p = got["steps"]
+    assert p.returncode == 0, p.stderr[-2000:]
     assert f"run {out / 'base'}: resumed from {out / 'base/checkpoints/step_000002'} at step 2" in p.stdout, p.stdout
     assert "applying the changed key(s) train.max_steps: 2 -> 3" in p.stdout
     assert yaml.safe_load((out / "base/config.yaml").read_text())["train"]["max_steps"] == 3
