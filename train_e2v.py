@@ -25,9 +25,9 @@ from e2v.train import export
 from e2v.conditioning.cached import batch_conditions
 from e2v.config.schema import ConfigError
 from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
-from e2v.config.load import load_config, save_config
+from e2v.config.load import load_config, save_config, to_dict
 from e2v.models.context_parallel import check_heads, layout
-from e2v.data.dataset import index_samples, make_loader
+from e2v.data.dataset import BadSampleError, index_samples, make_loader
 from e2v.runtime.device import to_device
 from e2v.train.comfy import check_comfy_mappable, lora_module_names
 from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
@@ -37,11 +37,13 @@ from e2v.train.step import expert_sigma_range
 from e2v.train.guard import NonFiniteGuard
 from e2v.models.agree import agree_on_local_facts
 from e2v.models.load import load_parts
+from e2v.models.weights import missing_weights
 from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.config.bases import vae_config
 from e2v.models.precision import trained_fp32_kept
 from e2v.runtime.runlock import lock_run_folder
 from e2v.train.runlog import Log
+from e2v.train import outputs, resume as resuming
 from e2v.models.trainable import describe_trained
 from e2v.config.shapes import check_base
 from e2v.config.seed_formats import map_seed_flags
@@ -54,8 +56,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="YAML config, or a seed JSON dataset config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=5e-5")
-    p.add_argument("--resume", default=None, help="'latest' (newest complete checkpoint of the run) or a path")
-    p.add_argument("--dry_run", action="store_true", help="validate, index data, build on meta, print plan, exit")
+    p.add_argument("--resume", default=None, help="'latest' (the run's newest intact checkpoint; none: stop), "
+                   "'auto' (the same, or a fresh start when there is none) or a checkpoint folder")
+    p.add_argument("--dry_run", action="store_true", help="validate, check every sample, build on meta, print plan, exit")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args, old_flags = p.parse_known_args()
     try:  # old finetrainers-style flags (docs/formats.md) -> --dataset_configs / --set
@@ -79,12 +82,21 @@ def dry_run(cfg) -> None:
         print(f"[e2v dry run] WARNING: data_root {root} does not exist: not indexed (training would stop here; "
               f"set it with --set data.datasets.0.data_root=...)")
     cfg.data.datasets = [d for d in cfg.data.datasets if d.data_root not in missing]
-    samples = index_samples(cfg) if cfg.data.datasets else []
+    excluded = []  # the same check as training's start; here listed, never fatal
+    try:
+        samples = index_samples(cfg, excluded=excluded, stop_on_bad=False) if cfg.data.datasets else []
+    except BadSampleError as e:  # none usable: the plan is still worth reading
+        print(f"[e2v dry run] {e}")
+        samples = []
     transformer, full_names = preflight(cfg)
     comfy_check(transformer)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
-    print(f"[e2v dry run] config OK; {len(samples)} samples in "
-          f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}")
+    usable = len({(s.dataset, s.id) for s in samples})
+    print(f"[e2v dry run] config OK; {usable} usable samples in "
+          f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}"
+          + (f"; {len({p.sample for p in excluded})} unusable (listed above): training stops at start with "
+             f"data.on_bad_sample: {cfg.data.on_bad_sample}" if excluded and cfg.data.on_bad_sample == "error"
+             else f"; {len({p.sample for p in excluded})} unusable, left out (listed above)" if excluded else ""))
     for line in describe_plan(transformer, cfg, ds_config, full_names).splitlines():
         print(f"[e2v dry run] {line}")
 
@@ -100,16 +112,18 @@ def comfy_check(transformer) -> None:
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
-    """<output_dir>/<run_id>; without run_id, a new timestamped id (or, for --resume latest, the
-    newest run of this config)."""
+    """<output_dir>/<run_id>; without run_id, a new timestamped id (or, for --resume latest / auto,
+    the newest run of this config, named; latest with none stops)."""
     root = Path(cfg.output_dir)
     stem = Path(config_path).stem
     if cfg.run_id:
         return root / cfg.run_id
-    if resume == "latest":
-        runs = sorted(root.glob(f"{stem}-*"), key=lambda p: p.stat().st_mtime)
-        if runs:
-            return runs[-1]
+    if resume in resuming.MODES:
+        run = resuming.newest_run(root, stem)
+        if run is not None:
+            print(f"[e2v] --resume {resume}: the newest run of {stem} is {run} (set run_id to pick another)")
+            return run
+        resuming.nothing_to_resume(resume, None, f"no run of {stem} in {root}/ and no run_id set")
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -125,6 +139,11 @@ def checked_config(args):
             return dry_run(cfg)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
+    error, notes = missing_weights(cfg)  # one line before any loader retries (docs/weights.md)
+    if error:
+        raise SystemExit(f"weights: {error}")
+    for note in notes if os.environ.get("RANK", "0") == "0" else []:
+        print(f"[e2v] note: {note}")
     try:
         if knows_shape_offline(cfg):
             comfy_check(preflight(cfg)[0])
@@ -152,8 +171,17 @@ def start_run(cfg, args):
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     device = torch.device("cuda", args.local_rank) if cuda else torch.device("cpu")
-    run_dir = Path(distributed.broadcast(str(run_dir_for(cfg, args.config, args.resume)), rank))
+    try:
+        run_dir = run_dir_for(cfg, args.config, args.resume) if rank == 0 else None
+        error = None
+    except resuming.ResumeError as e:
+        run_dir, error = None, str(e)
+    run_dir, error = distributed.broadcast((run_dir and str(run_dir), error), rank)
+    if error:
+        raise SystemExit(f"resume error: {error}")
+    run_dir = Path(run_dir)
     lock = lock_run_folder(run_dir, rank)  # held until exit: a second run in this folder stops
+    args.resume_from = resuming.pick_checkpoint(args.resume, to_dict(cfg), run_dir, rank)  # before config.yaml
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -200,14 +228,15 @@ def announce(cfg, run_dir: Path, ds_config: dict, parts, full_names: list[str], 
 
 
 def resume(args, run_dir: Path, engine, rng, gen, rank: int) -> tuple[int, int, Path | None]:
-    """(global step, samples seen, checkpoint) of `--resume`; (0, 0, None) for a fresh run."""
-    resume_from = ckpt.find_resume(args.resume, run_dir) if args.resume else None
+    """(global step, samples seen, checkpoint) of `--resume` (pick_checkpoint chose it); (0, 0,
+    None) for a fresh run."""
+    resume_from = args.resume_from
     if resume_from is None:
         return 0, 0, None
     state = ckpt.load_checkpoint(engine, resume_from)
     ckpt.set_rng_state(state["rng"], rng, gen)
     if rank == 0:
-        print(f"[e2v] resumed from {resume_from} at step {state['global_step']}")
+        print(f"[e2v] run {run_dir}: resumed from {resume_from} at step {state['global_step']}")
     return state["global_step"], state["samples_seen"], resume_from
 
 
@@ -219,7 +248,7 @@ def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, 
     out = {"losses": [], "stats": {}, "ids": [], "skipped": set(), "data_time": 0.0, "samples": 0}
     while len(out["losses"]) < cfg.train.gradient_accumulation_steps:
         t0 = time.perf_counter()
-        batch = to_device(next(data_iter), device)  # the one move of the micro-batch (e2v/runtime/device.py)
+        batch = to_device(distributed.next_agreed(data_iter), device)  # the micro-batch's one move (e2v/runtime/device.py)
         out["data_time"] += time.perf_counter() - t0
         out["skipped"].update(sid for sid, _ in batch["skipped"])
         out["samples"] += len(batch["id"])
@@ -249,9 +278,15 @@ def main():
 
     rank, world, lay, device, run_dir, _lock = start_run(cfg, args)
     rng, gen = step_rngs(cfg, lay.dp_rank)  # element choices and dropouts; sigmas, noise, posterior samples
+    excluded = []  # samples left out at the start (on_bad_sample: skip); the same list on every rank
+    try:  # before any weight is read: rank 0 checks every sample, every rank gets the verdict
+        samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
+    except BadSampleError as e:
+        raise SystemExit(f"data error: {e}")
+    if rank == 0 and val_samples:
+        print(f"[e2v data] {len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} held "
+              f"out for validation (validation.num_samples; never trained on)")
     parts, full_names, ds_config = build_model(cfg, run_dir, rank, lay.dp_size, device)
-    excluded = []  # samples left out at indexing (on_bad_sample: skip); the same list on every rank
-    samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
     if rank == 0:
         announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
     engine, scheduler = initialize_engine(parts, cfg, ds_config, lay)
@@ -312,13 +347,15 @@ def main():
                 break
     except FloatingPointError:  # non-finite loss / gradient norm: the weights are suspect, save nothing
         raise
-    except Exception:
+    except Exception as e:
         # One process: nothing else waits on a collective, so the weights of the last finished step
         # are saved before the error propagates (several ranks rely on the periodic checkpoints).
         if world == 1 and global_step > saved_step:
             print(f"\n[e2v] error in step {global_step + 1}: saving step {global_step} first "
                   f"(resume with --resume latest)", file=sys.stderr, flush=True)
             save(global_step, *step_start)
+        if isinstance(e, BadSampleError):  # named in its message: no traceback
+            raise SystemExit(f"data error in step {global_step + 1}: {e}") from None
         raise
     finally:
         bar.close()
@@ -333,10 +370,11 @@ def main():
         skipped_total = distributed.distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
-            print(f"[e2v] done: {global_step} steps. {what}: {out}\n[e2v] TensorBoard: tensorboard --logdir {run_dir / 'tb'}"
+            print(f"[e2v] done: {global_step} steps. Outputs in {run_dir}:\n"
+                  + "\n".join(f"[e2v]   {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
                   + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
-                  + (f"\n[e2v] left out {len(excluded)} bad sample(s) at indexing (listed at the start)"
-                     if excluded else ""))
+                  + (f"\n[e2v] left out {len({p.sample for p in excluded})} bad sample(s) at the start "
+                     "(listed there)" if excluded else ""))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ entries, and a cached training run against an encoding one (mixed sizes, 2 proce
 
 import dataclasses
 import os
+import shutil
 import random
 import subprocess
 import sys
@@ -190,7 +191,8 @@ def mixed_runs(tmp_path_factory):
     """The same mixed-size data and seed trained twice with 2 processes and batch 2: encoding every
     step, and from a cache filled by tools/precompute.py; the cached run under the encoder guard."""
     tmp = tmp_path_factory.mktemp("mixed")
-    data = make_mixed_dataset(tmp / "data", n_square=3, bad_element=True)  # buckets of 4 = batch 2 x 2 ranks
+    # buckets of 4 = batch 2 x 2 ranks; the two bad samples are left out by the start-up check
+    data = make_mixed_dataset(tmp / "data", n_square=4, bad_element=True)
     sets = (f"data.datasets.0.data_root={data}", f"output_dir={tmp / 'runs'}", f"cache.dir={tmp / 'cache'}", *MIXED)
     enc = launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=encoded", num_gpus=2)  # meanwhile: precompute
     try:
@@ -208,15 +210,15 @@ def mixed_runs(tmp_path_factory):
 
 def test_mixed_sizes_train_with_two_processes(mixed_runs):
     tmp, pre, enc, cac = mixed_runs
-    assert "wrote 7 entries (1 bad samples recorded)" in pre.stdout
+    assert "wrote 8 entries (0 bad samples recorded)" in pre.stdout  # the broken ones never reach it
     assert "17x64x64" in enc.stdout and "9x64x112" in enc.stdout  # the printed bucket table
-    for run, proc in (("encoded", enc), ("cached", cac)):  # the broken samples: skipped, named and counted
-        assert "skipped bad sample bad:" in proc.stdout + proc.stderr
-        assert "[e2v] skipped 1 bad sample(s) while loading" in proc.stdout, run
+    for run, proc in (("encoded", enc), ("cached", cac)):  # the broken samples: left out at start, named, counted
+        assert "element 'person' unreadable" in proc.stdout and "bad_person.png" in proc.stdout, run
         assert "required element 'person' missing -> add one of noref_person.png" in proc.stdout, run
-        assert "[e2v] left out 1 bad sample(s) at indexing" in proc.stdout, run
-        last = read_scalars(tmp / "runs" / run)[3]  # TensorBoard's counts: every rank's skips, and the index's
-        assert last["data/skipped_samples"] == 1 and last["data/excluded_samples"] == 1, run
+        assert "[e2v] left out 2 bad sample(s) at the start" in proc.stdout, run
+        assert "skipped bad sample" not in proc.stdout + proc.stderr, run  # nothing is found mid-run
+        last = read_scalars(tmp / "runs" / run)[3]  # TensorBoard's counts: every rank's skips, and the start's
+        assert last.get("data/skipped_samples", 0) == 0 and last["data/excluded_samples"] == 2, run
     losses = [read_scalars(tmp / "runs/encoded")[s]["train/loss"] for s in (1, 2, 3)]
     assert all(np.isfinite(losses))
 
@@ -234,16 +236,20 @@ def test_cached_run_matches_encoded_run_without_encoders(mixed_runs):
         assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], rel=1e-5, abs=1e-6), step
 
 
-def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs):
-    """precompute ran with skip and recorded `bad`; with on_bad_sample: error, the start-up check
-    and precompute itself list it instead of training until the first step that draws it."""
+def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs, tmp_path):
+    """An entry a skip run recorded as bad (a sample that broke while precompute ran); with
+    on_bad_sample: error, the start-up check and precompute itself list it instead of training until
+    the first step that draws it. A sample broken before the start never reaches the cache."""
     tmp = mixed_runs[0]
-    sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp / 'cache'}", *MIXED]
-    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets + ["cache.enabled=true"])
+    shutil.copytree(tmp / "cache", tmp_path / "cache")  # the module's cache stays as precompute left it
+    sets = [f"data.datasets.0.data_root={tmp / 'data'}", f"cache.dir={tmp_path / 'cache'}", *MIXED]
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", sets + ["cache.enabled=true", "data.on_bad_sample=skip"])
     samples = index_samples(cfg, verbose=False)
+    victim = next(s for s in samples if s.id == "001")
+    CacheStore(cfg).write_bad(victim, f"{victim.elements['person']}: broke while precompute read it")
     CacheStore(cfg).verify_all(samples)  # skip: a recorded bad sample is fine
     cfg.data.on_bad_sample = "error"
-    with pytest.raises(CacheError, match=r"1 cache entry is recorded as bad.*\n  sample bad: .*bad_person.png"):
+    with pytest.raises(CacheError, match=r"1 cache entry is recorded as bad.*\n  sample 001: .*001_person.png"):
         CacheStore(cfg).verify_all(samples)
     from tools.precompute import main
 
@@ -251,7 +257,7 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs)
 
     for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
         (tmp / "data" / f).unlink()
-    with pytest.raises(BadSampleError, match="sample bad: "):
+    with pytest.raises(BadSampleError, match="bad: .*bad_person.png"):
         main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)],
               "--set", "data.on_bad_sample=error"])
 

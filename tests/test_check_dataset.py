@@ -165,14 +165,15 @@ def test_training_data_skips_and_counts_or_stops_naming_the_file(tmp_path, bad):
     from e2v.data.dataset import BadSampleError, E2VDataset, index_samples
 
     data = clean_set(tmp_path / "data", n=3)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(CONFIG.replace("DATA", str(data)))
+    cfg = load_config(cfg_path)
+    samples = index_samples(cfg, verbose=False)  # the start-up check passes; the file breaks mid-run
     if bad == "corrupt":
         (data / "001.mp4").write_bytes(b"\x00" * 500)
     else:
         (data / "001.txt").write_text("")
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(CONFIG.replace("DATA", str(data)))
-    cfg = load_config(cfg_path)
-    samples = index_samples(cfg, verbose=False)
+        samples[1].prompt = ""
     named = "001.mp4" if bad == "corrupt" else f"{data / '001.txt'}: empty prompt"
     with pytest.raises(BadSampleError, match=named):
         E2VDataset(cfg, samples)[1]
@@ -236,7 +237,8 @@ def test_bucket_occupancy_counts_repeats_as_training_does(tmp_path):
     """4 clips with repeat 2 fill a batch of 2 x 4 ranks: not a small bucket, and the checker's
     table is the one training prints."""
     from e2v.config.load import load_config
-    from e2v.data.dataset import bucket_table, index_samples
+    from e2v.data.dataset import index_samples
+    from e2v.data.buckets import bucket_table
 
     data = clean_set(tmp_path / "data")
     config = CONFIG.replace("datasets: [{data_root: DATA}]", "datasets: [{data_root: DATA, repeat: 2}]")

@@ -433,7 +433,8 @@ def test_shipped_e2v_yaml_is_the_a2_recipe_and_dry_runs(demo_data, capsys, monke
                                       "--set", f"data.datasets.0.data_root={demo_data}"])
     train_e2v.main()
     out = capsys.readouterr().out
-    assert "config OK; 8 samples" in out
+    # the demo's 17-frame clips are all too short for configs/e2v.yaml's 81 frames: said, not "8 samples"
+    assert "config OK; 0 usable samples" in out and "8 unusable (listed above): training stops at start" in out
     assert "40 layers x 40 heads x 128, in_channels 36, image attention yes" in out and "expanded" not in out
     # trained in full: every attn2 tensor (40 blocks x 15: q, k, v, out, add_k, add_v with biases,
     # norm_q, norm_k, norm_added_k) + patch embedding (2) + image embedder (8)
@@ -470,7 +471,7 @@ def test_shipped_e2v_yaml_dry_runs_before_the_data_exists(capsys, monkeypatch):
     train_e2v.main()
     out = capsys.readouterr().out
     assert "WARNING: data_root data/e2v does not exist: not indexed" in out
-    assert "config OK; 0 samples" in out and "in_channels 36, image attention yes" in out
+    assert "config OK; 0 usable samples" in out and "in_channels 36, image attention yes" in out
     # 6.41 B trained: 12 B of optimizer state each (ZeRO-3 keeps no module copy); 10.09 B frozen bf16 not saved
     assert ("checkpoint per save (estimate): 71.61 GiB (trained weights + optimizer state, 3 kept); the frozen "
             "18.80 GiB stay in the model folder (saving them too: 90.40 GiB)") in out

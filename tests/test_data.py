@@ -9,8 +9,8 @@ import torch
 
 from conftest import ROOT
 from e2v.config.load import load_config
-from e2v.data.dataset import (BadSampleError, BucketBatchSampler, bucket_table, choose_bucket, index_samples,
-    make_loader)
+from e2v.data.dataset import BadSampleError, BucketBatchSampler, index_samples, make_loader
+from e2v.data.buckets import bucket_table, choose_bucket
 from e2v.data.sample import Sample
 from e2v.data.media import TooShortError
 
@@ -117,7 +117,7 @@ def test_index_assigns_buckets_from_the_clips(tmp_path):
 
 def test_frame_bucket_counts_default_and_time_division_factor():
     from e2v.config.schema import ConfigError
-    from e2v.data.dataset import frame_bucket_list
+    from e2v.config.shapes import frame_bucket_list
 
     none = ("e2v_type=none", "data.elements=[]")
     assert frame_bucket_list(_cfg(*none, "data.num_frames=49")) == [17, 33, 49]
@@ -133,7 +133,7 @@ def test_frame_bucket_counts_default_and_time_division_factor():
 def test_bucket_counts_follow_repeat_and_weight():
     """Oracle: one epoch of the sampler itself (the indices it draws, counted by bucket)."""
     from e2v.config.schema import Dataset
-    from e2v.data.dataset import bucket_counts, with_repeats
+    from e2v.data.buckets import bucket_counts, with_repeats
 
     cfg = _cfg()
     cfg.data.datasets = [Dataset(data_root="/tmp", repeat=2), Dataset(data_root="/tmp", weight=0.5)]

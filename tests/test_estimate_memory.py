@@ -141,11 +141,21 @@ def test_plans_the_14b_e2v_lora_onto_a_24_gb_gpu(capsys, monkeypatch):
         em.main()
         return capsys.readouterr().out
 
-    online = run()
-    assert "16.50B params" in online and "first that fits: none" in online
-    cached = run("--set", "cache.enabled=true")
-    assert ("first that fits: deepspeed.config=ds_configs/zero3_offload.json train.gradient_checkpointing=true "
+    online = run("--cpu-mem-gb", "256")
+    assert "16.50B params" in online and "first that fits the GPU: none" in online
+    # the advice tries the cache itself and prints the plan as commands to paste
+    plan = ("deepspeed train_e2v.py --config {} --set deepspeed.config=ds_configs/zero3_offload.json --set "
+            "train.gradient_checkpointing=true --set train.activation_offload=true --set cache.enabled=true")
+    assert plan.format(ROOT / "configs/e2v.yaml") in online and "python tools/precompute.py --config" in online
+    assert "~202 GB host RAM per node; 256 GB host RAM (--cpu-mem-gb)" in online
+    cached = run("--set", "cache.enabled=true", "--cpu-mem-gb", "256")
+    assert ("first that fits the GPU: deepspeed.config=ds_configs/zero3_offload.json train.gradient_checkpointing=true "
             "train.activation_offload=true") in cached
+    # a 64 GB host cannot hold the fp32 masters and moments of the 6.4 B trained parameters: said,
+    # and the plan that fits both trains the LoRA alone
+    small = run("--cpu-mem-gb", "64")
+    assert "fits the GPU (14.5 GB) but needs ~202 GB host RAM per node; 64 GB host RAM (--cpu-mem-gb)" in small
+    assert "--set cache.enabled=true --set train.trainable=[]" in small and "LoRA alone" in small
 
 
 def test_resident_encoders_are_counted_from_their_real_configs():

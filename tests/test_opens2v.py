@@ -243,15 +243,16 @@ def test_cache_key_holds_the_window_and_the_recipe(fixture_root):
 
 
 def test_buckets_count_the_valid_range_and_measure_the_crop(fixture_root):
-    from e2v.data.dataset import assign_buckets
+    from e2v.data.preflight import check_samples
 
     cfg = config(fixture_root, max_subjects=2)
     cfg.data.auto_frame_buckets, cfg.data.frame_buckets = True, [9, 17, 21]
     from e2v.data.opens2v import read_opens2v
 
     idx = read_opens2v(cfg.data.datasets[0], cfg.data.elements)
-    problems = assign_buckets(idx.samples, cfg, workers=1)
-    assert [(p.sample, p.kind) for p in problems] == [("crop_outside", "crop_outside_video")]
+    problems = [p for p in check_samples(cfg, idx.samples, workers=1, progress=False) if p.severity == "error"]
+    assert {p.sample for p in problems} == {"crop_outside"}  # its references cannot be cut either
+    assert ("crop_outside", "crop_outside_video") in [(p.sample, p.kind) for p in problems]
     a = next(s for s in idx.samples if s.id == "clip_a_part1")
     assert a.bucket == (17, 64, 64)  # 18 frames in face_cut (24 in the clip: 21 would fit the whole clip)
 
@@ -304,7 +305,7 @@ def test_importer_writes_the_folder_layout_resumably(fixture_root, tmp_path):
 
 
 def test_cache_then_a_tiny_run_through_the_launcher(fixture_root, tmp_path, capsys):
-    """tools/precompute.py fills the cache (the crop-outside entry recorded as bad); the entries stay
+    """tools/precompute.py fills the cache (the crop-outside entry left out by the start-up check); the entries stay
     valid when the cut references are deleted (keyed by what shaped them, not the files' mtimes);
     then a tiny run trains from the cache through the launcher."""
     import shutil
@@ -316,10 +317,11 @@ def test_cache_then_a_tiny_run_through_the_launcher(fixture_root, tmp_path, caps
     argv = ["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)]]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "2 sample(s) excluded" in out and "wrote 3 entries (1 bad samples recorded)" in out, out
+    assert "left out: 1 sample(s) unusable" in out and "crop_outside" in out, out
+    assert "wrote 3 entries (0 bad samples recorded)" in out, out
     shutil.rmtree(fixture_root / ".e2v_opens2v")
     assert main(argv) == 0
-    assert "4 cached and valid, 0 to compute" in capsys.readouterr().out
+    assert "3 cached and valid, 0 to compute" in capsys.readouterr().out
     runs = tmp_path / "runs"
     proc = run_train(str(ROOT / "configs/e2v_tiny_lora.yaml"), *sets, "cache.enabled=true", f"output_dir={runs}",
                      "run_id=o", "train.max_steps=2", "validation.every_n_steps=0")

@@ -35,7 +35,17 @@ def test_files_only_at_configured_steps(viz_run):
             assert Image.open(d / name / pngs[0]).size == (64, 64)
         assert len(list((d / "reference_images").glob("*.png"))) == 6
         # contact sheet: 2 rows of 3 references + 2 target + 2 predicted 64-px tiles, 2-px gaps
-        assert Image.open(d / "contact_sheet.png").size == (7 * 64 + 6 * 2, 2 * 64 + 2)
+        from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+        sheet = np.asarray(Image.open(d / "contact_sheet.png"))
+        assert sheet.shape[:2] == (LABEL_BAND + 2 * 64 + 2, LABEL_MARGIN + 7 * 64 + 6 * 2)
+        # labelled: a header over every column (3 references, 2 target, 2 predicted frames), and
+        # each row's sigma and sample id beside it
+        for col in range(7):
+            x = LABEL_MARGIN + col * 66
+            assert (sheet[:LABEL_BAND, x:x + 64] < 100).any(), col
+        for row in range(2):
+            assert (sheet[LABEL_BAND + row * 66:LABEL_BAND + row * 66 + 64, :LABEL_MARGIN] < 100).any(), row
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -90,7 +100,9 @@ def test_dumper_formats_and_frequency(tiny_parts, tmp_path):
 
     assert iio.imread(d / "step_000003/noisy_latents/sample0.mp4").shape[1:] == (32, 32, 3)
     # ref | target frames 0, -1 | predicted frames 0, -1 (one decoded frame: both are frame 0)
-    assert Image.open(d / "step_000003/contact_sheet.png").size == (5 * 32 + 4 * 2, 32)
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+    assert Image.open(d / "step_000003/contact_sheet.png").size == (LABEL_MARGIN + 5 * 32 + 4 * 2, LABEL_BAND + 32)
 
 
 def test_other_ranks_and_disabled_write_nothing(tiny_parts, tmp_path):
@@ -156,7 +168,7 @@ def test_frames_are_bounded_by_the_shortest_bucket(sets):
     data.py draws from (config.py keeps its own copy of the rule)."""
     from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
-    from e2v.data.dataset import frame_bucket_list
+    from e2v.config.shapes import frame_bucket_list
 
     tiny = ROOT / "configs/e2v_tiny_lora.yaml"
     short = min(frame_bucket_list(load_config(tiny, sets, check_paths=False)))
@@ -213,8 +225,10 @@ def test_dropped_references_and_captions_are_shown_as_dropped(tiny_parts, demo_d
         assert torch.equal(refs0[i], torch.stack([batch["vae_refs"][i][k] for k in names]))
 
     # sheet rows: 3 reference tiles | target 0, -1 | predicted 0, -1; 64-px tiles, 2-px gaps
-    sheet = np.asarray(Image.open(dropped / "contact_sheet.png"))
-    sheet0 = np.asarray(Image.open(kept / "contact_sheet.png"))
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
+    sheet = np.asarray(Image.open(dropped / "contact_sheet.png"))[LABEL_BAND:, LABEL_MARGIN:]  # the body
+    sheet0 = np.asarray(Image.open(kept / "contact_sheet.png"))[LABEL_BAND:, LABEL_MARGIN:]
     for row in range(2):
         for j in range(3):
             y, x = row * 66, j * 66
@@ -273,8 +287,11 @@ def test_dump_tool_uses_the_configured_sheet_frames(viz_run, tmp_path):
     from tools.dump_visualizations import main
 
     main(["--config", str(tmp_path / "config.yaml"), str(step)])
+    from e2v.eval.viz import LABEL_BAND, LABEL_MARGIN
+
     sheet = np.asarray(Image.open(step / "render/contact_sheet.png"))
-    assert sheet.shape == (2 * 64 + 2, 5 * 64 + 4 * 2, 3)  # 3 references | target frame 8 | predicted frame 8
+    assert sheet.shape == (LABEL_BAND + 2 * 64 + 2, LABEL_MARGIN + 5 * 64 + 4 * 2, 3)  # 3 refs | target f8 | pred f8
+    sheet = sheet[LABEL_BAND:, LABEL_MARGIN:]  # the body, below the headers and right of the row labels
     for name, col in (("input_latents", 3), ("predicted_latents", 4)):
         grid = np.asarray(Image.open(step / f"render/{name}_grid.png"))
         assert np.array_equal(sheet[:64, col * 66:col * 66 + 64], grid[:64, 2 * 66:2 * 66 + 64]), name

@@ -46,12 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2v.config.shapes import TEXT_LEN  # noqa: E402
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
-from e2v.data.dataset import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
+from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
 from e2v.data.elements import discover, orphan_files  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample, element_paths
 from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError, clip_window,
     frame_intervals, load_image, probe_video, supported_frames)
 from e2v.models.load import load_tokenizer  # noqa: E402
+from e2v.data.preflight import quiet_decoder, quiet_worker, summarize  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
@@ -312,9 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)
     jobs = [(s, cfg, args.contact_sheet) for s in samples]
     if args.workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(args.workers) as pool:
+        with ProcessPoolExecutor(args.workers, initializer=quiet_worker) as pool:  # decoder lines: the problem says it
             results = list(pool.map(check_sample, jobs, chunksize=max(1, min(32, len(jobs) // (4 * args.workers)))))
     else:
+        quiet_decoder()
         results = [check_sample(j) for j in jobs]
     problems += [Problem(**d) for r in results for d in r["problems"]]
     cross, table = dataset_problems(cfg, samples, results, args.world_size)
@@ -331,10 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'datasets':<16} {', '.join(d.data_root for d in cfg.data.datasets)}")
     for k in ("samples", "samples_ok", "errors", "warnings"):
         print(f"{k:<16} {summary[k]}")
+    held = min(cfg.validation.num_samples, summary["samples_ok"]) if cfg.validation.every_n_steps > 0 else 0
+    if held:  # training holds these out (split_held_out): its "N training samples" is samples_ok - held
+        print(f"{'held out':<16} {held} of the samples_ok, for validation (validation.num_samples): training "
+              f"trains on {summary['samples_ok'] - held}")
     print(f"{'speed':<16} {rate:.1f} samples/s ({args.workers} workers, {dt:.2f} s)")
     print(f"buckets (micro_batch_size {cfg.train.micro_batch_size} x world {args.world_size}):\n{table}")
-    for q in problems:
-        print(f"{q.severity.upper():<7} {q.kind:<18} {q.file}: {q.problem} -> {q.fix}")
+    for line in summarize([q for q in problems if q.severity == "error"], first=10**9) + \
+            summarize([q for q in problems if q.severity != "error"]):  # errors in full, a warning kind met often counted
+        print(line)
     report = {"summary": summary, "problems": [asdict(q) for q in problems],
               "samples": [{k: v for k, v in r.items() if k != "problems"} for r in results]}
     Path(args.json).write_text(json.dumps(report, indent=2))

@@ -16,6 +16,7 @@ The VAE comes from the run's config (the tiny preset is rebuilt in code; real we
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 
 from e2v.config.load import load_config  # noqa: E402
 from e2v.models.load import load_vae  # noqa: E402
-from e2v.eval.viz import contact_sheet, decode_pixels, frame_strip, to_uint8, vstack, write_mp4, write_png  # noqa: E402
+from e2v.eval.viz import decode_pixels, frame_strip, labelled_sheet, to_uint8, vstack, write_mp4, write_png  # noqa: E402
 
 LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
 
@@ -73,7 +74,9 @@ def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int], c
     if "input_latents" in videos and "predicted_latents" in videos:
         refs = saved.get("reference_images")
         tiles = [[] for _ in videos["input_latents"]] if refs is None else [list(to_uint8(r)) for r in refs]
-        sheet = contact_sheet(tiles, videos["input_latents"], videos["predicted_latents"], sheet_frames)
+        meta_file = step_dir / "meta.json"  # the dump's ids and sigmas label the rows
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        sheet = labelled_sheet(tiles, videos["input_latents"], videos["predicted_latents"], sheet_frames, meta)
         write_png(out_dir / "contact_sheet.png", sheet)
         written.append(out_dir / "contact_sheet.png")
     return written

@@ -132,8 +132,9 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
     return elem_bytes * (z.get("reduce_bucket_size", 5e8) + gather)
 
 
-def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1) -> dict:
-    counts = count_model(cfg)
+def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: ModelCounts | None = None) -> dict:
+    """`counts`: count_model(cfg) when the caller has it (it builds the model on the meta device)."""
+    counts = counts or count_model(cfg)
     s, ctx = tokens(cfg)
     e = 2 if cfg.train.mixed_precision == "bf16" else 4
     lay = layout(cfg, 0, gpus * nodes)  # the GPUs must hold whole context-parallel groups
@@ -214,6 +215,86 @@ def print_cpu(cfg: Config, procs: int) -> dict:
     return r
 
 
+def host_memory_gb(given: float | None) -> tuple[float | None, str]:
+    """(GB of RAM, where the figure came from): --cpu-mem-gb, else this machine's (psutil)."""
+    if given is not None:
+        return given, "--cpu-mem-gb"
+    try:
+        import psutil
+
+        return psutil.virtual_memory().total / GB, "this machine"
+    except Exception:  # psutil missing: the plan cannot be checked against RAM
+        return None, "unknown (give --cpu-mem-gb)"
+
+
+def smaller_shapes(cfg: Config) -> list[list[str]]:
+    """Overrides that shrink the activations, mildest first: fewer frames (4k+1 counts down to 17),
+    then a lower resolution (3/4, then 1/2 of each side, in multiples of 16)."""
+    out = [[f"data.num_frames={f}"] for f in (49, 33, 17) if f < cfg.data.num_frames]
+    h, w = cfg.data.resolution
+    for k in (0.75, 0.5):
+        hh, ww = max(16, round(h * k / 16) * 16), max(16, round(w * k / 16) * 16)
+        out.append([f"data.resolution=[{hh},{ww}]"])
+    return out
+
+
+def plan_options(row: dict) -> list[str]:
+    return [f"deepspeed.config=ds_configs/{row['ds_config']}",
+            f"train.gradient_checkpointing={str(row['gradient_checkpointing']).lower()}",
+            f"train.activation_offload={str(row['activation_offload']).lower()}"]
+
+
+def advise(config: str, sets: list[str], gpus: int, gpu_mem_gb: float, nodes: int, host_gb: float | None,
+           counts: ModelCounts | None = None) -> dict:
+    """The first plan that fits both the GPUs and the host RAM: the configured shapes, then with the
+    cache (no encoders on the GPU), then smaller frames / resolution with the cache; within each,
+    the least offloading first (estimate's row order). Returns {sets, row, host_short: [plans
+    that fit the GPU but not the RAM]}."""
+    cfg = load_config(config, sets, check_paths=False)
+    variants = [[]] + ([] if cfg.cache.enabled else [["cache.enabled=true"]])
+    variants += [variants[-1] + shape for shape in smaller_shapes(cfg)]
+    if cfg.train.trainable:  # last: LoRA alone trains less than the config asks, but needs ~10x less host RAM
+        variants += [variants[len(variants) > 1] + ["train.trainable=[]"]]
+    host_short, counts = [], {False: counts}  # counts depend on what trains, not on the shapes: built once each
+    for extra in variants:
+        c = load_config(config, sets + extra, check_paths=False)
+        key = "train.trainable=[]" in extra
+        counts[key] = counts.get(key) or count_model(c)
+        r = estimate(c, gpus, gpu_mem_gb, nodes, counts=counts[key])
+        for row in r["rows"]:
+            if not row["fits"]:
+                continue
+            if host_gb is not None and row["cpu_per_node_gb"] > host_gb:
+                host_short.append((extra, row))
+                continue
+            return dict(sets=extra, row=row, host_short=host_short)
+    return dict(sets=None, row=None, host_short=host_short)
+
+
+def print_advice(args, config: str, host: tuple, counts: ModelCounts | None = None) -> None:
+    host_gb, source = host
+    a = advise(config, args.set, args.gpus, args.gpu_mem_gb, args.nodes, host_gb, counts)
+    ram = f"{host_gb:.0f} GB host RAM ({source})" if host_gb is not None else f"host RAM {source}"
+    for extra, row in a["host_short"][:1]:
+        print(f"note: {' '.join(plan_options(row) + extra)} fits the GPU ({row['gpu_total_gb']:.1f} GB) but needs "
+              f"~{row['cpu_per_node_gb']:.0f} GB host RAM per node; {ram}")
+    if a["row"] is None:
+        print(f"no plan fits {args.gpus} x {args.gpu_mem_gb:g} GB GPUs and {ram}, even with the cache, activation "
+              "offload and 17 frames at half resolution: use more GPUs (--gpus) or GPUs with more memory")
+        return
+    extra, row = a["sets"], a["row"]
+    launcher = f"deepspeed --num_gpus {args.gpus}" if args.gpus > 1 else "deepspeed"
+    sets = " ".join(f"--set {x}" for x in args.set + plan_options(row) + extra)
+    print(f"plan that fits ({row['gpu_total_gb']:.1f} GB per GPU, ~{row['cpu_per_node_gb']:.0f} GB host RAM per node; "
+          f"{ram}):")
+    if "cache.enabled=true" in extra:
+        print(f"  python tools/precompute.py --config {config}" + "".join(f" --set {x}" for x in args.set if x))
+    print(f"  {launcher} train_e2v.py --config {config} {sets}")
+    if "train.trainable=[]" in extra:
+        print("  (LoRA alone: the modules the config trains in full stay frozen; their optimizer state is what "
+              "did not fit the host RAM)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
@@ -225,6 +306,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--cpu", action="store_true", help="a CPU-only run: everything in host memory (--procs ranks)")
     p.add_argument("--procs", type=int, default=1, help="with --cpu: ranks on this machine")
+    p.add_argument("--cpu-mem-gb", dest="cpu_mem_gb", type=float, default=None,
+                   help="host RAM per node the plan must fit (default: this machine's)")
     args = p.parse_args()
     model = [f"model.pretrained={KNOWN_MODELS[args.model]}", "model.preset=null"] if args.model else []
     cfg = load_config(args.config, args.set + model, check_paths=False)
@@ -232,7 +315,8 @@ def main() -> None:
         r = estimate_cpu(cfg, args.procs)
         print(json.dumps(r, indent=1)) if args.json else print_cpu(cfg, args.procs)
         return
-    r = estimate(cfg, args.gpus, args.gpu_mem_gb, args.nodes)
+    counts = count_model(cfg)
+    r = estimate(cfg, args.gpus, args.gpu_mem_gb, args.nodes, counts=counts)
     if args.json:
         print(json.dumps(r, indent=1))
         return
@@ -255,10 +339,9 @@ def main() -> None:
     c, b = r["configured"], r["best"]
     print(f"configured ({c['ds_config']}, checkpointing {cfg.train.gradient_checkpointing}): "
           f"{c['gpu_total_gb']:.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")
-    print("first that fits: " + (f"deepspeed.config=ds_configs/{b['ds_config']} train.gradient_checkpointing="
-                                 f"{str(b['gradient_checkpointing']).lower()} train.activation_offload="
-                                 f"{str(b['activation_offload']).lower()}" if b else
-                                 "none: lower data.num_frames / data.resolution, or use more GPUs"))
+    print("first that fits the GPU: " + (" ".join(plan_options(b)) + f" (~{b['cpu_per_node_gb']:.0f} GB host RAM per "
+                                         "node)" if b else "none with these shapes and encoders"))
+    print_advice(args, args.config, host_memory_gb(args.cpu_mem_gb), counts)
     ck = r["checkpoint_gb"]
     print(f"checkpoint per save ({cfg.deepspeed.config}): {ck['after']:.1f} GB (trained weights + optimizer state); "
           f"the frozen {ck['frozen']:.1f} GB are not saved (with them: {ck['before']:.1f} GB)")

@@ -1,7 +1,11 @@
 """Generate videos from elements (+ prompt) with a trained LoRA, the way SkyReels-A2 samples.
 
-    python tools/sample.py --config configs/e2v_tiny.yaml --lora runs/<run>/lora \
+    python tools/sample.py --run runs/<run> \
         --element person=a.png --element object=b.png --prompt "a shape moves" --out video.mp4
+
+`--run` takes a run folder: its `config.yaml` (what trained) and its `lora/`, so the model built
+for sampling is the one trained. `--lora DIR` alone reads the config of the run it belongs to
+(DIR/../config.yaml); `--config` overrides either (a base model without a LoRA needs it).
 
     # T2V LoRA evaluation: N videos per prompt from a prompt file, base and LoRA side by side
     python tools/sample.py --config configs/t2v_lora.yaml --lora runs/<run>/lora \
@@ -32,6 +36,7 @@ from e2v.config.load import load_config  # noqa: E402
 from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
 from e2v.data.media import load_image  # noqa: E402
 from e2v.models.load import for_sampling, load_parts  # noqa: E402
+from e2v.models.weights import missing_weights  # noqa: E402
 from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
 from e2v.eval.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.eval.viz import write_mp4  # noqa: E402
@@ -39,8 +44,9 @@ from e2v.eval.viz import write_mp4  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="the training YAML (model, elements, sizes)")
-    p.add_argument("--lora", help="a run's lora/ folder; without it, the base model")
+    p.add_argument("--run", type=Path, help="a run folder: its config.yaml and lora/ (what `train_e2v.py` wrote)")
+    p.add_argument("--config", help="the training YAML; default: the run's config.yaml (--run, or --lora's run)")
+    p.add_argument("--lora", help="a run's lora/ folder (default with --run: RUN/lora); without any, the base model")
     p.add_argument("--element", action="append", default=[], metavar="NAME=IMAGE",
                    help="an element image by its config name, e.g. person=a.png (repeatable)")
     p.add_argument("--prompt", action="append", default=[], help="prompt (repeatable)")
@@ -96,8 +102,31 @@ def read_elements(args, cfg) -> dict:
     return images
 
 
+def resolve_run(args) -> None:
+    """Fill --config and --lora from --run (or --config from --lora's run folder), stopping in
+    one line when the folder is not a finished run."""
+    if args.run is not None:
+        if not (args.run / "config.yaml").is_file():
+            raise SystemExit(f"--run {args.run}: no config.yaml there; give the run folder train_e2v.py printed "
+                             "(runs/<run_id>)")
+        if args.lora is None:
+            if not (args.run / "lora").is_dir():
+                raise SystemExit(f"--run {args.run}: no lora/ yet (the run has not finished); export a checkpoint "
+                                 f"with tools/export_lora.py {args.run}/checkpoints/step_N --out DIR, then --lora DIR")
+            args.lora = str(args.run / "lora")
+    if args.config is None:
+        run = args.run or (Path(args.lora).resolve().parent if args.lora else None)
+        while run is not None and run.name in ("high_noise", "low_noise", "lora"):  # an expert's folder: lora/<expert>
+            run = run.parent
+        if run is None or not (run / "config.yaml").is_file():
+            raise SystemExit("give --run RUN_FOLDER (a trained run) or --config CONFIG.yaml")
+        args.config = str(run / "config.yaml")
+        print(f"[sample] config: {args.config}")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    resolve_run(args)
     return_freed_memory()
     sets = list(args.set)
     sets += [f"data.num_frames={args.frames}"] if args.frames else []
@@ -108,6 +137,9 @@ def main(argv=None):
         cfg = load_config(args.config, sets, check_paths=False)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
+    error, _ = missing_weights(cfg)
+    if error:
+        raise SystemExit(f"weights: {error}")
     v = cfg.validation
     prompts = read_prompts(args)
     images = read_elements(args, cfg)

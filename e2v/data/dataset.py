@@ -16,8 +16,9 @@ first, then split by rank), so nothing waits on a rank with a different shape.
 Bad samples (`data.on_bad_sample`): `error` stops with the file named; `skip` takes the next
 sample of the same bucket instead and reports the skipped one in the batch the first time this
 worker meets it, so the loop counts it once; the worker then remembers it and never decodes it
-again. Index-time problems (missing required element, unreadable or too-short clip) are
-reported the same way before the first step.
+again. Index-time problems (missing required element, unreadable, truncated or too-short clip,
+empty caption, unreadable reference: e2v.data.preflight) are reported the same way before the
+first step, so a mid-run failure is rare (a file changed while training).
 """
 
 from __future__ import annotations
@@ -26,22 +27,20 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from e2v.data import preflight
 from e2v.data.store import CacheStore
 from e2v.config.schema import Config, ConfigError
 from e2v.data.elements import discover
-from e2v.data.sample import Problem, Sample, element_paths, sample_bucket
-from e2v.data.media import (MediaError, NoClockError, TooShortError, WindowError, check_clock, clip_window,
-    image_to_tensor, load_image, load_video, preprocess_image, probe_video, supported_frames)
-from e2v.config.shapes import frame_bucket_list
+from e2v.data.sample import Sample, element_paths, sample_bucket
+from e2v.data.media import (MediaError, NoClockError, check_clock, image_to_tensor, load_image, load_video, preprocess_image)
 from e2v.runtime.threads import local_ranks, one_thread_worker
+from e2v.data.buckets import Bucket, bucket_name, bucket_table, with_repeats
 
-Bucket = tuple[int, int, int]  # (F, H, W)
 
 
 class BadSampleError(RuntimeError):
@@ -49,89 +48,6 @@ class BadSampleError(RuntimeError):
 
 
 # --- buckets -----------------------------------------------------------------------------------
-
-
-def uses_buckets(cfg: Config) -> bool:
-    return cfg.data.auto_frame_buckets or bool(cfg.data.resolution_buckets)
-
-
-def choose_bucket(frames: int, height: int, width: int, cfg: Config) -> Bucket:
-    """The clip's bucket; MediaError when the clip is too short for every frame bucket. `frames`
-    is what the clip supports: media.supported_frames (with data.fps, its samples at that rate)."""
-    d = cfg.data
-    at = f" at data.fps {d.fps:g}" if d.fps is not None else ""
-
-    def span(f: int) -> int:  # source frames (with fps: samples at that rate) a count of f needs at this stride
-        return (f - 1) * d.frame_stride + 1
-
-    if d.auto_frame_buckets:
-        fits = [f for f in frame_bucket_list(cfg) if span(f) <= frames]
-        if not fits:
-            shortest = frame_bucket_list(cfg)[0]
-            raise TooShortError(f"too short: {frames} frames{at}, the shortest frame bucket {shortest} needs "
-                                f"{span(shortest)} (frame_stride {d.frame_stride})")
-        f = fits[-1]
-    else:
-        f = d.num_frames
-        if span(f) > frames:
-            raise TooShortError(f"too short: {frames} frames{at}, data.num_frames {f} needs {span(f)} (frame_stride "
-                                f"{d.frame_stride}); lower num_frames or turn on data.auto_frame_buckets")
-    h, w = d.resolution
-    if d.resolution_buckets:  # nearest aspect ratio, in log space (2:1 and 1:2 are equally far from 1:1)
-        aspect = math.log(width / height)
-        h, w = min(d.resolution_buckets, key=lambda hw: abs(math.log(hw[1] / hw[0]) - aspect))
-    return (f, h, w)
-
-
-def assign_buckets(samples: list[Sample], cfg: Config, workers: int = 8) -> list[Problem]:
-    """Probe every clip (header + one frame, in threads: decord releases the GIL) and set its
-    bucket. Without buckets nothing is probed (a too-short clip then fails at load)."""
-    if not uses_buckets(cfg):
-        return []
-
-    def probe(s: Sample):
-        try:
-            info = probe_video(s.video)
-            _, height, width = clip_window(s.video, info.frames, info.height, info.width, s.frame_range, s.crop)
-            frames = supported_frames(s.video, info.frames, cfg.data.fps, s.frame_range)
-            s.bucket = choose_bucket(frames, height, width, cfg)
-            return None
-        except WindowError as e:
-            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
-                           "fix the sample's frame range / crop box in its metadata, or remove the sample", e.kind)
-        except TooShortError as e:
-            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
-                           "use a longer clip, or allow shorter data.frame_buckets", "too_short")
-        except (MediaError, OSError) as e:
-            return Problem(s.id, str(s.video), str(e).replace(f"{s.video}: ", ""),
-                           "re-encode or replace the clip, or remove the sample", "video_unreadable")
-
-    unique = {id(s): s for s in samples}.values()  # repeats share one Sample object
-    with ThreadPoolExecutor(workers) as pool:
-        return [p for p in pool.map(probe, unique) if p is not None]
-
-
-def bucket_name(b: Bucket) -> str:
-    return f"{b[0]}x{b[1]}x{b[2]}"
-
-
-def with_repeats(samples: list[Sample], cfg: Config) -> list[Sample]:
-    """Each dataset's samples `repeat` times (the list repeated whole, the order index_samples has
-    always used): what training indexes and what tools/check_dataset.py counts."""
-    out = []
-    for d, ds in enumerate(cfg.data.datasets):
-        out += [s for s in samples if s.dataset == d] * ds.repeat
-    return out
-
-
-def bucket_counts(samples: list[Sample], cfg: Config) -> Counter:
-    """Samples per bucket in one epoch as the sampler draws them: the indexed list (repeats
-    included) times each dataset's weight, rounded (a fractional weight draws a random subset of
-    the dataset, so a bucket's share varies a little between epochs)."""
-    weighted = Counter()
-    for s in samples:
-        weighted[sample_bucket(s, cfg)] += cfg.data.datasets[s.dataset].weight
-    return Counter({b: round(n) for b, n in weighted.items()})
 
 
 # --- indexing ----------------------------------------------------------------------------------
@@ -147,34 +63,47 @@ def require_clocks(samples: list[Sample]) -> None:
             raise ConfigError(f"sample {s.id}: {e}") from None
 
 
-def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None) -> list[Sample]:
-    """Every sample of every dataset, with its bucket. Problems are reported by name: with
-    on_bad_sample error they stop here, with skip the samples are left out, listed, and appended
-    to `excluded` (so the run can count them beside the samples skipped while loading)."""
-    samples, problems = [], []
+def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = None,
+                  stop_on_bad: bool | None = None, warnings: list | None = None) -> list[Sample]:
+    """Every sample of every dataset, checked (e2v.data.preflight: every clip decoded at both
+    ends and its usable frames counted, every caption and element read) and given its bucket.
+    Bad samples are named, one line each: with on_bad_sample error (or stop_on_bad) they stop the
+    run here, before any weight is loaded; with skip they are left out, listed, and appended to
+    `excluded` (the run counts them beside the samples skipped while loading). Warnings (a tiny
+    reference, a missing optional element) are printed summarized and appended to `warnings`."""
+    found_all, problems = [], []
     for i, ds in enumerate(cfg.data.datasets):
         found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
                                 cfg.data.allow_outside_root)
         if cfg.data.fps is not None:
             require_clocks(found)
-        probs += assign_buckets(found, cfg)
-        bad = {p.sample for p in probs}
-        samples.extend(with_repeats([s for s in found if s.id not in bad], cfg))
-        problems.extend(probs)
-    if problems:
-        lines = "\n  ".join(str(p) for p in problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        msg = f"{len(problems)} sample(s) excluded:\n  {lines}{more}"
-        if cfg.data.on_bad_sample == "error":
-            raise BadSampleError(msg + "\n(set data.on_bad_sample: skip to train without them; "
-                                       "tools/check_dataset.py lists every problem)")
+        found_all += found
+        problems += probs
+    problems += preflight.check_samples(cfg, found_all, progress=verbose)
+    errors = [p for p in problems if p.severity == "error"]
+    notes = [p for p in problems if p.severity != "error"]
+    bad = {(s.dataset, s.id) for s in found_all for p in errors if p.sample == s.id}
+    samples = with_repeats([s for s in found_all if (s.dataset, s.id) not in bad], cfg)
+    if warnings is not None:
+        warnings.extend(notes)
+    if verbose and notes:
+        print("[e2v data] warnings (they train; tools/check_dataset.py writes the full list):\n  "
+              + "\n  ".join(preflight.summarize(notes)))
+    if errors:
+        lines = "\n  ".join(str(p) for p in errors[:20])
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        msg = f"{len(bad)} sample(s) unusable:\n  {lines}{more}"
+        if cfg.data.on_bad_sample == "error" if stop_on_bad is None else stop_on_bad:
+            raise BadSampleError(msg + f"\n({len({(s.dataset, s.id) for s in samples})} usable; set "
+                                       "data.on_bad_sample: skip to train without them; tools/check_dataset.py "
+                                       "lists every problem)")
         if verbose:
-            print(f"[e2v data] {msg}")
+            print(f"[e2v data] left out: {msg}")
         if excluded is not None:
-            excluded.extend(problems)
+            excluded.extend(errors)
     if not samples:
         roots = ", ".join(d.data_root for d in cfg.data.datasets)
-        raise BadSampleError(f"no samples found in {roots}")
+        raise BadSampleError(f"no usable samples in {roots}")
     return samples
 
 
@@ -335,19 +264,6 @@ class BucketBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.global_batches(0))
-
-
-def bucket_table(samples: list[Sample], cfg: Config, world: int) -> tuple[str, list[Bucket]]:
-    """The printed table (bucket, samples, global batches per epoch, status) and the buckets too
-    small for micro_batch x world."""
-    need = cfg.train.micro_batch_size * world
-    counts = bucket_counts(samples, cfg)
-    small = sorted(b for b, n in counts.items() if n < need)
-    rows = [f"  {'bucket FxHxW':>16} {'per epoch':>9} {'batches':>8}"]
-    for b in sorted(counts):
-        status = f"  < {need} (micro_batch_size x world): {cfg.data.small_bucket}" if b in small else ""
-        rows.append(f"  {bucket_name(b):>16} {counts[b]:>9} {math.ceil(counts[b] / need):>8}{status}")
-    return "\n".join(rows), small
 
 
 def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, start_sample: int = 0) -> DataLoader:

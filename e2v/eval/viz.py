@@ -98,6 +98,51 @@ def contact_sheet(refs_BNHWC: list[list[np.ndarray]], target_BFHWC: np.ndarray, 
     return vstack(rows)
 
 
+LABEL_BAND, LABEL_MARGIN = 14, 96  # px above the sheet (column headers) and left of it (row labels)
+
+
+def label_sheet(sheet_HWC: np.ndarray, tile_w: int, headers: list[str], row_labels: list[str],
+                row_h: int) -> np.ndarray:
+    """The sheet with a header band (one label per tile column: which is a reference, the target,
+    the prediction, and the frame) and a left margin naming each row (its sigma and sample), in
+    Pillow's built-in font, so a sheet reads without its meta.json. The body keeps its pixels at
+    an offset of (LABEL_BAND, LABEL_MARGIN)."""
+    from PIL import Image, ImageDraw
+
+    char_w = 6
+    h, w = sheet_HWC.shape[:2]
+    out = Image.new("RGB", (w + LABEL_MARGIN, h + LABEL_BAND), "white")
+    out.paste(Image.fromarray(sheet_HWC), (LABEL_MARGIN, LABEL_BAND))
+    draw = ImageDraw.Draw(out)
+    for i, text in enumerate(headers):
+        draw.text((LABEL_MARGIN + i * (tile_w + GAP) + 1, 1), text[: max(1, (tile_w + GAP) // char_w)], fill="black")
+    for i, text in enumerate(row_labels):
+        draw.text((2, LABEL_BAND + i * (row_h + GAP) + max(0, row_h // 2 - 5)), text[: LABEL_MARGIN // char_w - 1],
+                  fill="black")
+    return np.asarray(out)
+
+
+def labelled_sheet(ref_tiles: list[list[np.ndarray]], target_BFHWC: np.ndarray, pred_BFHWC: np.ndarray,
+                   frames: list[int], meta: dict) -> np.ndarray:
+    """contact_sheet with its labels from the dump's meta.json: the references by element name
+    (of the first row), target / prediction with the frame, and each row's sigma and sample id.
+    The one sheet of a dump, online (Visualizer) and offline (tools/dump_visualizations.py)."""
+    body = contact_sheet(ref_tiles, target_BFHWC, pred_BFHWC, frames)
+    n_refs = len(ref_tiles[0]) if ref_tiles else 0
+    names = list((meta.get("references") or [[]])[0])[:n_refs]
+    names += [f"ref {i + 1}" for i in range(len(names), n_refs)]
+    rows = [f"s={float(np.ravel(sig)[0]):.2f} {sid}" for sid, sig in zip(meta.get("ids", []), meta.get("sigmas", []))]
+    headers = sheet_labels(names, frames, target_BFHWC.shape[1])
+    return label_sheet(body, target_BFHWC.shape[3], headers, rows, target_BFHWC.shape[2])
+
+
+def sheet_labels(ref_names: list[str], frames: list[int], num_frames: int) -> list[str]:
+    """Column headers of contact_sheet: the references by element name, then target and
+    prediction at each of `frames` (negative indices counted from the end)."""
+    shown = [f % num_frames for f in frames]
+    return list(ref_names) + [f"target f{f}" for f in shown] + [f"pred f{f}" for f in shown]
+
+
 def write_png(path: Path, image_HWC: np.ndarray) -> None:
     from PIL import Image
 
@@ -175,6 +220,7 @@ class Visualizer:
                 "ref_dropped": ref_dropped,
                 "shapes": {k: list(v.shape) for k, v in tensors.items()}}
         self._write(folder / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=2)))
+        self.meta = meta  # the sheet's labels
         decoded = {}
         loaded = self.vae is None  # a run from the cache: the VAE only for this dump (0.5 GB for Wan's)
         if loaded:
@@ -204,7 +250,7 @@ class Visualizer:
         pred = to_uint8(self.pixels("predicted_latents", tensors, decoded).transpose(1, 2))
         refs = tensors.get("reference_images")
         ref_tiles = [[] for _ in target] if refs is None else [list(to_uint8(r)) for r in refs]
-        return contact_sheet(ref_tiles, target, pred, frames)
+        return labelled_sheet(ref_tiles, target, pred, frames, self.meta)
 
     def _write(self, path: Path, fn) -> None:
         self.pending.append((path, self.pool.submit(fn, path)))

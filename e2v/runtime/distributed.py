@@ -34,10 +34,47 @@ def init_distributed() -> None:
     import deepspeed
     import deepspeed.ops
 
+    single_process_env()
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("E2V_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read before the backend builds it
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+
+
+def single_process_env() -> bool:
+    """`python train_e2v.py` without the launcher: the environment a one-process group needs
+    (rank 0 of 1 on this machine, a free port), set before deepspeed.init_distributed, which would
+    otherwise look for MPI (mpi4py) to find its rank. True when it was set here; a launcher's
+    (deepspeed, torchrun, SLURM with these variables) is left as it is."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    import socket
+
+    with socket.socket() as s:  # a port free now; the group binds it at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                      MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+    print("[e2v] no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
+    return True
+
+
+def next_agreed(iterator):
+    """next(iterator) on every rank, agreed: when it fails on any rank (a sample that broke after
+    the start-up check, under on_bad_sample: error), every rank stops, instead of the others
+    waiting in the step's collectives forever. One small all-reduce per micro-batch with several
+    ranks; nothing with one."""
+    error = None
+    try:
+        item = next(iterator)
+    except Exception as e:  # the loader's iterator is infinite: StopIteration is an error too
+        error = e
+    if any_rank(error is not None):
+        if error is not None:
+            raise error
+        raise SystemExit(f"[rank {this_rank()}] stopping: another rank's data failed (its message names the sample)")
+    return item
 
 
 def context_parallel_mesh(data_parallel: int, ring: int, ulysses: int):

@@ -8,7 +8,6 @@ Legend: H/W height/width; frames are uint8 RGB frame_HW3, masks bool mask_HW (Tr
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 # OpenS2V leaves the background out when the foreground covers more than this share of the
@@ -30,6 +29,8 @@ def fill_background(frame_HW3: np.ndarray, mask_HW: np.ndarray, *, dilate: int =
         raise ValueError(f"fill_background wants a uint8 H x W x 3 frame, got {frame_HW3.dtype} {frame_HW3.shape}")
     if mask_HW.shape != frame_HW3.shape[:2]:
         raise ValueError(f"mask {mask_HW.shape} does not match the frame {frame_HW3.shape[:2]}")
+    import cv2  # here, not at import: OpenCV starts a thread as it loads, and training processes import this module
+
     hole = mask_HW.astype(np.uint8)
     if not hole.any():
         return frame_HW3.copy()
