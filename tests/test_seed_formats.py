@@ -142,7 +142,7 @@ def test_seed_examples_dry_run_verbatim(tmp_path, demo_data, capsys, monkeypatch
     monkeypatch.setattr(sys, "argv", ["train_e2v.py", "--config", write(tmp_path, example(), demo_data), "--dry_run"])
     train_e2v.main()
     out = capsys.readouterr().out
-    assert "8 samples" in out
+    assert "8 usable samples" in out
     if example is not flat_style:
         assert "854 -> 848" in out
     cfg = load_config(write(tmp_path, example(), demo_data))
@@ -192,7 +192,7 @@ def test_old_command_line_runs_the_entry_point(tmp_path, demo_data, capsys, monk
     train_e2v.main()
     out = capsys.readouterr().out
     assert "--frame_conditioning_concatenate_mask -> --set processors.vae.concatenate_mask=true" in out
-    assert "8 samples" in out
+    assert "8 usable samples" in out
     assert "30 layers x 12 heads x 128, in_channels 36, image attention yes (expanded from a T2V base)" in out
     monkeypatch.setattr(sys, "argv", ["train_e2v.py", *argv, "--use_8bit_adam"])
     with pytest.raises(SystemExit):

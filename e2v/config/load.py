@@ -22,6 +22,7 @@ import yaml
 
 from e2v.config.checks import validate
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
+from e2v.config import schema
 from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
 from e2v.config.shapes import nearest_valid_size  # noqa: F401
 from e2v.config.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRESSION_MARK, is_regression_seed,
@@ -31,6 +32,9 @@ from e2v.config.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRES
 # ---------------------------------------------------------------------------------------------
 # dict -> dataclass, with errors that name the key
 # ---------------------------------------------------------------------------------------------
+
+
+SCHEMA_MODULE = schema.__name__
 
 
 def _type_name(tp: Any) -> str:
@@ -147,7 +151,12 @@ def _build(cls: type, data: Any, path: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            raise _unknown_key(key, path, fields)
+            if cls.__module__ == SCHEMA_MODULE:  # the trainer's keys: old names and other sections' keys too
+                raise _unknown_key(key, path, fields)
+            where = f"{path}.{key}" if path else str(key)
+            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            raise ConfigError(f"unknown key '{where}'" + (f"; did you mean '{near[0]}'?" if near
+                                                          else f"; valid keys: {', '.join(fields)}"))
         kwargs[key] = _convert(value, hints[key], f"{path}.{key}" if path else str(key))
     missing = [
         n for n, f in fields.items()
@@ -156,6 +165,16 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if missing:
         raise ConfigError(f"{path or 'config'}: missing required key(s) {', '.join(missing)}")
     return cls(**kwargs)
+
+
+def build_dataclass(cls: type, data: dict, overrides: list[str] = ()) -> Any:
+    """A YAML mapping plus `--set key=value` overrides -> the dataclass `cls`, with the trainer
+    config's rules: types converted and checked, unknown keys named with the nearest field. Other
+    configs (the data preparation's) load through here too."""
+    raw = dict(data)
+    for text in overrides:
+        _apply_override(raw, *parse_override(text))
+    return _build(cls, raw, "")
 
 
 def to_dict(cfg: Any) -> Any:

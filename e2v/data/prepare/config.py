@@ -7,18 +7,19 @@ a training config means, and the two share only the meanings of fps / num_frames
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import yaml
 
+from e2v.config.load import build_dataclass
+from e2v.config.schema import ConfigError
 
-class PrepareConfigError(ValueError):
+
+class PrepareConfigError(ConfigError):
     """A prepare-config problem, phrased for the user: which key, what is wrong, how to fix it."""
 
 
@@ -117,50 +118,6 @@ class PrepareConfig:
     check: Check = field(default_factory=Check)
 
 
-def _build(tp: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise PrepareConfigError(f"{key or 'config'}: expected a mapping, got {value!r}")
-        hints = typing.get_type_hints(tp)
-        names = [f.name for f in dataclasses.fields(tp)]
-        for k in value:
-            if k not in names:
-                near = difflib.get_close_matches(str(k), names, 1)
-                raise PrepareConfigError(f"unknown key '{key + '.' if key else ''}{k}'"
-                                         + (f"; did you mean '{near[0]}'?" if near else f"; keys here: {', '.join(names)}"))
-        missing = [f.name for f in dataclasses.fields(tp) if f.name not in value
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        if missing:
-            raise PrepareConfigError(f"{key or 'config'}: missing key(s) {', '.join(missing)}")
-        return tp(**{k: _build(hints[k], v, f"{key + '.' if key else ''}{k}") for k, v in value.items()})
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
-            return None
-        return _build(next(a for a in args if a is not type(None)), value, key)
-    if origin is list:
-        if not isinstance(value, list):
-            raise PrepareConfigError(f"{key}: expected a list, got {value!r}")
-        return [_build(args[0], v, f"{key}.{i}") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise PrepareConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PrepareConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise PrepareConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise PrepareConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise PrepareConfigError(f"{key}: unsupported type {tp}")
-
-
 def _check(cfg: PrepareConfig) -> None:
     c = cfg.clips
     if c.num_frames < 5 or (c.num_frames - 1) % 4:
@@ -189,19 +146,6 @@ def _check(cfg: PrepareConfig) -> None:
         raise PrepareConfigError("elements.items: two elements share a name (each is the file suffix ID_<name>.png)")
 
 
-def _override(raw: dict, text: str) -> None:
-    if "=" not in text:
-        raise PrepareConfigError(f"--set {text!r}: expected key=value, e.g. --set clips.num_frames=17")
-    key, value = text.split("=", 1)
-    node = raw
-    parts = key.split(".")
-    for k in parts[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise PrepareConfigError(f"--set {key}: '{k}' is not a section")
-    node[parts[-1]] = yaml.safe_load(value)
-
-
 def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> PrepareConfig:
     """configs/prepare.yaml (or the defaults when path is None) plus `--set key=value` overrides."""
     raw: dict = {}
@@ -210,9 +154,10 @@ def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> Prepar
         if not path.exists():
             raise PrepareConfigError(f"config file {path} does not exist")
         raw = yaml.safe_load(path.read_text()) or {}
-    for s in sets:
-        _override(raw, s)
-    cfg = _build(PrepareConfig, raw, "")
+    try:
+        cfg = build_dataclass(PrepareConfig, raw, list(sets))  # the trainer config's typed loader
+    except ConfigError as e:
+        raise PrepareConfigError(str(e)) from None
     _check(cfg)
     return cfg
 
