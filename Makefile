@@ -50,8 +50,10 @@ demo-quick: demo-data
 demo-prep: install
 	$(PY) tools/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
 
+# The whole suite, training runs through the launcher included, on TEST_WORKERS pytest-xdist workers
+# (a test file each at a time; each training launch runs one intra-op thread).
 test: install
-	$(PY) -m pytest -q -x tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 # pytest-xdist: TEST_WORKERS processes share the in-process tests, a test file each at a time
 # (its module fixtures built once), one intra-op thread each (tests/conftest.py).

@@ -33,8 +33,8 @@ def test_expand_output_equals_t2v_exactly_in_fp32(in_channels, image_dim):
     """Random condition channels and random CLIP tokens (3 blocks): bit-identical output."""
     t2v = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
     e2v = expand_for_elements(t2v, in_channels=in_channels, image_dim=image_dim, seed=0)
-    assert e2v.config.load.in_channels == in_channels
-    assert (e2v.config.load.added_kv_proj_dim == 24) == (image_dim is not None)
+    assert e2v.config.in_channels == in_channels
+    assert (e2v.config.added_kv_proj_dim == 24) == (image_dim is not None)
     x = _inputs(in_channels, 3 if image_dim else None)
     with torch.no_grad():
         expected = t2v(x["hidden_states"][:, :16], x["timestep"], x["encoder_hidden_states"], return_dict=False)[0]
