@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED := 1
 DEMO_RAW ?= demo_raw
 DEMO_PREP ?= demo_prep
 
-.PHONY: install demo demo-quick demo-prep demo-data test test-fast bench check-data clean-demo smoke-real gpu-check
+.PHONY: install demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
@@ -53,12 +53,16 @@ demo-prep: install
 # The whole suite, training runs through the launcher included, on TEST_WORKERS pytest-xdist workers
 # (a test file each at a time; each training launch runs one intra-op thread).
 test: install
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not slow" tests
+
+# The GPU check's sections end to end at tiny sizes on CPU (tools/gpu_check.py --allow-cpu): ~3 min.
+test-slow: install
+	$(PY) -m pytest -q -x -m slow tests
 
 # pytest-xdist: TEST_WORKERS processes share the in-process tests, a test file each at a time
 # (its module fixtures built once), one intra-op thread each (tests/conftest.py).
 test-fast: install
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not train" tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not train and not slow" tests
 
 bench: install
 	$(PY) tools/bench.py

@@ -59,6 +59,8 @@ _running: dict = {"item": None}  # the test being set up or run (the launch guar
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "train: starts `deepspeed train_e2v.py` (set automatically: tests/conftest.py)")
+    config.addinivalue_line("markers", "slow: a tool's whole end-to-end run at tiny sizes (minutes on 2 cores); "
+                            "`make test-slow` runs them, `make test` does not")
 
 
 def _calls_training(fn) -> bool:

@@ -138,6 +138,7 @@ def test_environment_vae_and_attention_sections_on_cpu(tmp_path):
 
 
 @pytest.mark.train  # the bench's step processes run DeepSpeed steps
+@pytest.mark.slow
 def test_step_section_on_tiny_folders(tmp_path):
     """tools/bench.py --model on the tiny T2V + CLIP folders (the 1.3B layout): online, precompute,
     cached; the phases the section reports are where the encoders run (online only)."""
@@ -166,6 +167,7 @@ def warm_start_training(name, config, sets, script, extra, log_dir, timeout):
 
 
 @pytest.mark.train
+@pytest.mark.slow
 def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     """main_path, gpu_24gb, activation_offload and wan22 at tiny sizes, each launch through the
     launcher with gpu_check's peak/cap wrapper: what each section claims, read from its result."""
