@@ -493,3 +493,13 @@ def viz_run(request) -> Path:
 def viz_run_output(request, viz_run) -> subprocess.CompletedProcess:
     """What the viz run printed (stdout, stderr)."""
     return early("viz_run", request)[0].wait()
+
+
+def load_checkpoint_module(model, state: dict) -> None:
+    """A checkpoint's module state into a model built from the same base: checkpoints hold only what
+    trains (e2v/train/checkpoint.py), so every key it lacks must be a frozen parameter of the model,
+    which already holds the base's value; nothing in it may be unknown to the model."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert not unexpected, f"checkpoint keys the model lacks: {unexpected[:5]}"
+    assert not trained & set(missing), f"trained tensors missing from the checkpoint: {sorted(trained & set(missing))[:5]}"

@@ -166,8 +166,10 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     fresh = expand_for_elements(build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer, 36, 32)
     full = setup_training(fresh, cfg, expanded=True)
     assert all(any(re.search(pat, n) for n in full) for pat in expansion_modules(cfg))
+    from conftest import load_checkpoint_module
+
     state = torch.load(expand_run / "checkpoints/step_000003/mp_rank_00_model_states.pt", weights_only=False)["module"]
-    fresh.load_state_dict(state)
+    load_checkpoint_module(fresh, state)
     with torch.no_grad():
         engine_out = fresh(**_inputs(36, 3))[0]
     torch.testing.assert_close(exported, engine_out, atol=1e-5, rtol=0)

@@ -179,8 +179,10 @@ def test_exported_lora_in_wan_pipeline_reproduces_the_trained_model(trained_run,
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
     assert setup_training(fresh, cfg, expanded=False) == []
+    from conftest import load_checkpoint_module
+
     state = torch.load(run / "checkpoints/step_000003/mp_rank_00_model_states.pt", weights_only=False)["module"]
-    fresh.load_state_dict(state)
+    load_checkpoint_module(fresh, state)
     with torch.no_grad():
         engine_out = fresh(**_probe_inputs())[0]
     torch.testing.assert_close(exported, engine_out, atol=1e-5, rtol=0)

@@ -101,8 +101,10 @@ def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(traine
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, with_encoders=False).transformer
     setup_training(fresh, cfg, expanded=False)
+    from conftest import load_checkpoint_module
+
     state = torch.load(run / "checkpoints/step_000004/mp_rank_00_model_states.pt", weights_only=False)["module"]
-    fresh.load_state_dict(state)
+    load_checkpoint_module(fresh, state)
     with torch.no_grad():
         engine_out = fresh(**_probe_inputs())[0]
     torch.testing.assert_close(exported, engine_out, atol=1e-5, rtol=0)
