@@ -34,11 +34,16 @@ def init_distributed() -> None:
     import deepspeed
     import deepspeed.ops
 
-    single_process_env()
+    alone = single_process_env()
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("E2V_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read before the backend builds it
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+    backend = "nccl" if cuda else "gloo"
+    if alone and not torch.distributed.is_initialized():
+        # One process needs no rendezvous: an in-process store, so no port can be taken by another
+        # program between choosing it and binding it. DeepSpeed keeps a group that already exists.
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
 def single_process_env() -> bool:
