@@ -41,7 +41,7 @@ renders the first and last frame of sample 0 at the asked size and prints the fi
 build would write.
 
 Length: one generator read top to bottom (the sample's parameters, the renderers of subject,
-object and background, the writers), about 470 lines; split across files it would need its drawing
+object and background, the writers), about 530 lines; split across files it would need its drawing
 order kept in step by hand, which is what makes a sample depend only on the seed and its index.
 
 Idempotent: a `.generating` marker (the parameters) is written before the first sample and
@@ -52,7 +52,7 @@ files but no marker of ours is refused unless --force, so a real dataset is neve
 `--write-meta` adds `ID.json` (colours, sizes, per-frame positions) for tests and evaluation;
 the trainer only looks at video files, so the extra file is ignored by discovery.
 
-About 470 lines, one concern: the drawing of every element, the clip that moves them, and the
+About 530 lines, one concern: the drawing of every element, the clip that moves them, and the
 folder's completeness rules belong together (a change to one changes what the others must match).
 """
 
