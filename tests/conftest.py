@@ -113,7 +113,20 @@ def one_rank_group():
         init_distributed()
     yield
     if created:
-        dist.destroy_process_group()
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy this process's group and the copies of it DeepSpeed keeps (its world clone and the
+    groups made from it), so that the next test's group is the one DeepSpeed uses."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    dist.destroy_process_group()
+    groups._WORLD_GROUP = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = groups.mesh_device = None
+    for cache in (groups._ALL_TO_ALL_GROUP, groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP,
+                  groups._EXPERT_PARALLEL_GROUP_RANKS, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        cache.clear()
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from conftest import read_scalars
+from conftest import close_process_group, read_scalars
 
 # It runs train_e2v.py's training loop in this process: a training run, so `make test` only.
 pytestmark = pytest.mark.train
@@ -36,7 +36,7 @@ SETS = ["train.micro_batch_size=2", f"train.max_steps={STEPS}", "train.log_every
 def one_rank():
     init_single_rank()
     yield
-    torch.distributed.destroy_process_group()
+    close_process_group()
 
 
 def bench_scalars(data_root, sets, out) -> dict[int, dict]:
