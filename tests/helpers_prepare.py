@@ -1,5 +1,6 @@
 """Tiny random-weight models for the learned data-preparation path, saved as a user's folders
-(safetensors + JSON, nothing downloaded): a Sam3Model with a byte-level CLIP tokenizer."""
+(safetensors + JSON, nothing downloaded): SAM 3 (detector and tracker in one checkpoint) with a
+byte-level CLIP tokenizer, a SAM 2.1 video tracker, and a captioner."""
 
 from __future__ import annotations
 
@@ -7,12 +8,23 @@ import json
 from pathlib import Path
 
 
+def _tiny_sam3_vit(input_side: int):
+    from transformers import Sam3ViTConfig
+
+    return Sam3ViTConfig(hidden_size=32, num_hidden_layers=2, image_size=input_side, patch_size=14, window_size=4,
+                         global_attn_indexes=[0, 1], num_attention_heads=4, intermediate_size=64)
+
+
 def save_tiny_sam3(folder: Path, input_side: int = 112) -> Path:
+    """Laid out as the released facebook/sam3 checkpoint: one Sam3VideoModel (detector, tracker
+    and the tracker's neck over the shared backbone), which Sam3Model and Sam3TrackerVideoModel each
+    load their part of. Widths are the smallest the tracker's code allows: its memory attention
+    reads 64 memory channels, and object pointers split only when the FPN is wider than that."""
     import torch
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import (CLIPTokenizer, Sam3Config, Sam3DETRDecoderConfig, Sam3DETREncoderConfig,
-                              Sam3GeometryEncoderConfig, Sam3MaskDecoderConfig, Sam3Model, Sam3ViTConfig,
-                              Sam3VisionConfig)
+                              Sam3GeometryEncoderConfig, Sam3MaskDecoderConfig, Sam3TrackerVideoConfig,
+                              Sam3VideoConfig, Sam3VideoModel, Sam3VisionConfig)
 
     folder.mkdir(parents=True, exist_ok=True)
     chars = sorted(ByteLevel.alphabet())  # every byte a token, no merges: any prompt tokenizes
@@ -22,25 +34,73 @@ def save_tiny_sam3(folder: Path, input_side: int = 112) -> Path:
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n")
     CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
+    d, grid = 128, input_side // 14
     small = dict(num_attention_heads=4, intermediate_size=64)
-    cfg = Sam3Config(
-        vision_config=Sam3VisionConfig(
-            backbone_config=Sam3ViTConfig(hidden_size=32, num_hidden_layers=2, image_size=input_side, patch_size=14,
-                                          window_size=4, global_attn_indexes=[0, 1], **small),
-            fpn_hidden_size=32, scale_factors=[2.0, 1.0]),
-        text_config={"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "projection_dim": 32,
+    vision = dict(fpn_hidden_size=d, scale_factors=[4.0, 2.0, 1.0, 0.5],
+                  backbone_feature_sizes=[[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]])
+    detector = Sam3Config(
+        vision_config=Sam3VisionConfig(backbone_config=_tiny_sam3_vit(input_side), **vision),
+        text_config={"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "projection_dim": d,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 32,
                      "hidden_act": "gelu", "bos_token_id": vocab["<|startoftext|>"],
                      "eos_token_id": vocab["<|endoftext|>"], "pad_token_id": vocab["<|endoftext|>"]},
-        geometry_encoder_config=Sam3GeometryEncoderConfig(hidden_size=32, num_layers=1, mask_fuser_hidden_size=32,
+        geometry_encoder_config=Sam3GeometryEncoderConfig(hidden_size=d, num_layers=1, mask_fuser_hidden_size=d,
                                                           mask_fuser_num_layers=1, **small),
-        detr_encoder_config=Sam3DETREncoderConfig(hidden_size=32, num_layers=1, **small),
-        detr_decoder_config=Sam3DETRDecoderConfig(hidden_size=32, num_layers=1, num_queries=5, **small),
-        mask_decoder_config=Sam3MaskDecoderConfig(hidden_size=32, num_upsampling_stages=2))
+        detr_encoder_config=Sam3DETREncoderConfig(hidden_size=d, num_layers=1, **small),
+        detr_decoder_config=Sam3DETRDecoderConfig(hidden_size=d, num_layers=1, num_queries=5, **small),
+        mask_decoder_config=Sam3MaskDecoderConfig(hidden_size=d, num_upsampling_stages=2))
+    tracker = Sam3TrackerVideoConfig(
+        vision_config=Sam3VisionConfig(backbone_config=_tiny_sam3_vit(input_side), **vision), image_size=input_side,
+        prompt_encoder_config={"hidden_size": d, "image_size": input_side, "patch_size": 14},
+        mask_decoder_config={"hidden_size": d, "mlp_dim": 64, "num_attention_heads": 4, "iou_head_hidden_dim": 32},
+        **_tiny_memory(d))
     torch.manual_seed(0)
-    Sam3Model(cfg).eval().save_pretrained(folder)
+    model = Sam3VideoModel(Sam3VideoConfig(detector_config=detector, tracker_config=tracker)).eval()
+    _visible(model.tracker_model)
+    model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps(
         {"size": {"height": input_side, "width": input_side}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    return folder
+
+
+def _tiny_memory(d: int) -> dict:
+    """The video trackers' memory settings at width d (memory channels stay 64: see save_tiny_sam3)."""
+    return dict(memory_attention_hidden_size=d, memory_attention_num_layers=1,
+                memory_attention_feed_forward_hidden_size=64, memory_encoder_hidden_size=d, memory_encoder_output_channels=64, mask_downsampler_embed_dim=d,
+                memory_fuser_embed_dim=d, memory_fuser_intermediate_dim=64, memory_fuser_num_layers=1,
+                max_object_pointers_in_encoder=4)
+
+
+def _visible(tracker) -> None:
+    """Random weights put the tracker's object-score logit near 0, often below, and the tracker
+    blanks a frame whose object it scores absent: a positive bias keeps tracked masks non-empty."""
+    import torch
+
+    with torch.no_grad():
+        tracker.mask_decoder.pred_obj_score_head.proj_out.bias.fill_(2.0)
+
+
+def save_tiny_sam2_video(folder: Path, input_side: int = 64) -> Path:
+    """A tiny Sam2VideoModel (Hiera backbone, strides 4 to 32) saved as a SAM 2.1 folder, without a
+    preprocessor_config.json: the tracker falls back to SAM 2's ImageNet mean / std."""
+    import torch
+    from transformers import Sam2HieraDetConfig, Sam2VideoConfig, Sam2VideoModel, Sam2VisionConfig
+
+    d, grid = 128, input_side // 16
+    hiera = Sam2HieraDetConfig(hidden_size=16, image_size=[input_side, input_side], blocks_per_stage=[1, 1, 2, 1],
+                               embed_dim_per_stage=[16, 32, 64, 128], num_attention_heads_per_stage=[1, 1, 1, 1],
+                               window_size_per_stage=[4, 4, 4, 2], global_attention_blocks=[3],
+                               window_positional_embedding_background_size=[2, 2])
+    vision = Sam2VisionConfig(backbone_config=hiera, backbone_channel_list=[128, 64, 32, 16], fpn_hidden_size=d,
+                              backbone_feature_sizes=[[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]])
+    cfg = Sam2VideoConfig(vision_config=vision, image_size=input_side, memory_attention_rope_feat_sizes=[grid, grid],
+                          prompt_encoder_config={"hidden_size": d, "image_size": input_side, "patch_size": 16},
+                          mask_decoder_config={"hidden_size": d, "mlp_dim": 64, "num_attention_heads": 4,
+                                               "iou_head_hidden_dim": 32}, **_tiny_memory(d))
+    torch.manual_seed(0)
+    model = Sam2VideoModel(cfg).eval()
+    _visible(model)
+    model.save_pretrained(folder)
     return folder
 
 

@@ -191,19 +191,21 @@ def test_real_photographs(tmp_path):
     assert iou(got_HW, true_HW) >= 0.7
 
 
+@pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors
 def test_learned_path_plumbing(tmp_path):
     """A tiny random-weight Sam3Model and a tiny captioner (nothing downloaded) through the whole
-    learned path: masks are random, so the filters are opened; the elements are cut with the
-    model's masks and the caption is the model's."""
+    learned path, detecting on every frame (tracking: tests/test_prepare_tracking.py): masks are
+    random, so the filters are opened; the elements are cut with the model's masks and the caption
+    is the model's."""
     from helpers_prepare import save_tiny_captioner, save_tiny_sam3
 
     raw, out = tmp_path / "raw", tmp_path / "out"
     generate(raw, videos=1, shots=1, shot_seconds=3.5)
     (raw / "footage_000.txt").unlink()  # no sidecar: the model captions
     sam, captioner = save_tiny_sam3(tmp_path / "sam3"), save_tiny_captioner(tmp_path / "captioner")
-    summary = _prepare(raw, out, f"elements.sam_model={sam}", "elements.min_score=0", "elements.min_sharpness=0",
-                       "elements.min_area_share=0", "elements.max_foreground_share=1", f"captions.model={captioner}",
-                       "captions.max_new_tokens=4")
+    summary = _prepare(raw, out, f"elements.sam_model={sam}", "elements.tracker=none", "elements.min_score=0",
+                       "elements.min_sharpness=0", "elements.min_area_share=0", "elements.max_foreground_share=1",
+                       f"captions.model={captioner}", "captions.max_new_tokens=4")
     assert summary["counts"]["clips"] == 1, summary
     (r,) = [json.loads(line) for line in (out / "prepare_manifest.jsonl").read_text().splitlines()]
     assert r["backend"] == "learned" and r["models"] == [str(sam)]

@@ -57,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = f"cuda:{args.local_rank}" if torch.cuda.is_available() else "cpu"
-    summary = prepare(cfg, args.input, args.output, no_caption=args.no_caption, rank=rank, world=world,
-                      device=device, barrier=_barrier(world), check=check_dataset)
+    try:  # a model folder that cannot do what the config asks is found when the backend loads
+        summary = prepare(cfg, args.input, args.output, no_caption=args.no_caption, rank=rank, world=world,
+                          device=device, barrier=_barrier(world), check=check_dataset)
+    except PrepareConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     return 0 if summary is None or summary.get("check_exit_code", 0) == 0 else 1
 
 

@@ -85,8 +85,14 @@ class Classical:
 @dataclass
 class Elements:
     backend: str = "auto"  # auto: learned when sam_model is set, else classical
-    sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks on every track frame)
+    sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks on a frame)
     sam_batch: int = 8  # track frames per Sam3Model forward
+    # The learned backend follows each element's best detection through the shot: sam3
+    # (Sam3TrackerVideoModel, from the same checkpoint as the detector by default), sam2
+    # (Sam2VideoModel, a SAM 2.1 tracker_model) or none (a detection on every track frame).
+    tracker: str = "sam3"
+    tracker_model: Optional[str] = None  # the tracker's folder or hub id; null: sam_model (sam3 only)
+    detect_every: Optional[int] = None  # detect on every this-many-th track frame; null: 8 with a tracker, else 1
     items: list[Element] = field(default_factory=lambda: [
         Element("person", "subject", "person"), Element("object", "object", "object"),
         Element("background", "background", "background")])
@@ -136,6 +142,7 @@ def _check(cfg: PrepareConfig) -> None:
         raise PrepareConfigError(f"elements.backend: {e.backend!r} is not one of auto, classical, learned")
     if e.backend == "learned" and not e.sam_model:
         raise PrepareConfigError("elements.backend: learned needs elements.sam_model (a Sam3Model folder or hub id)")
+    _check_tracker(e)
     for i, it in enumerate(e.items):
         if it.role not in ROLES:
             raise PrepareConfigError(f"elements.items.{i}.role: {it.role!r} is not one of {', '.join(ROLES)}")
@@ -144,6 +151,33 @@ def _check(cfg: PrepareConfig) -> None:
         raise PrepareConfigError(f"elements.items: needs exactly one subject and at most one background, got {roles}")
     if len({it.name for it in e.items}) != len(e.items):
         raise PrepareConfigError("elements.items: two elements share a name (each is the file suffix ID_<name>.png)")
+
+
+TRACKERS = ("none", "sam3", "sam2")
+
+
+def _check_tracker(e: Elements) -> None:
+    if e.tracker not in TRACKERS:
+        raise PrepareConfigError(f"elements.tracker: {e.tracker!r} is not one of {', '.join(TRACKERS)}")
+    if e.detect_every is not None and e.detect_every < 1:
+        raise PrepareConfigError(f"elements.detect_every: {e.detect_every} must be at least 1 (1: every track frame)")
+    if e.tracker == "none" and detect_every(e) > 1:
+        raise PrepareConfigError(f"elements.detect_every: {e.detect_every} needs a tracker to fill the frames between "
+                                 "detections; set elements.tracker to sam3 or sam2, or elements.detect_every=1")
+    if e.tracker == "none" and e.tracker_model:
+        raise PrepareConfigError(f"elements.tracker_model: {e.tracker_model} is set but elements.tracker is none; "
+                                 "set elements.tracker to sam3 or sam2, or elements.tracker_model=null")
+    if e.tracker == "sam2" and not e.tracker_model:
+        raise PrepareConfigError("elements.tracker: sam2 needs elements.tracker_model (a SAM 2.1 checkpoint, e.g. "
+                                 "facebook/sam2.1-hiera-large); sam3 tracks with the detector's own checkpoint")
+
+
+def detect_every(e: Elements) -> int:
+    """Track frames per detection: elements.detect_every, else 8 with a tracker (the detections
+    only choose each element's prompt frame) and 1 without (every frame needs its own)."""
+    if e.detect_every is not None:
+        return e.detect_every
+    return 1 if e.tracker == "none" else 8
 
 
 def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> PrepareConfig:
