@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
+import torch
 from diffusers import WanTransformer3DModel
 
 from e2v.config.schema import Config
@@ -46,10 +48,14 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
         targets = [t for t in targets if t not in ("add_k_proj", "add_v_proj")]
     if not transformer.config.added_kv_proj_dim and isinstance(targets, list):
         targets = [t for t in targets if t not in ("add_k_proj", "add_v_proj")]
-    transformer.add_adapter(LoraConfig(
-        r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-        target_modules=targets, init_lora_weights=True if cfg.lora.init_weights == "default" else "gaussian",
-    ))
+    # A plan on the meta device (the start-up check, the memory estimate) gets its adapters there
+    # too: created on the CPU and initialised, a 14B model's take seconds and gigabytes.
+    on_meta = next(transformer.parameters()).is_meta
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        transformer.add_adapter(LoraConfig(
+            r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            target_modules=targets, init_lora_weights=True if cfg.lora.init_weights == "default" else "gaussian",
+        ))
     full = []
     regexes = [re.compile(p) for p in full_patterns]
     for name, p in transformer.named_parameters():
