@@ -49,23 +49,24 @@ def pipeline(root: Path, boundary: float = 0.9, shards: int = 2, present: int = 
     return root
 
 
-def two_ranks(cases: list[tuple[Path, Path]]) -> list[list[str]]:
-    """Each rank's line per case (rank 0's folder, rank 1's), from two processes that must finish
-    within 300 s (most of it importing on a loaded 2-core machine)."""
+def two_ranks(script: str, arg: str, marks: tuple[str, ...] = ("AGREED", "STOPPED"),
+              timeout: float = 300) -> list[list[str]]:
+    """Each rank's lines that start with one of `marks`, from two gloo processes running
+    `script` with `arg`, that must finish within `timeout` seconds (most of it importing on a
+    loaded 2-core machine)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    arg = json.dumps([[str(a), str(b)] for a, b in cases])
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, arg], cwd=ROOT, env={**env, "RANK": str(r)},
+    procs = [subprocess.Popen([sys.executable, "-c", script, arg], cwd=ROOT, env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
-    return [[line for line in o.splitlines() if line.startswith(("AGREED", "STOPPED"))] for o in outs]
+    return [[line for line in o.splitlines() if line.startswith(marks)] for o in outs]
 
 
 CASES = {
@@ -82,7 +83,7 @@ def test_two_ranks_with_different_local_copies_decide_alike_or_stop_alike(tmp_pa
 
     cases = [(pipeline(tmp_path / name / "node0"), pipeline(tmp_path / name / "node1", **rank1))
              for name, (rank1, _) in CASES.items()]
-    rank0, rank1 = two_ranks(cases)
+    rank0, rank1 = two_ranks(RANK_SCRIPT, json.dumps([[str(a), str(b)] for a, b in cases]))
     assert len(rank0) == len(rank1) == len(CASES), (rank0, rank1)  # every case ended on both ranks
     for (name, (_, expect)), line0, line1 in zip(CASES.items(), rank0, rank1):
         assert line0 == line1, (name, line0, line1)  # the same decision, or the same message, on both

@@ -257,7 +257,8 @@ def test_buckets_count_the_valid_range_and_measure_the_crop(fixture_root):
     assert a.bucket == (17, 64, 64)  # 18 frames in face_cut (24 in the clip: 21 would fit the whole clip)
 
 
-def test_validator_names_each_defect(fixture_root, tmp_path):
+def test_validator_names_each_defect_and_training_refuses_the_same(fixture_root, tmp_path, monkeypatch):
+    from e2v.data.dataset import index_samples
     from tools import check_dataset
 
     cfg = tmp_path / "cfg.yaml"
@@ -272,6 +273,10 @@ def test_validator_names_each_defect(fixture_root, tmp_path):
     errors = {(p["sample"], p["kind"]) for p in json.loads(report.read_text())["problems"] if p["severity"] == "error"}
     assert errors == {("bad_rle", "bad_rle"), ("missing_video", "video_missing"),
                       ("crop_outside", "crop_outside_video")}, out.getvalue()
+    monkeypatch.setenv("E2V_CACHE_DIR", str(tmp_path / "cache"))
+    refused = []
+    index_samples(config(fixture_root, "train.micro_batch_size=1"), verbose=False, stop_on_bad=False, excluded=refused)
+    assert {(p.sample, p.kind) for p in refused} == errors  # the start-up check: the same samples, the same kinds
 
 
 def test_importer_writes_the_folder_layout_resumably(fixture_root, tmp_path):

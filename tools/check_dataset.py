@@ -4,25 +4,27 @@
     python tools/check_dataset.py --data_root path/to/e2v_folder        # elements of configs/e2v.yaml
         [--json report.json] [--contact-sheet DIR] [--workers N]
 
-Per sample: the video decodes (first, middle and last frame), its frame count fits a frame bucket
-(too short = error; with data.fps, counted at that rate), its fps is near the dataset's median
-and constant (variable frame rate: a warning; with data.fps, not below that rate instead); its
-size and aspect against the target (upscaling, heavy cropping: warnings); a source's valid frame
-range and crop box inside the clip (OpenS2V: `frame_range_outside_video`, `crop_outside_video`;
-its JSON-level problems, such as `bad_rle`, `mask_outside_frame`, `video_missing`, come from
-indexing); required
-elements present and loadable, element image size (over data.max_image_pixels: error) and mode;
-empty captions and captions that are not UTF-8 (errors), duplicate captions and captions over the
-text encoder's 512 tokens (warnings: the rest is cut off); paths outside the dataset root (error
-unless data.allow_outside_root). Per dataset: a
-missing or unreadable CSV / JSONL file (error), orphan files that belong to no sample, duplicate
-ids (two videos of one id: error; a repeated CSV / JSONL row: warning, it trains twice), and
-bucket occupancy per epoch (after repeat and weight, as training counts it) against
-micro_batch_size x world size. Prints a summary table and one line per problem (file: problem ->
-fix), writes a JSON report, and exits 1 when a sample would fail training (0 otherwise; 2 for a
-config error). It never stops on a bad file: whatever a sample holds, it becomes a named problem
-and the report is written. `--contact-sheet DIR` writes one PNG per sample: references, then the first,
-middle and last frames, for a person to look at. Workers run in parallel processes.
+Per sample, the rules training applies before its first step, from the same code
+(e2v/data/preflight.py: `sample_facts`, `sample_problems`), so what this reports as an error is
+what training refuses: the video decodes (first and last frame), a source's valid frame range and
+crop box lie inside the clip (OpenS2V: `frame_range_outside_video`, `crop_outside_video`; its
+JSON-level problems, such as `bad_rle`, `mask_outside_frame`, `video_missing`, come from
+indexing), its frame count fits a frame bucket (too short = error; with data.fps, counted at that
+rate), references a source cuts can be cut, required elements present and loadable (over
+data.max_image_pixels: error), tiny references (a warning), empty captions and captions that are
+not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root). Then
+this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
+data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
+cropping), element image mode, duplicate captions and captions over the text encoder's 512
+tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
+orphan files that belong to no sample, duplicate ids (two videos of one id: error; a repeated
+CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
+weight, as training counts it) against micro_batch_size x world size. Prints a summary table and
+one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
+would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
+sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
+one PNG per sample: references, then the first, middle and last frames, for a person to look at.
+Workers run in parallel processes (training's pool).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,13 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2v.config.shapes import TEXT_LEN  # noqa: E402
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
-from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, choose_bucket, with_repeats  # noqa: E402
+from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats  # noqa: E402
 from e2v.data.elements import discover, orphan_files  # noqa: E402
-from e2v.data.sample import MetadataError, Problem, Sample, element_paths
-from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError, clip_window,
-    frame_intervals, load_image, probe_video, supported_frames)
+from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
+from e2v.data.media import MediaError, frame_intervals, load_image  # noqa: E402
 from e2v.models.load import load_tokenizer  # noqa: E402
-from e2v.data.preflight import quiet_decoder, quiet_worker, summarize  # noqa: E402
+from e2v.data.preflight import (cut_references, map_samples, read_job, sample_facts, sample_problems,  # noqa: E402
+                                summarize)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
@@ -66,9 +67,9 @@ MAX_CROP = 0.25  # center_crop cutting more than this share of the frame: a warn
 THUMB = 96  # contact sheet row height (px)
 
 
-def _frames(path: Path, info) -> np.ndarray:
-    """First, middle and last frame, uint8 [3,H,W,3] (decoding the tail catches truncated files)."""
-    idx = [0, info.frames // 2, info.frames - 1]
+def _frames(path: Path, frames: int) -> np.ndarray:
+    """First, middle and last frame of a clip of `frames` frames, uint8 [3,H,W,3]."""
+    idx = [0, frames // 2, frames - 1]
     if path.suffix == ".npz":
         with np.load(path) as z:
             return z["frames"][idx]
@@ -96,101 +97,80 @@ def check_sample(job: tuple) -> dict:
 
 
 def _check_sample(job: tuple) -> dict:
+    """Training's own read and rules (e2v/data/preflight.py: what refuses a sample), then the
+    validator's warnings and the contact sheet."""
     s, cfg, sheet_dir = job
-    problems: list[Problem] = []
-
-    def add(file, problem, fix, kind, severity="error"):
-        problems.append(Problem(s.id, str(file), problem, fix, kind, severity))
-
+    cut_error = cut_references(s)  # before the read: it writes the element files
+    facts = {**sample_facts(read_job(s, cfg)), "cut_error": cut_error}
+    problems = sample_problems(s, facts, cfg) + frame_rate_warnings(s, facts, cfg) + fit_warnings(s, facts, cfg) + \
+        mode_warnings(s, facts)
     out = {"id": s.id, "dataset": s.dataset, "video": str(s.video)}
-    if not s.prompt.strip():
-        add(s.prompt_source, "empty caption", "write the prompt (one line of text)", "empty_caption")
-    tiles, frames = [], None
-    info = None
-    try:
-        info = probe_video(s.video)
-        frames = _frames(s.video, info)
-        out.update(frames=info.frames, height=info.height, width=info.width, fps=info.fps)
-    except MediaError as e:
-        add(s.video, str(e).replace(f"{s.video}: ", ""), "re-encode or replace the clip, or remove the sample",
-            "video_unreadable")
-    except Exception as e:  # decord raises its own types on truncated streams
-        add(s.video, f"cannot decode frames: {str(e).splitlines()[0][:200]}", "re-encode or replace the clip",
-            "video_unreadable")
-    # with data.fps frames are taken by time, so a variable rate keeps its motion speed: nothing to warn
-    if frames is not None and s.video.suffix != ".npz" and cfg.data.fps is None:
-        try:
-            gaps = frame_intervals(s.video)
-        except MediaError as e:
-            gaps = np.zeros(0)
-            add(s.video, str(e), "re-encode the clip", "video_unreadable", "warning")
-        if len(gaps) and gaps.min() > 0 and gaps.max() / gaps.min() > VFR_RATIO:
-            add(s.video, f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so motion "
-                "speed changes within the clip (frames are taken by index)", "set data.fps (frames by time), or "
-                "re-encode at a constant rate, e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT", "variable_fps", "warning")
-    window_ok = True
-    if info is not None and (s.frame_range is not None or s.crop is not None):
-        try:  # a source's valid frame range and crop box (OpenS2V): the part of the clip that trains
-            info.frames, info.height, info.width = clip_window(s.video, info.frames, info.height, info.width,
-                                                               s.frame_range, s.crop)
-        except WindowError as e:
-            add(s.video, str(e).replace(f"{s.video}: ", ""), "fix the entry's frame range / crop box in its "
-                "metadata, or remove the entry", e.kind)
-            info, window_ok = None, False
-    if info is not None:
-        try:
-            available = supported_frames(s.video, out["frames"], cfg.data.fps, s.frame_range)
-            f, h, w = choose_bucket(available, info.height, info.width, cfg)
-            out["bucket"] = [f, h, w]
-            if info.height < h or info.width < w:
-                add(s.video, f"{info.width}x{info.height} is upscaled to its {w}x{h} bucket (blurry target)",
-                    "use a larger source, or a smaller data.resolution", "upscaled", "warning")
-            crop = 1 - min(info.width / info.height / (w / h), (w / h) / (info.width / info.height))
-            if cfg.data.video_resize == "center_crop" and crop > MAX_CROP:
-                add(s.video, f"aspect {info.width}x{info.height} vs target {w}x{h}: center_crop cuts {crop:.0%} "
-                    "of each frame", "add a data.resolution_buckets entry of this aspect", "aspect", "warning")
-        except TooShortError as e:
-            add(s.video, str(e), "use a longer clip, or allow shorter data.frame_buckets", "too_short")
-        except NoClockError as e:
-            problem, fix = str(e).replace(f"{s.video}: ", "").split("; ", 1)
-            add(s.video, problem, fix, "no_clock")
-        except MediaError as e:  # unreadable timestamps
-            add(s.video, str(e).replace(f"{s.video}: ", ""), "re-encode the clip", "video_unreadable")
-    if s.make_elements is not None and window_ok:  # (outside the window: the cut fails for the same reason)
-        try:  # references the source cuts from its masks: built here as training builds them
-            element_paths(s)
-        except (MediaError, OSError, ValueError) as e:
-            add(s.video, f"references cannot be cut: {e}", "fix the entry's masks / crop box, or remove the entry",
-                "reference_unbuildable")
-    for name, path in s.elements.items():
-        if s.make_elements is not None and not path.exists():
-            continue  # its cut failed: named once above
-        try:
-            with Image.open(path) as raw:
-                mode, size = raw.mode, raw.size
-            img = load_image(path, cfg.data.max_image_pixels)
-        except ImageTooLargeError as e:
-            problem, fix = str(e).replace(f"{path}: ", "").split("; ", 1)
-            add(path, f"element '{name}' {problem}", fix, "element_too_large")
-            continue
-        except (MediaError, OSError) as e:
-            add(path, f"element '{name}' unreadable ({e})",
-                "replace the image (PNG or JPEG, RGB or RGBA)", "element_unreadable")
-            continue
-        tiles.append(_thumb(img))
-        if mode not in ELEMENT_MODES:
-            add(path, f"element '{name}' has image mode {mode}", "save it as RGB or RGBA PNG", "element_mode", "warning")
-        th, tw = cfg.data.resolution
-        if max(size) * 4 < max(th, tw):
-            add(path, f"element '{name}' is {size[0]}x{size[1]}, tiny against the {tw}x{th} target",
-                "use a larger reference image", "element_small", "warning")
-    if sheet_dir is not None and frames is not None:
-        tiles += [_thumb(Image.fromarray(fr)) for fr in frames]
-        gap = np.full((THUMB, 4, 3), 255, np.uint8)
-        row = np.concatenate([t for tile in tiles for t in (tile, gap)][:-1], axis=1)
-        Image.fromarray(row).save(Path(sheet_dir) / f"{s.dataset}_{s.id}.png")
+    if "probe" in facts:
+        out.update(zip(("frames", "height", "width", "fps"), facts["probe"]))
+    if s.bucket is not None:
+        out["bucket"] = list(s.bucket)
+    if sheet_dir is not None and "probe" in facts:
+        contact_sheet(s, facts, cfg, Path(sheet_dir) / f"{s.dataset}_{s.id}.png")
     out["problems"] = [asdict(p) for p in problems]
     return out
+
+
+def frame_rate_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
+    """A clip whose frames are unevenly spaced (variable frame rate). With data.fps frames are
+    taken by time, so a variable rate keeps its motion speed: nothing to warn."""
+    if "probe" not in facts or s.video.suffix == ".npz" or cfg.data.fps is not None:
+        return []
+    try:
+        gaps = frame_intervals(s.video)
+    except MediaError as e:
+        return [Problem(s.id, str(s.video), str(e), "re-encode the clip", "video_unreadable", "warning")]
+    if not (len(gaps) and gaps.min() > 0 and gaps.max() / gaps.min() > VFR_RATIO):
+        return []
+    return [Problem(s.id, str(s.video), f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so "
+                    "motion speed changes within the clip (frames are taken by index)", "set data.fps (frames by "
+                    "time), or re-encode at a constant rate, e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT",
+                    "variable_fps", "warning")]
+
+
+def fit_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
+    """The usable part of the clip against its bucket: upscaled (a blurry target), or an aspect
+    that center_crop cuts heavily."""
+    if s.bucket is None:
+        return []
+    _, h, w = s.bucket
+    height, width = facts["height"], facts["width"]
+    out = []
+    if height < h or width < w:
+        out.append(Problem(s.id, str(s.video), f"{width}x{height} is upscaled to its {w}x{h} bucket (blurry target)",
+                           "use a larger source, or a smaller data.resolution", "upscaled", "warning"))
+    crop = 1 - min(width / height / (w / h), (w / h) / (width / height))
+    if cfg.data.video_resize == "center_crop" and crop > MAX_CROP:
+        out.append(Problem(s.id, str(s.video), f"aspect {width}x{height} vs target {w}x{h}: center_crop cuts "
+                           f"{crop:.0%} of each frame", "add a data.resolution_buckets entry of this aspect", "aspect",
+                           "warning"))
+    return out
+
+
+def mode_warnings(s: Sample, facts: dict) -> list[Problem]:
+    """References in a mode whose 8-bit scale load_image has to guess (I, F)."""
+    out = []
+    for name, e in facts["elements"].items():
+        if "size" in e:
+            with Image.open(s.elements[name]) as raw:
+                mode = raw.mode
+            if mode not in ELEMENT_MODES:
+                out.append(Problem(s.id, str(s.elements[name]), f"element '{name}' has image mode {mode}",
+                                   "save it as RGB or RGBA PNG", "element_mode", "warning"))
+    return out
+
+
+def contact_sheet(s: Sample, facts: dict, cfg, path: Path) -> None:
+    """One PNG row: the readable references, then the clip's first, middle and last frame."""
+    tiles = [_thumb(load_image(s.elements[name], cfg.data.max_image_pixels))
+             for name, e in facts["elements"].items() if "size" in e]
+    tiles += [_thumb(Image.fromarray(fr)) for fr in _frames(s.video, facts["probe"][0])]
+    gap = np.full((THUMB, 4, 3), 255, np.uint8)
+    Image.fromarray(np.concatenate([t for tile in tiles for t in (tile, gap)][:-1], axis=1)).save(path)
 
 
 def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
@@ -311,13 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen.setdefault(s.video, s.id)
     if args.contact_sheet:
         Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)
-    jobs = [(s, cfg, args.contact_sheet) for s in samples]
-    if args.workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(args.workers, initializer=quiet_worker) as pool:  # decoder lines: the problem says it
-            results = list(pool.map(check_sample, jobs, chunksize=max(1, min(32, len(jobs) // (4 * args.workers)))))
-    else:
-        quiet_decoder()
-        results = [check_sample(j) for j in jobs]
+    results = list(map_samples(check_sample, [(s, cfg, args.contact_sheet) for s in samples], args.workers))
     problems += [Problem(**d) for r in results for d in r["problems"]]
     cross, table = dataset_problems(cfg, samples, results, args.world_size)
     problems += cross

@@ -208,7 +208,7 @@ def probe_video(path: str | Path) -> VideoInfo:
     try:
         first = vr[0].shape
     except Exception as e:
-        raise MediaError(f"cannot decode the first frame of {path}: {e}") from e
+        raise MediaError(f"cannot decode the first frame of {path} (truncated or damaged): {e}") from e
     _check_channels(first, path)
     return VideoInfo(len(vr), first[0], first[1], float(vr.get_avg_fps()))
 
@@ -361,7 +361,7 @@ def _reader(path):
     try:
         return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
     except Exception as e:
-        raise MediaError(f"cannot decode video {path}: {e}") from e
+        raise MediaError(f"cannot open video {path} (truncated, damaged or not a video): {e}") from e
 
 
 def frame_indices(available: int, num_frames: int, stride: int = 1, start: int = 0) -> list[int]:

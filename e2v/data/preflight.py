@@ -1,12 +1,15 @@
 """The data check before the first step: every sample's files opened once, in parallel, so a bad
-clip, caption or reference stops (or leaves) the run at start instead of hours in.
+clip, caption or reference stops (or leaves) the run at start instead of hours in. The one home of
+the rules that decide whether a sample can train: training (dataset.index_samples), `--dry_run`
+and tools/check_dataset.py (which adds warnings of its own) all read a sample with `sample_facts`
+and judge it with `sample_problems`.
 
-Per sample: the clip is opened and decoded at its first and last frame (a truncated mp4 keeps a
-header that claims every frame; only decoding the tail finds it), its usable frame count is
-known (media.supported_frames: at data.fps when set), the caption is read (discovery reads it; an
-empty one is a problem here), and every element file is opened and decoded (media.load_image, the
-loader's own reader). Training (dataset.index_samples), `--dry_run` and tools/check_dataset.py all
-call `sample_facts` / `check_samples`: one home for what makes a sample usable.
+Per sample: the references a source cuts on first use are cut (`cut_references`); the clip is
+opened and decoded at its first and last frame (a truncated mp4 keeps a header that claims every
+frame; only decoding the tail finds it), its valid frame range and crop box are checked against it
+and its usable frame count is known (media.supported_frames: at data.fps when set); the caption is
+read (discovery reads it; an empty one is a problem here); and every element file is opened and
+decoded (media.load_image, the loader's own reader).
 
 Facts are cached by file fingerprint (path, size, mtime of the clip and of each element file, plus
 the settings that change them: data.fps, data.max_image_pixels), so a restart re-reads only what
@@ -29,14 +32,22 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from e2v.config.schema import Config
-from e2v.data.media import (MediaError, TooShortError, WindowError, clip_window, load_image, probe_video,
-                            supported_frames)
+from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError, clip_window,
+                            load_image, probe_video, supported_frames)
 from e2v.data.buckets import choose_bucket
 from e2v.data.sample import Problem, Sample, element_paths
 
-CACHE_VERSION = 1
-FIX_VIDEO = "re-encode or replace the clip, or remove the sample"
+CACHE_VERSION = 2
 SMALL_REFERENCE = 4  # a reference whose longer side is under 1/4 of the target's: a warning
+WINDOW_KINDS = ("frame_range_outside_video", "crop_outside_video")  # media.WindowError's kinds
+FIXES = {  # problem kind -> what the user does about it (a problem whose error names its own fix: that one)
+    "empty_caption": "write the prompt (one line of text)",
+    "video_unreadable": "re-encode or replace the clip, or remove the sample",
+    **dict.fromkeys(WINDOW_KINDS, "fix the entry's frame range / crop box in its metadata, or remove the entry"),
+    "too_short": "use a longer clip, or lower data.num_frames / allow shorter data.frame_buckets",
+    "reference_unbuildable": "fix the entry's masks / crop box, or remove the entry",
+    "element_unreadable": "replace the image (PNG or JPEG, RGB or RGBA)",
+}
 
 
 def cache_dir() -> Path:
@@ -78,35 +89,81 @@ def quiet_worker() -> None:
     os.close(devnull)
 
 
+def cut_references(s: Sample) -> str | None:
+    """Write the references a source cuts from its clips on first use (OpenS2V: element_paths),
+    before anything reads or fingerprints them; why they cannot be cut, or None."""
+    if getattr(s, "make_elements", None) is None:
+        return None
+    try:
+        element_paths(s)
+    except Exception as e:  # noqa: BLE001 - a mask or crop that does not fit: the sample's problem
+        return str(e)[:300]
+    return None
+
+
+def read_job(s: Sample, cfg: Config) -> tuple:
+    """What sample_facts reads for one sample (plain values: it goes to a worker process)."""
+    return (str(s.video), {n: str(p) for n, p in s.elements.items()}, cfg.data.fps, cfg.data.max_image_pixels,
+            s.frame_range, s.crop)
+
+
+def _error(problem: str, kind: str, fix: str | None = None) -> dict:
+    return {"problem": problem, "kind": kind, "fix": fix or FIXES[kind]}
+
+
+def _unpathed(e: Exception, path) -> str:
+    """An error's first line without the file's path (the problem line names the file)."""
+    return (str(e).splitlines() or [type(e).__name__])[0][:300].replace(f" {path}", "").replace(f"{path}: ", "")
+
+
+def _error_naming_its_fix(e: Exception, path, kind: str, what: str = "") -> dict:
+    """An error whose message names its own fix ("PATH: problem; fix")."""
+    problem, fix = str(e).replace(f"{path}: ", "").split("; ", 1)
+    return _error(what + problem, kind, fix)
+
+
 def sample_facts(job: tuple) -> dict:
-    """(video path, {element: path}, data.fps, max_image_pixels, frame range, crop box) -> the facts
-    of one sample's files: frames (usable at fps, within the sample's frame range), height, width
-    (of its crop), fps, video_error or window_error, and per element its size or its error. Runs in
-    a worker; never raises (an unforeseen failure is the sample's error)."""
+    """read_job's tuple -> the facts of one sample's files: the clip as probed when it decodes at
+    both ends (probe: frames, height, width, fps), what of it the sample may use (frames: usable
+    at fps within its frame range; height, width: of its crop box), video_error, and per element
+    its size or its error. Runs in a worker; never raises (an unforeseen failure is the sample's
+    error)."""
     video, elements, fps, max_pixels, frame_range, crop = job
-    out: dict = {"video_error": None, "window_error": None, "elements": {}}
+    out: dict = {"video_error": None, "elements": {}}
     try:
         info = probe_video(video)
         if Path(video).suffix != ".npz":  # npz: the header was read; its frames load whole
-            _decode_last(video, info.frames)
+            _decode_last(video)
+        out["probe"] = [info.frames, info.height, info.width, info.fps]  # the clip decodes at both ends
         _, height, width = clip_window(video, info.frames, info.height, info.width, frame_range, crop)
         out.update(frames=supported_frames(video, info.frames, fps, frame_range), height=height, width=width,
                    fps=info.fps)
     except WindowError as e:  # the source's frame range or crop box does not fit the clip
-        out["window_error"] = [str(e).replace(f"{video}: ", ""), e.kind]
+        out["video_error"] = _error(_unpathed(e, video), e.kind)
+    except NoClockError as e:  # data.fps asks an .npz clip for timestamps it does not have
+        out["video_error"] = _error_naming_its_fix(e, video, "no_clock")
+    except MediaError as e:  # ours: it says what is wrong (damaged, truncated, a decord width bug, ...)
+        out["video_error"] = _error(_unpathed(e, video), "video_unreadable")
     except Exception as e:  # decord raises its own types on damaged streams
-        text = (str(e).splitlines() or [type(e).__name__])[0][:300].replace(f"{video}: ", "").replace(f" {video}", "")
-        out["video_error"] = text if "truncated" in text else f"cannot open the clip (truncated, damaged or not a video: {text})"
+        out["video_error"] = _error(f"cannot open the clip (truncated, damaged or not a video: {_unpathed(e, video)})",
+                                    "video_unreadable")
     for name, path in elements.items():
-        try:
-            img = load_image(path, max_pixels)
-            out["elements"][name] = {"size": list(img.size)}
-        except Exception as e:
-            out["elements"][name] = {"error": str(e).replace(f"{path}: ", "")[:300]}
+        out["elements"][name] = _element_facts(name, path, max_pixels)
     return out
 
 
-def _decode_last(video: str, frames: int) -> None:
+def _element_facts(name: str, path: str, max_pixels: int) -> dict:
+    """{"size": [w, h]} of a reference the loader can read, else {"error": ..., "absent": ...}."""
+    try:
+        return {"size": list(load_image(path, max_pixels).size)}
+    except ImageTooLargeError as e:
+        return {"error": _error_naming_its_fix(e, path, "element_too_large", f"element '{name}' "), "absent": False}
+    except Exception as e:  # noqa: BLE001 - PIL raises many types; the file is named either way
+        return {"error": _error(f"element '{name}' unreadable ({_unpathed(e, path)})", "element_unreadable"),
+                "absent": not Path(path).exists()}
+
+
+def _decode_last(video: str) -> None:
     import decord
 
     vr = decord.VideoReader(str(video), ctx=decord.cpu(0), num_threads=1)
@@ -135,7 +192,7 @@ def _save_cache(path: Path, facts: dict) -> None:
         print(f"[e2v data] note: data check cache not written ({e})", file=sys.stderr)
 
 
-def _pool(workers: int, n: int):
+def _pool(workers: int):
     """Worker processes (forked: nothing to import again) unless CUDA is already up in this
     process (a forked child must not touch it), then threads (decord and Pillow release the GIL
     while decoding)."""
@@ -146,6 +203,18 @@ def _pool(workers: int, n: int):
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=quiet_worker)
 
 
+def map_samples(fn, jobs: list, workers: int):
+    """fn(job) for every job, yielded in order as they finish, in `workers` parallel workers (in
+    this process when one is enough); decoder log lines silenced (every failure is a sample's
+    problem instead). Consume it to the end: the pool closes then."""
+    if workers > 1 and len(jobs) > 1:
+        with _pool(workers) as pool:
+            yield from pool.map(fn, jobs, chunksize=max(1, min(16, len(jobs) // (4 * workers))))
+    else:
+        quiet_decoder()
+        yield from map(fn, jobs)
+
+
 def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -153,15 +222,11 @@ def default_workers() -> int:
 def collect_facts(cfg: Config, samples: list[Sample], *, workers: int | None = None, progress: bool = True,
                   cache: bool = True) -> dict[str, dict]:
     """fingerprint -> facts for every distinct sample, from the cache where the files are unchanged,
-    else read now (in parallel, with a progress bar). The cache is one file per data root."""
+    else read now (in parallel, with a progress bar), with `cut_error` (cut_references, run every
+    time: never cached). The cache is one file per data root."""
     workers = default_workers() if workers is None else workers
     unique = list({id(s): s for s in samples}.values())
-    for s in unique:  # references a source cuts on first use (OpenS2V) are written now, then read like files
-        if getattr(s, "make_elements", None) is not None:
-            try:
-                element_paths(s)
-            except Exception:  # noqa: BLE001 - the missing file is then the sample's problem, named below
-                pass
+    cut = {id(s): cut_references(s) for s in unique}  # first: the fingerprints stat the files it writes
     keys = {fingerprint(s, cfg): s for s in unique}
     roots = sorted({str(Path(cfg.data.datasets[s.dataset].data_root).resolve()) for s in samples})
     path = cache_dir() / f"{hashlib.sha1('|'.join(roots).encode()).hexdigest()[:16]}.json"
@@ -171,55 +236,48 @@ def collect_facts(cfg: Config, samples: list[Sample], *, workers: int | None = N
     if todo:
         from tqdm import tqdm
 
-        jobs = [(str(keys[k].video), {n: str(p) for n, p in keys[k].elements.items()}, cfg.data.fps,
-                 cfg.data.max_image_pixels, keys[k].frame_range, keys[k].crop) for k in todo]
         bar = tqdm(total=len(todo), desc=f"checking data ({len(facts)} cached)", disable=not progress,
                    mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
-        if workers > 1 and len(todo) > 1:
-            with _pool(workers, len(todo)) as pool:
-                chunk = max(1, min(16, len(todo) // (4 * workers)))
-                for k, f in zip(todo, pool.map(sample_facts, jobs, chunksize=chunk)):
-                    facts[k] = f
-                    bar.update(1)
-        else:
-            quiet_decoder()
-            for k, job in zip(todo, jobs):
-                facts[k] = sample_facts(job)
-                bar.update(1)
+        for i, f in enumerate(map_samples(sample_facts, [read_job(keys[k], cfg) for k in todo], workers)):
+            facts[todo[i]] = f
+            bar.update(1)
         bar.close()
         if cache:
             _save_cache(path, {**{k: v for k, v in stored.items() if k not in keys}, **facts})
-    return facts
+    return {k: {**facts[k], "cut_error": cut[id(s)]} for k, s in keys.items()}
 
 
 def sample_problems(s: Sample, f: dict, cfg: Config) -> list[Problem]:
-    """The problems of one sample given its facts: errors (the sample would fail training) and
-    warnings (it trains, maybe badly). The bucket is set on the sample when the clip is usable."""
+    """The problems of one sample given its facts (sample_facts plus `cut_error`): errors (the
+    sample would fail training) and warnings (it trains, maybe badly). The bucket is set on the
+    sample when the clip is usable."""
     out = []
+
+    def add(file, e: dict, severity: str = "error"):
+        out.append(Problem(s.id, str(file), e["problem"], e["fix"], e["kind"], severity))
+
     if not s.prompt.strip():
-        out.append(Problem(s.id, s.prompt_source or str(s.video), "empty caption",
-                           "write the prompt (one line of text)", "empty_caption"))
-    if f["video_error"] is not None:
-        out.append(Problem(s.id, str(s.video), f["video_error"], FIX_VIDEO, "video_unreadable"))
-    elif f.get("window_error") is not None:
-        text, kind = f["window_error"]
-        out.append(Problem(s.id, str(s.video), text, "fix the sample's frame range / crop box in its metadata, or "
-                           "remove the sample", kind))
+        add(s.prompt_source or s.video, _error("empty caption", "empty_caption"))
+    video_error = f["video_error"]
+    if video_error is not None:
+        add(s.video, video_error)
     else:
         try:
             s.bucket = choose_bucket(f["frames"], f["height"], f["width"], cfg)
         except TooShortError as e:
-            out.append(Problem(s.id, str(s.video), str(e), "use a longer clip, or lower data.num_frames / allow "
-                               "shorter data.frame_buckets", "too_short"))
+            add(s.video, _error(str(e), "too_short"))
+    outside = video_error is not None and video_error["kind"] in WINDOW_KINDS  # the cut fails for that reason
+    if f["cut_error"] is not None and not outside:
+        add(s.video, _error(f"references cannot be cut: {f['cut_error']}", "reference_unbuildable"))
     th, tw = cfg.data.resolution
     for name, e in f["elements"].items():
-        path = s.elements[name]
         if "error" in e:
-            out.append(Problem(s.id, str(path), f"element '{name}' unreadable ({e['error']})",
-                               "replace the image (PNG or JPEG, RGB or RGBA)", "element_unreadable"))
+            if not (e["absent"] and s.make_elements is not None):  # a reference never cut: named above
+                add(s.elements[name], e["error"])
         elif max(e["size"]) * SMALL_REFERENCE < max(th, tw):
-            out.append(Problem(s.id, str(path), f"element '{name}' is {e['size'][0]}x{e['size'][1]}, tiny against "
-                               f"the {tw}x{th} target", "use a larger reference image", "element_small", "warning"))
+            add(s.elements[name], _error(f"element '{name}' is {e['size'][0]}x{e['size'][1]}, tiny against the "
+                                         f"{tw}x{th} target", "element_small", "use a larger reference image"),
+                "warning")
     return out
 
 
