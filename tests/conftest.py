@@ -27,6 +27,7 @@ user."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -129,12 +131,27 @@ def close_process_group() -> None:
         cache.clear()
 
 
+def shared_root(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the parent of the workers' own
+    temporary folders), for what they share: the demo data and the early runs. Read-only to tests."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    return root
+
+
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "data"
+    """8 demo samples, made once per session by whichever worker comes first."""
     from tools.make_demo_dataset import main
 
-    main([str(out), "--num-samples", "8"])
+    out = shared_root(tmp_path_factory) / "demo" / "data"
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out.parent / "done").exists():
+            main([str(out), "--num-samples", "8"])
+            (out.parent / "done").touch()
     return out
 
 
@@ -247,11 +264,15 @@ class Launch:
 
     def __init__(self, cmd: list[str], env: dict | None = None, warm: bool = False):
         self.cmd, self.warm = cmd, warm
+        self.result: subprocess.CompletedProcess | None = None
+        self.shared, leader = _next_shared_result()  # an early run's: its result file, and who runs it
+        self.proc = None
+        if not leader:
+            return  # another worker runs it; wait() reads what it publishes
         env = {**os.environ, **LAUNCH_ENV, **(env or {})}
         self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
         self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
         self._outp.touch(), self._errp.touch()
-        self.result: subprocess.CompletedProcess | None = None
         if warm:
             nprocs, port, script, args = int(cmd[2]), int(cmd[4]), cmd[5], cmd[6:]
             req = dict(script=script, args=args, nprocs=nprocs, port=port, cwd=str(ROOT), env=env,
@@ -262,8 +283,35 @@ class Launch:
             with open(self._outp, "w") as out, open(self._errp, "w") as err:
                 self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
                                              env=env)
+        if self.shared is not None:
+            threading.Thread(target=self._publish, daemon=True).start()
+
+    def _publish(self) -> None:
+        """When the process ends, its result into the shared file (written whole, then renamed)."""
+        self.proc.wait()
+        tmp = self.shared.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"returncode": self.proc.returncode, "stdout": self._outp.read_text(),
+                                   "stderr": self._errp.read_text()}))
+        tmp.rename(self.shared)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _read_shared(self, timeout: int) -> subprocess.CompletedProcess:
+        deadline = time.time() + timeout
+        failed = self.shared.parent.with_suffix(".failed")
+        while not self.shared.exists():
+            if failed.exists():
+                raise AssertionError(f"the early start that runs {self.cmd[:4]} failed in another worker:\n"
+                                     f"{failed.read_text()[-4000:]}")
+            if time.time() > deadline:
+                self.kill()
+                raise subprocess.TimeoutExpired(self.cmd, timeout)
+            time.sleep(0.1)
+        r = json.loads(self.shared.read_text())
+        return subprocess.CompletedProcess(self.cmd, r["returncode"], r["stdout"], r["stderr"])
 
     def wait(self, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
+        if self.result is None and self.shared is not None:
+            self.result = self._read_shared(timeout)
         if self.result is None:
             try:
                 self.proc.wait(timeout=timeout)
@@ -283,6 +331,8 @@ class Launch:
         psutil processes."""
         import psutil
 
+        if self.proc is None:
+            raise RuntimeError("a run another worker started has no processes here")
         if self.warm:
             found: dict[int, list] = {}
             for rank, pid in json.loads((self._dir / "ranks.json").read_text()).items():
@@ -305,7 +355,7 @@ class Launch:
         """The launcher and every process under it (the ranks, their data workers)."""
         import psutil
 
-        if self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:
             return
         try:
             procs = psutil.Process(self.proc.pid).children(recursive=True) + [psutil.Process(self.proc.pid)]
@@ -407,7 +457,15 @@ ZERO3_OFFLOAD_RUN = ("train.max_steps=8", "train.micro_batch_size=2", "lora.alph
 # starter with `starts_early(fixture name)`: when the session starts and a selected test uses
 # that fixture, the starter runs (it returns at once, its processes work in the background while
 # the in-process tests run), and the fixture collects the result with `early(name, request)`,
-# starting it then if it was not started yet. Whatever is still running at the end is stopped.
+# starting it then if it was not started yet.
+#
+# Every worker calls every starter (each collects the whole suite and cannot know which test
+# files it will be given), but each early run runs once per session: the first worker to claim
+# a starter leads it; in the others it builds the same handles without starting anything, and
+# their Launch.wait() reads the result the leader's watcher publishes in the shared folder as
+# soon as the process ends. Starters keep their outputs in `early_dir` (the same path in every
+# worker) and do any work of their own only `if early_leader()`. A leader waits for its runs
+# at the end of its session (another worker may still need them), or stops them after a failure.
 
 _EARLY: dict = {}  # fixture name -> starter(request) -> handle (a Launch, a Popen, or a dict/tuple of them)
 
@@ -419,42 +477,84 @@ def starts_early(fixture_name: str):
     return register
 
 
-def _stop(handle) -> None:
+_SHARING: dict = {"dir": None, "leader": True, "count": 0}  # the early start being built, if any
+
+
+def _next_shared_result() -> tuple[Path | None, bool]:
+    """(this Launch's result file, whether this worker runs it): (None, True) outside an early start."""
+    if _SHARING["dir"] is None:
+        return None, True
+    _SHARING["count"] += 1
+    return _SHARING["dir"] / f"launch-{_SHARING['count']}.json", _SHARING["leader"]
+
+
+def early_leader() -> bool:
+    """Inside a starter: whether this worker runs it (see above)."""
+    return _SHARING["leader"]
+
+
+def early_dir(request, name: str) -> Path:
+    """A starter's output folder, the same in every worker."""
+    out = shared_root(request.getfixturevalue("tmp_path_factory")) / "early-out" / name
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _launches(handle) -> list[Launch]:
     if isinstance(handle, dict):
         handle = list(handle.values())
     if isinstance(handle, (list, tuple)):
-        for h in handle:
-            _stop(h)
-    elif isinstance(handle, Launch):
-        handle.kill()
-    elif isinstance(handle, subprocess.Popen) and handle.poll() is None:
-        handle.kill()
-        handle.wait()
+        return [launch for h in handle for launch in _launches(h)]
+    return [handle] if isinstance(handle, Launch) else []
+
+
+def _finish(handles: dict, failed: bool) -> None:
+    for launch in _launches(list(handles.values())):
+        if launch.proc is not None and not failed:
+            launch.wait(check=False)  # another worker may still need it
+        launch.kill()
 
 
 @pytest.fixture(scope="session")
 def _early_handles() -> dict:
-    handles: dict = {}
-    yield handles
-    for handle in handles.values():
-        _stop(handle)
+    return {}
 
 
 def _start(name: str, request, handles: dict):
     if name not in handles:
+        results = shared_root(request.getfixturevalue("tmp_path_factory")) / "early" / name
+        results.parent.mkdir(exist_ok=True)
+        try:
+            os.close(os.open(results.with_suffix(".leader"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            leader = True
+        except FileExistsError:
+            leader = False
+        results.mkdir(exist_ok=True)
         item, _running["item"] = _running["item"], None  # a shared start, for the tests marked by their fixture
+        _SHARING.update(dir=results, leader=leader, count=0)
         try:
             handles[name] = _EARLY[name](request)
+        except BaseException as e:
+            if leader:  # the other workers' waits stop with this, not at their time limit
+                results.with_suffix(".failed").write_text(f"{type(e).__name__}: {e}")
+            raise
         finally:
             _running["item"] = item
+            _SHARING.update(dir=None, leader=True, count=0)
     return handles[name]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_early(request, _early_handles):
-    if any(i.get_closest_marker("train") for i in request.session.items):
+    trains = any(i.get_closest_marker("train") for i in request.session.items)
+    if trains:
         _WarmServer.ensure()  # its imports overlap the first in-process tests
-        request.addfinalizer(_WarmServer.stop)
+
+    def finish():  # the early runs first: the warm server's ones end with it
+        _finish(_early_handles, failed=request.session.testsfailed > 0)
+        if trains:
+            _WarmServer.stop()
+    request.addfinalizer(finish)
     for name in _EARLY:
         if any(name in getattr(i, "fixturenames", ()) for i in request.session.items):
             _start(name, request, _early_handles)
@@ -469,7 +569,7 @@ def early(name: str, request):
 
 def _shared_start(run_id: str, sets: tuple, gpus: int):
     def start(request):
-        out = request.getfixturevalue("tmp_path_factory").mktemp(run_id)
+        out = early_dir(request, run_id)
         demo = request.getfixturevalue("demo_data")
         return launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
                             f"run_id={run_id}", *sets, num_gpus=gpus, launcher="deepspeed"), out / run_id

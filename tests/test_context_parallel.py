@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from conftest import (ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, early, launch_train, read_scalars, starts_early,
+from conftest import (ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, early, early_dir, launch_train, read_scalars, starts_early,
                       wait_all)
 
 TOL = 1e-5  # fp32: the split sums the same products in another order
@@ -187,7 +187,7 @@ LEAN_VIZ_RUN = (*VIZ_RUN, "validation.every_n_steps=4", "validation.num_videos=0
 
 @starts_early("cp_runs")
 def _start_cp_runs(request):
-    out = request.getfixturevalue("tmp_path_factory").mktemp("cp")
+    out = early_dir(request, "cp")
     common = (f"data.datasets.0.data_root={request.getfixturevalue('demo_data')}", f"output_dir={out}")
     dp2_sets = tuple(s for s in ZERO3_OFFLOAD_RUN if not s.startswith("train.max_steps"))
     # One intra-op thread per rank: 2 and 4 ranks share this machine's 2 cores, and torch's default

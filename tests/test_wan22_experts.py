@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import ROOT, early, launch_train, read_scalars, starts_early
+from conftest import ROOT, early, early_dir, early_leader, launch_train, read_scalars, starts_early
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
 
@@ -280,12 +280,13 @@ def _start_wan22_runs(request):
     the low-noise expert alone (vae) from a cache filled by tools/precompute.py first."""
     from tools.precompute import main as precompute
 
-    out = request.getfixturevalue("tmp_path_factory").mktemp("wan22")
+    out = early_dir(request, "wan22")
     data = request.getfixturevalue("demo_data")
     common = (f"data.datasets.0.data_root={data}", f"output_dir={out}")
     low = (*common, *RUN_LOW, f"cache.dir={out / 'cache'}")
-    assert precompute(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"),
-                       *[a for s in low if s != "cache.enabled=true" for a in ("--set", s)]]) == 0
+    if early_leader():  # the cache the low-noise run reads (tests/conftest.py: early runs are shared)
+        assert precompute(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"),
+                           *[a for s in low if s != "cache.enabled=true" for a in ("--set", s)]]) == 0
     return {"both": (launch_train("configs/e2v_tiny_lora.yaml", *common, *RUN_BOTH, "run_id=both"), out / "both"),
             "low": (launch_train("configs/e2v_tiny_lora.yaml", *low, "run_id=low"), out / "low")}
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT, early, launch_train, read_scalars, starts_early
+from conftest import ROOT, early, early_dir, launch_train, read_scalars, starts_early
 
 TINY_TI2V = str(ROOT / "configs/e2v_wan22_ti2v_tiny.yaml")
 S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)
@@ -436,7 +436,7 @@ RUN_SETS = ("data.resolution=[64,64]", "train.max_steps=4", "train.micro_batch_s
 
 @starts_early("ti2v_run")
 def _start_ti2v_run(request):
-    out = request.getfixturevalue("tmp_path_factory").mktemp("ti2v")
+    out = early_dir(request, "ti2v")
     demo = request.getfixturevalue("demo_data")
     return launch_train(TINY_TI2V, f"data.datasets.0.data_root={demo}", f"output_dir={out}", "run_id=ti2v",
                         *RUN_SETS), out / "ti2v"
