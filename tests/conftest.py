@@ -16,7 +16,7 @@ works too).
 What a launch costs here is mostly start-up (the launcher, imports, process groups). Imports are
 paid once: launches go through a warm server (tests/warm.py) that has imported torch, DeepSpeed,
 diffusers, peft and e2v and forks each rank with the environment and argv the deepspeed launcher
-gives it; the session's two shared runs use the real `deepspeed` launcher, so every suite runs it.
+gives it; the session's shared 2-process run uses the real `deepspeed` launcher, so every suite runs it.
 And launches are shared rather than repeated: one run serves every test that checks it (the session's
 `zero3_offload_run` and `viz_run`, and module-scoped fixtures in the test files), and a fixture
 that needs several independent runs starts them side by side (`launch_train` returns at once;
@@ -370,8 +370,8 @@ class Launch:
 
 
 # Launches go through the warm server unless they need a fresh interpreter (a sitecustomize on
-# PYTHONPATH) or name the real launcher: the session's two shared runs do, so every suite runs
-# `deepspeed` itself, 1 and 2 processes. E2V_TEST_LAUNCHER=deepspeed sends every launch through it.
+# PYTHONPATH) or name the real launcher: the session's shared 2-process run does, so every suite runs
+# `deepspeed` itself. E2V_TEST_LAUNCHER=deepspeed sends every launch through it.
 def _warm_ok(env: dict | None, launcher: str) -> bool:
     return launcher == "warm" and os.environ.get("E2V_TEST_LAUNCHER", "warm") == "warm" and "PYTHONPATH" not in (env or {})
 
@@ -567,18 +567,19 @@ def early(name: str, request):
 
 # --- the session's shared runs ------------------------------------------------------------------
 
-def _shared_start(run_id: str, sets: tuple, gpus: int):
+def _shared_start(run_id: str, sets: tuple, gpus: int, launcher: str = "warm"):
     def start(request):
         out = early_dir(request, run_id)
         demo = request.getfixturevalue("demo_data")
         return launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
-                            f"run_id={run_id}", *sets, num_gpus=gpus, launcher="deepspeed"), out / run_id
+                            f"run_id={run_id}", *sets, num_gpus=gpus, launcher=launcher), out / run_id
     return start
 
 
 # One uninterrupted 2-process ZeRO-3 + CPU-offload run (fp32, 8 steps), shared by the resume,
 # export, DeepSpeed and ZeRO-3 load tests. LoRA alpha != rank, so an export that loses the alpha shows.
-starts_early("zero3_offload_run")(_shared_start("z3o", ("train.checkpoint_every=4", *ZERO3_OFFLOAD_RUN), 2))
+starts_early("zero3_offload_run")(_shared_start("z3o", ("train.checkpoint_every=4", *ZERO3_OFFLOAD_RUN), 2,
+                                                launcher="deepspeed"))
 # One 4-step run of the demo config with validation at steps 0, 2, 4, visualizations at 2 and 4 and
 # checkpoints at 2 and 4, shared by test_train_e2e (its losses are the golden ones: validation and
 # visualization leave the training RNGs alone), test_viz, test_validation and test_sampling (6 of

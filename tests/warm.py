@@ -13,10 +13,11 @@ a leader that forks one process per rank, each of which runs the script as `__ma
 - when a rank fails the leader stops the others and exits with that rank's code, 0 when all
   succeed; SIGTERM or SIGINT to the leader stops every rank, as they do to the launcher.
 
-Each rank is a fork of a process that has imported but never run a tensor operation (no thread
-pool started: the server checks that its imports add no thread to OpenBLAS's fork-safe pools), so its torch, numpy and RNG state is what a
-fresh interpreter has after the same imports; Python's `random` reseeds itself in a fork and the
-script seeds every stream it uses. A launch that needs a fresh interpreter (a `sitecustomize` on
+Each rank is a fork of a process that has imported, and run no tensor operation but the tiny
+VAEs' measurement (on one thread, under its own seeds: `measure_tiny_vaes`), with no thread pool
+started (the server checks that its imports add no thread to OpenBLAS's fork-safe pools), so its
+torch, numpy and RNG state is what a fresh interpreter has after the same imports; Python's
+`random` reseeds itself in a fork and the script seeds every stream it uses. A launch that needs a fresh interpreter (a `sitecustomize` on
 PYTHONPATH) is not sent here: tests/conftest.py decides.
 
 Protocol (the caller is tests/conftest.py): one JSON request per line on stdin, {"script",
@@ -62,6 +63,24 @@ def preload() -> None:
     # DeepSpeed's optimizer check imports its Muon optimizer, which calls torch.compile at import
     # (loading inductor): 2.4 s of every rank's start-up on this CPU
     import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    measure_tiny_vaes()
+
+
+def measure_tiny_vaes() -> None:
+    """The tiny VAEs' latent statistics (e2v/models/tiny_vae.py), measured once here, on one thread
+    as the suite's ranks run, instead of in every rank (0.5 s each): ranks inherit the memo. The
+    only tensor work the server does; one thread enters no OpenMP parallel region, so no pool
+    starts (serve() checks)."""
+    import torch
+
+    from e2v.models.tiny_vae import build_tiny_vae
+    from e2v.models.tiny_vae22 import build_tiny_vae22
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    build_tiny_vae(0)
+    build_tiny_vae22(0)
+    torch.set_num_threads(threads)
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -274,10 +274,24 @@ def _set_informative_weights(vae: AutoencoderKLWan, generator: torch.Generator) 
 # --- calibration and the public builder --------------------------------------------------------
 
 
+# (VAE config, weight seed, informative) -> the measured (latents_mean, latents_std): a VAE built
+# again in the same process (tests build many) is not measured again
+_MEASURED: dict[tuple, tuple[list, list]] = {}
+
+
+def _calibrate_latent_stats(vae: AutoencoderKLWan, informative: bool, seed: int) -> None:
+    """Per-channel mean / std of posterior means on fixed synthetic clips, stored in the config,
+    where the training code reads them for `(z - mean) * (1 / std)`. They depend only on the VAE's
+    config and weights, which its config, seed and kind determine."""
+    key = (repr(sorted(vae.config.items())), seed, informative)
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure_latent_stats(vae, informative)
+    mean, std = _MEASURED[key]
+    vae.register_to_config(latents_mean=list(mean), latents_std=list(std))
+
+
 @torch.no_grad()
-def _calibrate_latent_stats(vae: AutoencoderKLWan, informative: bool) -> None:
-    """Measure per-channel mean / std of posterior means on fixed synthetic clips and store them in
-    the config, where the training code reads them for `(z - mean) * (1 / std)`."""
+def _measure_latent_stats(vae: AutoencoderKLWan, informative: bool) -> tuple[list, list]:
     g = torch.Generator().manual_seed(_CALIB_SEED)
     if informative:
         # The statistics are dominated by how many independent colours are seen (3 per clip), not
@@ -297,8 +311,7 @@ def _calibrate_latent_stats(vae: AutoencoderKLWan, informative: bool) -> None:
     z_BZTHW = vae.encode(video_BCFHW).latent_dist.mode().double()
     mean_Z = z_BZTHW.mean(dim=(0, 2, 3, 4))
     std_Z = z_BZTHW.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
-    vae.register_to_config(latents_mean=[round(float(v), 6) for v in mean_Z],
-                           latents_std=[round(float(v), 6) for v in std_Z])
+    return [round(float(v), 6) for v in mean_Z], [round(float(v), 6) for v in std_Z]
 
 
 def build_tiny_vae(seed: int = 0, informative: bool = True) -> AutoencoderKLWan:
@@ -326,7 +339,7 @@ def build_tiny_vae(seed: int = 0, informative: bool = True) -> AutoencoderKLWan:
             generator = torch.Generator().manual_seed(seed)
             with torch.no_grad():
                 _set_informative_weights(vae, generator)
-    _calibrate_latent_stats(vae, informative)
+    _calibrate_latent_stats(vae, informative, seed)
     return vae
 
 

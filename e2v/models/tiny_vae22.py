@@ -171,5 +171,5 @@ def build_tiny_vae22(seed: int = 0, informative: bool = True) -> AutoencoderKLWa
         if informative:
             with torch.no_grad():
                 _set_informative_weights(vae, torch.Generator().manual_seed(seed))
-    _calibrate_latent_stats(vae, informative)
+    _calibrate_latent_stats(vae, informative, seed)
     return vae
