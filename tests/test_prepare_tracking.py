@@ -1,8 +1,9 @@
 """The learned backend's tracker (e2v/data/prepare/tracking.py) on tiny random-weight SAM 3 and
 SAM 2.1 checkpoints built here (nothing downloads), on CPU: propagation against transformers'
 documented streaming usage (the model fed one frame at a time), each prompted frame against the
-detection that prompted it, the detector's frames counted with forward hooks, the whole
-tools/prepare_data.py path, and the tracker's config errors."""
+detection that prompted it, the detector's frames counted with forward hooks, its shared image
+features against one pixel forward per element, the whole tools/prepare_data.py path, and the
+tracker's config errors."""
 
 from __future__ import annotations
 
@@ -116,13 +117,14 @@ def test_elements_are_object_ids_of_one_session(sam3):
 
 
 def _count_frames(model) -> tuple[list[int], object]:
-    """A forward hook on `model` that adds up the frames each call saw (its pixel_values' batch)."""
+    """A forward hook on the detector's image backbone (ViT and FPN neck) that lists the frames
+    each of its calls saw (its pixel_values' batch)."""
     seen: list[int] = []
 
-    def hook(module, args, kwargs, out):
-        seen.append(len(kwargs["pixel_values"]))
+    def hook(module, args, out):
+        seen.append(len(args[0]))
 
-    return seen, model.register_forward_hook(hook, with_kwargs=True)
+    return seen, model.vision_encoder.register_forward_hook(hook)
 
 
 def _plant(model, scores: list[list[float]]):
@@ -146,7 +148,7 @@ def _plant(model, scores: list[list[float]]):
 
 @pytest.mark.parametrize("every", [1, 3])
 def test_detector_runs_on_key_frames_only(every, sam3):
-    """With a tracker the detector sees every `every`-th frame, once per element; each element's
+    """With a tracker the detector sees every `every`-th frame, once for all elements; each element's
     best detection is its prompt, so the tracked mask on that frame is that detection's mask and
     its score that detection's score (x the tracker's visibility, 1 on a prompted frame)."""
     from e2v.data.prepare.learned import LearnedBackend
@@ -159,9 +161,10 @@ def test_detector_runs_on_key_frames_only(every, sam3):
     seen, counting = _count_frames(backend.model)
     planting = _plant(backend.model, planted)
     shot = backend.analyse(frames, "person", ["object"])
-    found = {name: backend.detect(frames[keys], backend.prompts[name]) for name in ("person", "object")}
+    names = ("person", "object")
+    found = dict(zip(names, backend.detect(frames[keys], [backend.prompts[n] for n in names])))
     counting.remove(), planting.remove()
-    assert sum(seen) == 2 * len(keys) * 2  # analyse's, then the test's own
+    assert seen == [len(keys)] * 2  # analyse's, then the test's own: one backbone pass each for both elements
     for c, name in enumerate(("person", "object")):
         masks_KHW, scores_K = found[name]
         best = int(np.argmax(planted[c]))
@@ -181,9 +184,43 @@ def test_without_a_tracker_every_frame_is_detected(sam3):
     seen, hook = _count_frames(backend.model)
     shot = backend.analyse(frames, "person", ["object"])
     hook.remove()
-    assert sum(seen) == 2 * 5 and backend.tracker is None and shot.models == [str(sam3)]
-    masks_FHW, scores_F = backend.detect(frames, backend.prompts["person"])
+    assert sum(seen) == 5 and backend.tracker is None and shot.models == [str(sam3)]
+    ((masks_FHW, scores_F),) = backend.detect(frames, [backend.prompts["person"]])
     assert (shot.masks["person"] == masks_FHW).all() and (shot.scores["person"] == scores_F).all()
+
+
+def test_shared_image_features_equal_a_pixel_forward_per_element(sam3):
+    """detect runs the image backbone once per batch of frames for all prompts, and each prompt's
+    outputs are bit for bit those of the model called from pixels once per prompt and batch (the
+    oracle: the same tensors through the same modules, only the backbone's output reused), so the
+    masks and scores are equal, not close. Three prompts over 5 frames in batches of 2 (2, 2, 1)."""
+    from e2v.data.prepare.learned import TEXT_LEN, LearnedBackend
+
+    cfg = load_prepare_config(None, [f"elements.sam_model={sam3}", "elements.tracker=none", "elements.sam_batch=2"])
+    backend = LearnedBackend(cfg.elements)
+    frames, prompts = _frames(5), ["person", "object", "a red cup"]
+    shared: list = []
+    capture = backend.model.register_forward_hook(lambda m, args, out: shared.append(out))
+    seen, counting = _count_frames(backend.model)
+    found = backend.detect(frames, prompts)
+    counting.remove(), capture.remove()
+    assert seen == [2, 2, 1]  # once per batch, not once per batch and prompt (9 passes)
+    for p, prompt in enumerate(prompts):
+        text = backend.tokenizer([prompt], padding="max_length", max_length=TEXT_LEN, truncation=True,
+                                 return_tensors="pt")
+        masks, scores = [], []
+        for c, i in enumerate(range(0, 5, 2)):
+            x_B3SS = backend.input.pixels(frames[i:i + 2])
+            with torch.no_grad():
+                out = backend.model(pixel_values=x_B3SS, input_ids=text["input_ids"].repeat(len(x_B3SS), 1),
+                                    attention_mask=text["attention_mask"].repeat(len(x_B3SS), 1))
+            for key in ("pred_logits", "presence_logits", "pred_masks"):
+                assert torch.equal(shared[c * len(prompts) + p][key], out[key]), (prompt, i, key)
+            mask_BHW, score_B = backend._best(out, (H, W))
+            masks.append(mask_BHW)
+            scores.append(score_B)
+        assert (found[p][0] == np.concatenate(masks)).all() and (found[p][1] == np.concatenate(scores)).all()
+    assert not np.array_equal(found[0][1], found[1][1])  # the prompts are told apart: a swap would fail
 
 
 def test_tracking_end_to_end(sam3, tmp_path):
@@ -202,7 +239,7 @@ def test_tracking_end_to_end(sam3, tmp_path):
 
     def hook(module, args, kwargs, result):
         if isinstance(module, Sam3Model):
-            detected.append(len(kwargs["pixel_values"]))
+            detected.append(len(kwargs["vision_embeds"].fpn_hidden_states[0]))  # a decoder pass's frames
         elif isinstance(module, Sam3TrackerVideoModel):
             tracked.add(kwargs["frame_idx"])
 

@@ -86,7 +86,7 @@ class Classical:
 class Elements:
     backend: str = "auto"  # auto: learned when sam_model is set, else classical
     sam_model: Optional[str] = None  # Sam3Model folder or hub id (text-prompted masks on a frame)
-    sam_batch: int = 8  # track frames per Sam3Model forward
+    sam_batch: int = 8  # key frames per Sam3Model image-backbone pass (its features serve every element)
     # The learned backend follows each element's best detection through the shot: sam3
     # (Sam3TrackerVideoModel, from the same checkpoint as the detector by default), sam2
     # (Sam2VideoModel, a SAM 2.1 tracker_model) or none (a detection on every track frame).

@@ -9,6 +9,15 @@ objects are cut from the chosen frames with these masks; the background is the o
 frame the foreground covers least, with every foreground mask removed and filled
 (e2v.data.prepare.fill).
 
+The detector's image backbone (ViT and FPN neck; at SAM 3's 1008 input a 32-layer, 1024-wide ViT
+over 72x72 patches, most of the detector's work beside a 6-layer, 256-wide DETR encoder and 32
+text tokens) runs once per batch of key frames, and its features serve every element's prompt:
+Sam3Model's own get_vision_features, then one forward per element with vision_embeds, which gives
+the same masks and scores as a forward from pixels. Peak memory is one batch's features plus one
+prompt's DETR and mask-decoder pass, as when one element was detected from pixels; batching all
+prompts into one forward instead would hold every element's decoder pass at once. The text
+encoder still runs per element and batch.
+
 Pre- and post-processing are Sam3Processor's (sam_input.py, without torchvision); an instance's
 score is sigmoid(logit) x sigmoid(presence logit). Quality with real weights was not measured in
 this repository (no weights on the machine it was written on).
@@ -55,30 +64,40 @@ class LearnedBackend:
         self.prompts = {it.name: it.prompt or it.name for it in cfg.items}
         self.models = [str(cfg.sam_model)] + ([self.tracker.name] if self.tracker else [])
 
-    def detect(self, frames_KHW3: np.ndarray, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        """The best instance of `prompt` on every given frame: (masks_KHW, scores_K)."""
+    def detect(self, frames_KHW3: np.ndarray, prompts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each prompt's best instance on every given frame, in prompt order: [(masks_KHW, scores_K)].
+        The image backbone runs once per batch of frames for all prompts (module docstring)."""
         torch = self.torch
-        text = self.tokenizer([prompt], padding="max_length", max_length=TEXT_LEN, truncation=True, return_tensors="pt")
-        masks, scores = [], []
+        text = self.tokenizer(prompts, padding="max_length", max_length=TEXT_LEN, truncation=True,
+                              return_tensors="pt").to(self.device)
+        found = [([], []) for _ in prompts]
         for i in range(0, len(frames_KHW3), self.cfg.sam_batch):
             x_B3SS = self.input.pixels(frames_KHW3[i:i + self.cfg.sam_batch]).to(self.device, self.model.dtype)
             b = len(x_B3SS)
             with torch.no_grad():
-                out = self.model(pixel_values=x_B3SS, input_ids=text["input_ids"].repeat(b, 1).to(self.device),
-                                 attention_mask=text["attention_mask"].repeat(b, 1).to(self.device))
-            score_BQ = out.pred_logits.float().sigmoid()
-            if getattr(out, "presence_logits", None) is not None:
-                score_BQ = score_BQ * out.presence_logits.float().sigmoid()
-            best_B = score_BQ.argmax(dim=1)
-            masks.append(to_frame(out.pred_masks[torch.arange(b), best_B][:, None], frames_KHW3.shape[1:3]))
-            scores.append(score_BQ[torch.arange(b), best_B].cpu().numpy())
-        return np.concatenate(masks), np.concatenate(scores).astype(np.float32)
+                vision = self.model.get_vision_features(pixel_values=x_B3SS)
+                for p, (masks, scores) in enumerate(found):
+                    out = self.model(vision_embeds=vision, input_ids=text["input_ids"][p:p + 1].expand(b, -1),
+                                     attention_mask=text["attention_mask"][p:p + 1].expand(b, -1))
+                    mask_BHW, score_B = self._best(out, frames_KHW3.shape[1:3])
+                    masks.append(mask_BHW)
+                    scores.append(score_B)
+        return [(np.concatenate(masks), np.concatenate(scores).astype(np.float32)) for masks, scores in found]
+
+    def _best(self, out, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """A Sam3Model output's highest-scoring instance per frame: (masks_BHW at `size`, scores_B)."""
+        score_BQ = out.pred_logits.float().sigmoid()
+        if getattr(out, "presence_logits", None) is not None:
+            score_BQ = score_BQ * out.presence_logits.float().sigmoid()
+        best_B = score_BQ.argmax(dim=1)
+        rows = self.torch.arange(len(best_B))
+        return to_frame(out.pred_masks[rows, best_B][:, None], size), score_BQ[rows, best_B].cpu().numpy()
 
     def analyse(self, frames_FHW3: np.ndarray, subject: str, objects: list[str]) -> ShotMasks:
         out = ShotMasks(subject=subject, backend=self.name, models=self.models)
         names = [subject, *objects]
         keys = range(0, len(frames_FHW3), self.every)
-        found = {name: self.detect(frames_FHW3[::self.every], self.prompts[name]) for name in names}  # a view
+        found = dict(zip(names, self.detect(frames_FHW3[::self.every], [self.prompts[n] for n in names])))  # a view
         if self.tracker is None:  # keys are every frame
             for name in names:
                 out.masks[name], out.scores[name] = found[name]
