@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from test_agree import two_ranks
 
+import e2v.runtime.distributed  # noqa: F401  (the ranks fork from here: imported once)
+
 RANK_SCRIPT = """
 import datetime, sys
 import torch.distributed as dist
