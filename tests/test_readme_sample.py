@@ -5,10 +5,9 @@ for sampling is the one trained."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
-import subprocess
-import sys
 
 import imageio.v3 as iio
 
@@ -22,23 +21,28 @@ def readme_sample_command() -> str:
     return m.group(1).replace("\\\n", " ")
 
 
-def _sample(run, demo_data, out):
+def _sample(run, demo_data, out, capsys):
+    """The command's argv through tools/sample.py's main in this process (what `python
+    tools/sample.py ARGS` runs, without a second interpreter start-up)."""
+    from tools.sample import main
+
     cmd = readme_sample_command().replace("runs/<run>", str(run)).replace("demo_data/", f"{demo_data}/")
     cmd = cmd.replace("--out video.mp4", f"--out {out} --steps 3")  # the README's command, fewer steps
     argv = shlex.split(cmd)
     assert argv[:2] == ["python", "tools/sample.py"] and "--config" not in argv
-    p = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert f"[sample] config: {run / 'config.yaml'}" in p.stdout
+    capsys.readouterr()
+    with contextlib.chdir(ROOT):
+        assert main(argv[2:]) in (None, 0)
+    assert f"[sample] config: {run / 'config.yaml'}" in capsys.readouterr().out
     return iio.imread(out)
 
 
-def test_readme_sample_command_after_demo_quick_and_demo(viz_run, demo_data, tmp_path):
-    video = _sample(viz_run, demo_data, tmp_path / "quick.mp4")
+def test_readme_sample_command_after_demo_quick_and_demo(viz_run, demo_data, tmp_path, capsys):
+    video = _sample(viz_run, demo_data, tmp_path / "quick.mp4", capsys)
     assert video.shape == (17, 64, 64, 3)
     out = tmp_path / "runs"
     run_train("configs/e2v_tiny.yaml", f"data.datasets.0.data_root={demo_data}", f"output_dir={out}", "run_id=demo",
               "train.max_steps=2", "cache.enabled=false", "validation.every_n_steps=0", "visualization.enabled=false",
               "train.checkpoint_every=100")
-    video = _sample(out / "demo", demo_data, tmp_path / "demo.mp4")
+    video = _sample(out / "demo", demo_data, tmp_path / "demo.mp4", capsys)
     assert video.shape[0] >= 1 and video.shape[-1] == 3

@@ -51,7 +51,6 @@ from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repe
 from e2v.data.elements import discover, orphan_files  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
 from e2v.data.media import MediaError, frame_intervals, load_image  # noqa: E402
-from e2v.models.load import load_tokenizer  # noqa: E402
 from e2v.data.preflight import (cut_references, map_samples, read_job, sample_facts, sample_problems,  # noqa: E402
                                 summarize)
 
@@ -176,6 +175,8 @@ def contact_sheet(s: Sample, facts: dict, cfg, path: Path) -> None:
 def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
     """Prompts over the text encoder's TEXT_LEN tokens (encode_text cuts the rest off), counted
     with the configured tokenizer, or estimated from words when it cannot be loaded offline."""
+    from e2v.models.load import load_tokenizer  # diffusers and transformers: only when there are prompts to count
+
     tokenizer = load_tokenizer(cfg) if samples else None
     prompts = [s.prompt for s in samples]
     if tokenizer is not None:

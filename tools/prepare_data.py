@@ -20,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.data.prepare.config import PrepareConfigError, load_prepare_config  # noqa: E402
 from e2v.data.prepare.run import prepare  # noqa: E402
-from tools.check_dataset import main as check_dataset  # noqa: E402  (in this process: its imports are paid for)
 
 
 def _barrier(world: int):
@@ -32,6 +31,14 @@ def _barrier(world: int):
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     return dist.barrier
+
+
+def _check_dataset(argv: list[str]) -> int:
+    """tools/check_dataset.py in this process, imported when the check stage comes (not before:
+    a run stopped sooner never pays for its imports)."""
+    from tools.check_dataset import main
+
+    return main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     device = f"cuda:{args.local_rank}" if torch.cuda.is_available() else "cpu"
     try:  # a model folder that cannot do what the config asks is found when the backend loads
         summary = prepare(cfg, args.input, args.output, no_caption=args.no_caption, rank=rank, world=world,
-                          device=device, barrier=_barrier(world), check=check_dataset)
+                          device=device, barrier=_barrier(world), check=_check_dataset)
     except PrepareConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
