@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from typing import TYPE_CHECKING, Any
 
 from e2v.config.bases import resolve_pretrained
+
+if TYPE_CHECKING:  # annotations only: the CLIP processor's users need neither torch nor diffusers
+    import torch
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 CLIP_VIT_H = (257, 1280)  # tokens per reference (16 x 16 patches + CLS at 224 px), width: Wan I2V's CLIP
 
