@@ -42,6 +42,8 @@ from pathlib import Path
 
 import pytest
 
+if __name__ != "conftest":  # a second copy would run a second warm server with state of its own
+    raise ImportError(f"tests/conftest.py imported as {__name__}: import it as `from conftest import ...`")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -217,6 +219,7 @@ class _WarmServer:
     stopped at its end."""
 
     proc: subprocess.Popen | None = None
+    wanted = False  # the session trains: the server is started with it
 
     @classmethod
     def ensure(cls) -> subprocess.Popen:
@@ -273,8 +276,9 @@ class Launch:
         self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
         self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
         self._outp.touch(), self._errp.touch()
-        if warm:
-            nprocs, port, script, args = int(cmd[2]), int(cmd[4]), cmd[5], cmd[6:]
+        if warm:  # `deepspeed --num_gpus N --master_port P script args`, or `python script args`
+            nprocs, port, script, args = ((None, 0, cmd[1], cmd[2:]) if cmd[0] == sys.executable
+                                          else (int(cmd[2]), int(cmd[4]), cmd[5], cmd[6:]))
             req = dict(script=script, args=args, nprocs=nprocs, port=port, cwd=str(ROOT), env=env,
                        stdout=str(self._outp), stderr=str(self._errp), status=str(self._dir / "status"),
                        ranks=str(self._dir / "ranks.json"))
@@ -388,6 +392,13 @@ def launch_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), 
     if script is not None:
         cmd = [str(script) if c == str(ROOT / "train_e2v.py") else c for c in cmd]
     return Launch(cmd, env, warm=_warm_ok(env, launcher))
+
+
+def launch_python(script: str | Path, *args: str, env: dict | None = None) -> Launch:
+    """`python script args` in the repository root, started now: a fork of the warm server when
+    this session trains (it runs anyway), else a fresh interpreter. Not for what must start from
+    nothing (a sitecustomize, variables read at import: HF_HUB_CACHE)."""
+    return Launch([sys.executable, str(script), *args], env, warm=_WarmServer.wanted and _warm_ok(env, "warm"))
 
 
 def wait_all(*launches: Launch, check: bool = True) -> list[subprocess.CompletedProcess]:
@@ -546,14 +557,13 @@ def _start(name: str, request, handles: dict):
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_early(request, _early_handles):
-    trains = any(i.get_closest_marker("train") for i in request.session.items)
-    if trains:
+    _WarmServer.wanted = any(i.get_closest_marker("train") for i in request.session.items)
+    if _WarmServer.wanted:
         _WarmServer.ensure()  # its imports overlap the first in-process tests
 
     def finish():  # the early runs first: the warm server's ones end with it
         _finish(_early_handles, failed=request.session.testsfailed > 0)
-        if trains:
-            _WarmServer.stop()
+        _WarmServer.stop()
     request.addfinalizer(finish)
     for name in _EARLY:
         if any(name in getattr(i, "fixturenames", ()) for i in request.session.items):

@@ -6,11 +6,10 @@ moves them."""
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, Launch, early, starts_early
+from conftest import Launch, early, launch_python, starts_early
 from tools.benchlib.common import STEP_PHASES
 
 # The bench check runs DeepSpeed engine steps in its child process: a training run, `make test` only.
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.train
 @starts_early("bench_check")
 def _start_check(request) -> Launch:
     demo_data = request.getfixturevalue("demo_data")
-    return Launch([sys.executable, str(ROOT / "tools/bench.py"), "--child", "check", "--data-root", str(demo_data)])
+    return launch_python("tools/bench.py", "--child", "check", "--data-root", str(demo_data))
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ saving nothing from that step; under bf16 the modules diffusers keeps in fp32 st
 against diffusers' own bf16 loading), and trainable weights keep fp32 master copies."""
 
 import json
-import sys
 
 import pytest
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, Launch, early, launch_train, read_scalars, starts_early, wait_all
+from conftest import (ROOT, ZERO3_OFFLOAD_RUN, early, early_dir, launch_python, launch_train, read_scalars,
+                      starts_early, wait_all)
 from e2v.train.guard import NonFiniteGuard
 from e2v.config.load import load_config
 from e2v.train.ds_config import resolve_deepspeed_config
@@ -211,8 +211,9 @@ print("REPORT" + json.dumps(report))
 def _start_bf16(request) -> dict:
     from conftest import _free_port
 
-    return {stage: Launch([sys.executable, "-c", BF16_SCRIPT, str(ROOT), str(stage), str(_free_port())])
-            for stage in (2, 3)}
+    script = early_dir(request, "bf16") / "bf16_report.py"
+    script.write_text(BF16_SCRIPT)
+    return {stage: launch_python(script, str(ROOT), str(stage), str(_free_port())) for stage in (2, 3)}
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,12 @@ step 1 naming all three (2 ranks stop together), `skip` trains without them and 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, launch_train, wait_all
+from conftest import ROOT, launch_python, launch_train, wait_all
 
 BAD = {"001": "truncated", "002": "empty caption", "003": "9 frames"}
 
@@ -111,11 +109,10 @@ def test_training_stops_before_step_1_on_two_ranks_and_skip_trains(bad_data, tmp
             "train.max_steps=2", "train.checkpoint_every=100")
     stop = launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=stop", num_gpus=2)
     skip = launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=skip", "data.on_bad_sample=skip")
-    dry = subprocess.Popen([sys.executable, str(ROOT / "train_e2v.py"), "--config", "configs/e2v_tiny_lora.yaml",
-                            "--set", f"data.datasets.0.data_root={bad_data}", "--dry_run"], cwd=ROOT,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stopped, skipped = wait_all(stop, skip, check=False)
-    dry_out, dry_err = dry.communicate(timeout=600)
+    dry = launch_python("train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
+                        "--set", f"data.datasets.0.data_root={bad_data}", "--dry_run")
+    stopped, skipped, dried = wait_all(stop, skip, dry, check=False)
+    dry_out, dry_err = dried.stdout, dried.stderr
     text = stopped.stdout + stopped.stderr
     assert stopped.returncode != 0 and "Traceback" not in text, text[-3000:]
     assert text.count("data error: 3 sample(s) unusable") == 2, text[-3000:]  # each rank, the same verdict
@@ -127,6 +124,6 @@ def test_training_stops_before_step_1_on_two_ranks_and_skip_trains(bad_data, tmp
     for line in (f"Outputs in {out / 'skip'}", f"LoRA: {out / 'skip/lora'}", f"TensorBoard: tensorboard --logdir {out / 'skip/tb'}",
                  f"checkpoints: {out / 'skip/checkpoints'}", f"config: {out / 'skip/config.yaml'}"):
         assert line in skipped.stdout, line  # the last lines name every output folder
-    assert dry.returncode == 0, dry_err[-2000:]
+    assert dried.returncode == 0, dry_err[-2000:]
     assert "5 usable samples" in dry_out and "3 unusable" in dry_out, dry_out[-2000:]
     assert "002.txt: empty caption" in dry_out

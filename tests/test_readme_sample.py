@@ -11,7 +11,7 @@ import shlex
 
 import imageio.v3 as iio
 
-from tests.conftest import ROOT, run_train
+from conftest import ROOT, run_train
 
 
 def readme_sample_command() -> str:

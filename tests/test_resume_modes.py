@@ -4,15 +4,12 @@ starts fresh saying so (run as `python train_e2v.py`, without the launcher: one 
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, launch_train, run_train, wait_all
+from conftest import launch_python, launch_train, run_train, wait_all
 
 
 def test_config_changes_sorted_by_what_they_touch():
@@ -54,13 +51,10 @@ def test_four_resume_cases_each_say_one_line(base_run):
                               extra=("--resume", "latest")),
     }
     # meanwhile `--resume auto` with nothing to resume, in one process without the launcher
-    auto = subprocess.Popen([sys.executable, "train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
-                             *[a for s in (*sets, "run_id=fresh", "train.max_steps=1") for a in ("--set", s)],
-                             "--resume", "auto"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    cases["auto"] = launch_python("train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
+                                  *[a for s in (*sets, "run_id=fresh", "train.max_steps=1") for a in ("--set", s)],
+                                  "--resume", "auto")
     got = dict(zip(cases, wait_all(*cases.values(), check=False)))
-    auto_out, auto_err = auto.communicate(timeout=600)
-    got["auto"] = subprocess.CompletedProcess(auto.args, auto.returncode, auto_out, auto_err)
     for name in ("nothing", "rank", "lr"):
         p = got[name]
         assert p.returncode != 0 and "Traceback" not in p.stderr, (name, p.stderr[-3000:])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from conftest import ROOT
 
 
 def _cfg(*sets):
