@@ -120,13 +120,20 @@ def one_rank_group():
         close_process_group()
 
 
+# What a launcher (or a one-process group made in a test) sets for the process group
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def close_process_group() -> None:
-    """Destroy this process's group and the copies of it DeepSpeed keeps (its world clone and the
-    groups made from it), so that the next test's group is the one DeepSpeed uses."""
+    """Destroy this process's group, its variables (a later launch must not take its rank and
+    port) and the copies of it DeepSpeed keeps (its world clone and the groups made from it), so
+    that the next test's group is the one DeepSpeed uses."""
     import torch.distributed as dist
     from deepspeed.utils import groups
 
     dist.destroy_process_group()
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
     groups._WORLD_GROUP = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = groups.mesh_device = None
     for cache in (groups._ALL_TO_ALL_GROUP, groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP,
                   groups._EXPERT_PARALLEL_GROUP_RANKS, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
@@ -272,7 +279,7 @@ class Launch:
         self.proc = None
         if not leader:
             return  # another worker runs it; wait() reads what it publishes
-        env = {**os.environ, **LAUNCH_ENV, **(env or {})}
+        env = {k: v for k, v in {**os.environ, **LAUNCH_ENV, **(env or {})}.items() if v is not None}  # None: unset
         self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
         self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
         self._outp.touch(), self._errp.touch()

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import launch_python, launch_train, run_train, wait_all
+from conftest import LAUNCHER_VARIABLES, launch_python, launch_train, run_train, wait_all
 
 
 def test_config_changes_sorted_by_what_they_touch():
@@ -53,7 +53,7 @@ def test_four_resume_cases_each_say_one_line(base_run):
     # meanwhile `--resume auto` with nothing to resume, in one process without the launcher
     cases["auto"] = launch_python("train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
                                   *[a for s in (*sets, "run_id=fresh", "train.max_steps=1") for a in ("--set", s)],
-                                  "--resume", "auto")
+                                  "--resume", "auto", env=dict.fromkeys(LAUNCHER_VARIABLES))
     got = dict(zip(cases, wait_all(*cases.values(), check=False)))
     for name in ("nothing", "rank", "lr"):
         p = got[name]
