@@ -7,7 +7,8 @@ rest between two pytest-xdist workers, a test file each at a time (so a module f
 once); each worker builds the session fixtures it uses for itself. The `train` marker is set here, not
 by hand: a test is marked when its body, any fixture it uses (directly or through other
 fixtures) or the early starter of such a fixture (below) calls `run_train`, `launch_train` or
-`train_command`, the only ways a test starts `deepspeed train_e2v.py`. So a new test that trains
+`train_command`, the only ways a test starts `deepspeed train_e2v.py`, or `launch_python` (a
+plain start of train_e2v.py or of a script that runs engine steps). So a new test that trains
 through these helpers is marked without anyone remembering to. A test that reaches them some
 other way (through a helper function of its own) is not seen here, and fails at the launch, in
 both suites, naming the test and the fix: mark it `@pytest.mark.train` (the explicit marker
@@ -57,7 +58,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # cannot import tests/); `_free_port` is the name the tests use.
 from tools.smokelib.measure import free_port as _free_port, read_scalars, train_command  # noqa: E402,F401
 
-TRAIN_HELPERS = {"run_train", "launch_train", "train_command"}
+TRAIN_HELPERS = {"run_train", "launch_train", "train_command", "launch_python"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
 
 
