@@ -50,7 +50,7 @@ from e2v.config.load import load_config  # noqa: E402
 from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats  # noqa: E402
 from e2v.data.elements import discover, orphan_files  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
-from e2v.data.media import MediaError, frame_intervals, load_image  # noqa: E402
+from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
 from e2v.data.preflight import (cut_references, map_samples, read_job, sample_facts, sample_problems,  # noqa: E402
                                 summarize)
 
@@ -58,7 +58,6 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
 ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L")
 FPS_RATIO = 1.5  # fps further than this factor from the dataset median: motion speed differs
-VFR_RATIO = 1.25  # longest / shortest frame interval of one clip above this: variable frame rate
 # Without the configured tokenizer (offline, not downloaded) prompt length is estimated from words:
 # UMT5's sentencepiece gives about 1.3 tokens per English word (more for rare words, digits, CJK).
 TOKENS_PER_WORD = 1.3
@@ -123,7 +122,7 @@ def frame_rate_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
         gaps = frame_intervals(s.video)
     except MediaError as e:
         return [Problem(s.id, str(s.video), str(e), "re-encode the clip", "video_unreadable", "warning")]
-    if not (len(gaps) and gaps.min() > 0 and gaps.max() / gaps.min() > VFR_RATIO):
+    if not variable_rate(gaps):
         return []
     return [Problem(s.id, str(s.video), f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so "
                     "motion speed changes within the clip (frames are taken by index)", "set data.fps (frames by "

@@ -51,9 +51,6 @@ one (`.generating`), or a complete one with other parameters, is regenerated.  A
 files but no marker of ours is refused unless --force, so a real dataset is never overwritten.
 `--write-meta` adds `ID.json` (colours, sizes, per-frame positions) for tests and evaluation;
 the trainer only looks at video files, so the extra file is ignored by discovery.
-
-About 530 lines, one concern: the drawing of every element, the clip that moves them, and the
-folder's completeness rules belong together (a change to one changes what the others must match).
 """
 
 from __future__ import annotations

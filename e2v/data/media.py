@@ -244,6 +244,14 @@ def _frame_times(vr, path) -> np.ndarray:
     return starts
 
 
+VFR_RATIO = 1.25  # longest / shortest frame interval of one clip above this: a variable frame rate
+
+
+def variable_rate(intervals: np.ndarray) -> bool:
+    """Whether frame intervals (frame_intervals) vary enough to call the rate variable."""
+    return bool(len(intervals) and intervals.min() > 0 and intervals.max() / intervals.min() > VFR_RATIO)
+
+
 def frame_intervals(path: str | Path) -> np.ndarray:
     """Seconds between consecutive frames; empty for `.npz` (no clock) and one-frame clips. A
     constant-rate clip has one value throughout."""

@@ -238,8 +238,8 @@ def collect_facts(cfg: Config, samples: list[Sample], *, workers: int | None = N
 
         bar = tqdm(total=len(todo), desc=f"checking data ({len(facts)} cached)", disable=not progress,
                    mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
-        for i, f in enumerate(map_samples(sample_facts, [read_job(keys[k], cfg) for k in todo], workers)):
-            facts[todo[i]] = f
+        for k, f in zip(todo, map_samples(sample_facts, [read_job(keys[k], cfg) for k in todo], workers)):
+            facts[k] = f
             bar.update(1)
         bar.close()
         if cache:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from e2v.data.media import MediaError
+from e2v.data.media import MediaError, variable_rate
 
 from . import captions as cap
 from .clips import size_problem, to_target, track, windows, write_h264
@@ -39,7 +39,6 @@ from .shots import detect_cuts, shot_ranges
 NOT_VIDEO = {".txt", ".csv", ".jsonl", ".json", ".png", ".jpg", ".jpeg", ".npz", ".npy", ".md", ".part", ".yaml"}
 MIN_MEDIAN_FRAMES = 8  # a background median from fewer outside-window frames keeps too much foreground
 DECODE_CHUNK_PIXELS = 64 * 1920 * 1080  # frames decoded at once: bounds memory on 4K sources
-VFR_RATIO = 1.25  # longest / shortest frame interval above this: a variable frame rate (tools/check_dataset.py's)
 
 
 class BadInput(Exception):
@@ -171,7 +170,7 @@ class Preparer:
         counts["videos"] += 1
         counts["footage_seconds"] += duration
         intervals = np.diff(times)
-        if len(intervals) > 2 and intervals.min() > 0 and intervals.max() / intervals.min() > VFR_RATIO:
+        if len(intervals) > 2 and variable_rate(intervals):
             record["notes"].append(f"variable frame rate (frame intervals {intervals.min() * 1000:.0f}-"
                                    f"{intervals.max() * 1000:.0f} ms): sampled by time at {self.cfg.clips.fps:g} fps")
         if h > w:
