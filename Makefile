@@ -46,16 +46,16 @@ demo-quick: demo-data
 
 # Raw footage in, a trained model out: generated multi-shot videos -> tools/prepare_data.py (and
 # its dataset check) -> a short tiny LoRA run on the prepared set; prints the held-out
-# shuffled-reference gap at the last validation (tools/demo_prep.py, docs/preparing_data.md).
+# shuffled-reference gap at the last validation (bench/demo_prep.py, docs/preparing_data.md).
 demo-prep: install
-	$(PY) tools/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
+	$(PY) bench/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
 
 # The whole suite, training runs through the launcher included, on TEST_WORKERS pytest-xdist workers
 # (a test file each at a time; each training launch runs one intra-op thread).
 test: install
 	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not slow" tests
 
-# The GPU check's sections end to end at tiny sizes on CPU (tools/gpu_check.py --allow-cpu): ~3 min.
+# The GPU check's sections end to end at tiny sizes on CPU (bench/gpu_check.py --allow-cpu): ~3 min.
 test-slow: install
 	$(PY) -m pytest -q -x -m slow tests
 
@@ -65,18 +65,18 @@ test-fast: install
 	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not train and not slow" tests
 
 bench: install
-	$(PY) tools/bench.py
+	$(PY) bench/bench.py
 
 # Real Wan2.1 shapes (random weights, built offline into smoke_real/) through the launcher on this
-# machine's CPU: ~13 min, peak ~16 GiB (tools/smoke_real.py). Not part of `make test`.
+# machine's CPU: ~13 min, peak ~16 GiB (bench/smoke_real.py). Not part of `make test`.
 smoke-real: install
-	$(PY) tools/smoke_real.py
+	$(PY) bench/smoke_real.py
 
 # On a CUDA machine: what a GPU user decides by, in at most 8 minutes -> bench/RESULTS_GPU.md
-# (tools/gpu_check.py, docs/gpu.md); e.g. GPU_CHECK_ARGS="--budget 240" or "--only step_1.3b".
+# (bench/gpu_check.py, docs/gpu.md); e.g. GPU_CHECK_ARGS="--budget 240" or "--only step_1.3b".
 GPU_CHECK_ARGS ?=
 gpu-check: install
-	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 CONFIG ?= configs/e2v_tiny.yaml
 check-data: install

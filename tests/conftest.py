@@ -54,9 +54,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # OpenMP threads spin against each other. test-fast on 2 cores: 80 s instead of 118 s.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# One home for the launch command, free ports and the run's scalars, shared with tools/ (which
-# cannot import tests/); `_free_port` is the name the tests use.
-from tools.smokelib.measure import free_port as _free_port, read_scalars, train_command  # noqa: E402,F401
+# One home for the launch command, free ports and the run's scalars, shared with bench/
+# (e2v/runtime/launch.py); `_free_port` is the name the tests use.
+from e2v.runtime.launch import free_port as _free_port, read_scalars, train_command  # noqa: E402,F401
 
 TRAIN_HELPERS = {"run_train", "launch_train", "train_command", "launch_python"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)

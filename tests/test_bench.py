@@ -1,4 +1,4 @@
-"""tools/bench.py measures what it says: one online tiny step split into disjoint named phases, one
+"""bench/bench.py measures what it says: one online tiny step split into disjoint named phases, one
 per stage of the step, inside its wall time, and a bare PyTorch loop that does the same work as the
 DeepSpeed engine step (the overhead ratio compares like with like). Only the bookkeeping is
 asserted, never a timing: timing targets are the benchmarks' (`make bench`), and a loaded machine
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import Launch, early, launch_python, starts_early
-from tools.benchlib.common import STEP_PHASES
+from bench.benchlib.common import STEP_PHASES
 
 # The bench check runs DeepSpeed engine steps in its child process: a training run, `make test` only.
 pytestmark = pytest.mark.train
@@ -19,12 +19,12 @@ pytestmark = pytest.mark.train
 @starts_early("bench_check")
 def _start_check(request) -> Launch:
     demo_data = request.getfixturevalue("demo_data")
-    return launch_python("tools/bench.py", "--child", "check", "--data-root", str(demo_data))
+    return launch_python("bench/bench.py", "--child", "check", "--data-root", str(demo_data))
 
 
 @pytest.fixture(scope="module")
 def bench_check(request) -> subprocess.CompletedProcess:
-    """`tools/bench.py --child check`, started with the session (tests/conftest.py: starts_early)."""
+    """`bench/bench.py --child check`, started with the session (tests/conftest.py: starts_early)."""
     return early("bench_check", request).wait(check=False)
 
 

@@ -1,5 +1,5 @@
 """The benchmark measures the step train_e2v.py trains, not a copy of it: from the same config and
-seed, the benchmark's step (tools/benchlib/step.py: StepRunner on the engine it builds) and
+seed, the benchmark's step (bench/benchlib/step.py: StepRunner on the engine it builds) and
 train_e2v.py's own loop (its main(), run in this process) log the same losses, gradient norms,
 learning rates and per-timestep-bucket losses, step for step, in fp32 and in bf16. bf16 is where a
 re-stated setup drifts first: deepspeed.initialize casts diffusers' fp32 modules unless
@@ -20,9 +20,9 @@ from conftest import close_process_group, read_scalars
 
 # It runs train_e2v.py's training loop in this process: a training run, so `make test` only.
 pytestmark = pytest.mark.train
-from tools.benchlib.common import TINY_CONFIG, Phases, config_sets, make_config
-from tools.benchlib.step import init_single_rank
-from tools.benchlib.steps import setup
+from bench.benchlib.common import TINY_CONFIG, Phases, config_sets, make_config
+from bench.benchlib.step import init_single_rank
+from bench.benchlib.steps import setup
 
 STEPS = 2
 # The time embedder and the modulation tables frozen (e2v_tiny_lora.yaml trains them in full): modules
@@ -40,7 +40,7 @@ def one_rank():
 
 
 def bench_scalars(data_root, sets, out) -> dict[int, dict]:
-    """STEPS steps of the benchmark's online step, as `tools/bench.py --child steps` runs them."""
+    """STEPS steps of the benchmark's online step, as `bench/bench.py --child steps` runs them."""
     cfg = make_config("tiny", data_root, None, sets)
     _, runner, engine, scheduler, batches, _ = setup("tiny", cfg, False, out)
     for _ in range(STEPS):

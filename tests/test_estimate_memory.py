@@ -189,7 +189,7 @@ def test_communication_buckets_come_from_the_ds_config():
 def test_cpu_mode_puts_every_term_in_host_memory():
     """--cpu (a run with no GPU): the node total is the ranks' larger phase (load or training) plus
     the launcher; ZeRO-3 splits weights and optimizer over the ranks, ZeRO-2 only the optimizer.
-    tools/smoke_real.py checks the figures against measured peaks at real shapes."""
+    bench/smoke_real.py checks the figures against measured peaks at real shapes."""
     from e2v.config.load import load_config
 
     def cpu(ds, procs):

@@ -1,4 +1,4 @@
-"""tools/gpu_check.py without a GPU: the immediate exit without CUDA (one line, nothing written), the
+"""bench/gpu_check.py without a GPU: the immediate exit without CUDA (one line, nothing written), the
 report written from a result dict, the budget that skips what the remaining time cannot finish (and
 the report rewritten after every section), the data at the real size (a dry build at 81 x 832 x 832:
 480 x 832 after the trainer's crop), and every section's logic at tiny sizes on the CPU (--allow-cpu):
@@ -19,7 +19,7 @@ from conftest import ROOT, launch_train
 
 def test_without_cuda_it_exits_at_once_with_one_line(tmp_path):
     before = {p: p.stat().st_mtime for p in (ROOT / "bench").rglob("*gpu*")}
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/gpu_check.py")], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_check.py")], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2
     lines = (proc.stdout + proc.stderr).strip().splitlines()
@@ -28,7 +28,7 @@ def test_without_cuda_it_exits_at_once_with_one_line(tmp_path):
 
 
 def test_an_unknown_section_is_named_with_the_choices(capsys):
-    from tools.gpu_check import parse_args
+    from bench.gpu_check import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--only", "step_13b"])
@@ -57,7 +57,7 @@ FAKE = {
 
 
 def test_report_from_a_result_dict(tmp_path):
-    from tools.gpu_check import write_report
+    from bench.gpu_check import write_report
 
     md, js = write_report(FAKE, tmp_path)
     text = md.read_text()
@@ -74,7 +74,7 @@ def test_report_from_a_result_dict(tmp_path):
 
 
 def test_the_budget_skips_what_cannot_finish_and_the_report_follows_every_section(tmp_path, monkeypatch):
-    import tools.gpu_check as gc
+    import bench.gpu_check as gc
 
     writes = []
     real_write = gc.write_report
@@ -98,7 +98,7 @@ def test_the_data_at_the_training_shape(tmp_path):
     its dry build renders frames of that size; without --real-size the tool refuses and names the flag;
     npz clips read back as the trainer reads them, cropped to the config's 480 x 832 ratio."""
     from e2v.data.media import load_video, probe_video
-    from tools.gpu_check import REAL, TINY, demo_data_command
+    from bench.gpu_check import REAL, TINY, demo_data_command
 
     cmd = demo_data_command(tmp_path / "real", REAL)
     assert cmd[cmd.index("--frames") + 1] == "81" and cmd[cmd.index("--size") + 1] == "832"
@@ -123,7 +123,7 @@ def test_the_data_at_the_training_shape(tmp_path):
 def test_environment_vae_and_attention_sections_on_cpu(tmp_path):
     """In this process: versions and the optimizer line; the VAE loaded by model.vae_dtype in both
     dtypes (bf16 weights, a nonzero finite latent error against fp32); the attention probe."""
-    import tools.gpu_check as gc
+    import bench.gpu_check as gc
 
     assert gc.main(["--allow-cpu", "--only", "environment,vae_dtype,attention", "--out", str(tmp_path / "out"),
                     "--work", str(tmp_path / "work")]) == 0
@@ -140,9 +140,9 @@ def test_environment_vae_and_attention_sections_on_cpu(tmp_path):
 @pytest.mark.train  # the bench's step processes run DeepSpeed steps
 @pytest.mark.slow
 def test_step_section_on_tiny_folders(tmp_path):
-    """tools/bench.py --model on the tiny T2V + CLIP folders (the 1.3B layout): online, precompute,
+    """bench/bench.py --model on the tiny T2V + CLIP folders (the 1.3B layout): online, precompute,
     cached; the phases the section reports are where the encoders run (online only)."""
-    import tools.gpu_check as gc
+    import bench.gpu_check as gc
 
     assert gc.main(["--allow-cpu", "--only", "step_1.3b", "--out", str(tmp_path / "out"),
                     "--work", str(tmp_path / "work")]) == 0
@@ -157,7 +157,7 @@ def test_step_section_on_tiny_folders(tmp_path):
 
 
 def warm_start_training(name, config, sets, script, extra, log_dir, timeout):
-    """tools/gpulib/common.start_training through the suite's warm launcher (same command, same wrapper)."""
+    """bench/gpulib/common.start_training through the suite's warm launcher (same command, same wrapper)."""
     t0 = time.perf_counter()
     done = launch_train(config, *sets, script=script, extra=tuple(extra)).wait(int(timeout), check=False)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -171,8 +171,8 @@ def warm_start_training(name, config, sets, script, extra, log_dir, timeout):
 def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     """main_path, gpu_24gb, activation_offload and wan22 at tiny sizes, each launch through the
     launcher with gpu_check's peak/cap wrapper: what each section claims, read from its result."""
-    import tools.gpu_check as gc
-    from tools.gpulib import common
+    import bench.gpu_check as gc
+    from bench.gpulib import common
 
     monkeypatch.setattr(common, "start_training", warm_start_training)  # train() looks it up there
     gc.main(["--allow-cpu", "--budget", "3000", "--only", "main_path,gpu_24gb,activation_offload,wan22",
@@ -201,7 +201,7 @@ def test_launching_sections_on_cpu(tmp_path, monkeypatch):
 
 def test_verdict_of_a_capped_run():
     """Pass, or by how much: what the allocator held at its peak plus the allocation the cap refused."""
-    from tools.gpu_check import verdict_24gb
+    from bench.gpu_check import verdict_24gb
 
     assert verdict_24gb({"passed": True, "log_text_tail": ""}) == {"passed": True, "exceeds_by_gib": None}
     oom = ("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
@@ -269,7 +269,7 @@ def test_phases_on_cuda_are_read_from_cuda_events(monkeypatch):
     elapsed_time is known."""
     import torch
 
-    from tools.benchlib.common import Phases
+    from bench.benchlib.common import Phases
 
     recorded = []
 

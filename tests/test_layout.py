@@ -1,6 +1,6 @@
 """The tree reads as the pipeline (docs/architecture.md, "Module map"): e2v/ is one subpackage per
 stage, a module imports only its own stage and the stages above it, nothing imports in a loop, and
-every third-party package that e2v/, tools/, tests/ or train_e2v.py imports is declared in
+every third-party package that e2v/, tools/, bench/, tests/ or train_e2v.py imports is declared in
 requirements.txt, so a venv built from that file alone runs the suite. Read from the source (AST):
 imports inside functions count too, since a lazy import in a loop is still a loop."""
 
@@ -143,8 +143,8 @@ def _normal(dist: str) -> str:
 
 def _local_names() -> set[str]:
     """Top-level names that are the project's own: its packages and the test/tool helper modules."""
-    names = {"e2v", "tools", "tests", "train_e2v"}
-    for folder in ("tests", "tools"):
+    names = {"e2v", "tools", "bench", "tests", "train_e2v"}
+    for folder in ("tests", "tools", "bench"):
         names |= {p.stem for p in (ROOT / folder).glob("*.py")} | {p.name for p in (ROOT / folder).iterdir() if p.is_dir()}
     return names
 
@@ -152,7 +152,7 @@ def _local_names() -> set[str]:
 def third_party_imports() -> dict[str, list[str]]:
     """Top-level import name -> where it is imported, for every import in the project's code that
     is neither the standard library nor the project's own."""
-    files = [ROOT / "train_e2v.py"] + [p for d in ("e2v", "tools", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+    files = [ROOT / "train_e2v.py"] + [p for d in ("e2v", "tools", "bench", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
     local, out = _local_names() | NOT_FROM_AN_INDEX, {}
     for path in files:
         for target, line in _imports(path, required_only=True):

@@ -1,5 +1,5 @@
 """tools/prepare_data.py: raw footage -> e2v dataset, scored against generated truth
-(tools/make_raw_footage.py), on bad inputs, after a kill -9, on real photographs, and through the
+(bench/make_raw_footage.py), on bad inputs, after a kill -9, on real photographs, and through the
 learned backend with a tiny random-weight SAM 3. Every run here is the classical backend or the
 tiny model on CPU: a few seconds each."""
 
@@ -23,7 +23,7 @@ from e2v.data.prepare.masks import iou
 from e2v.data.prepare.run import prepare
 from e2v.data.prepare.truth import score
 from tools.check_dataset import main as check_dataset
-from tools.make_raw_footage import generate, write_bad_inputs, write_photo_footage
+from bench.make_raw_footage import generate, write_bad_inputs, write_photo_footage
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = (64, 64)

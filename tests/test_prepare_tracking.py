@@ -230,7 +230,7 @@ def test_tracking_end_to_end(sam3, tmp_path):
     from transformers import Sam3Model, Sam3TrackerVideoModel
 
     from e2v.data.prepare.run import prepare
-    from tools.make_raw_footage import generate
+    from bench.make_raw_footage import generate
 
     raw, out = tmp_path / "raw", tmp_path / "out"
     generate(raw, videos=1, shots=1, shot_seconds=3.5)
@@ -282,7 +282,7 @@ def test_tracker_config_errors(tmp_path, capsys):
     detector_only = tmp_path / "detector_only"
     Sam3Config().save_pretrained(detector_only)  # a Sam3Model folder: no tracker in it (config only: nothing loads)
     raw = tmp_path / "raw"
-    from tools.make_raw_footage import generate
+    from bench.make_raw_footage import generate
     from tools.prepare_data import main
 
     generate(raw, videos=1, shots=1, shot_seconds=1.0)

@@ -20,7 +20,7 @@ from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_tr
 # The real entry point with one test-only step: before the end-of-run export every rank runs the
 # live engine on a fixed probe (a collective under ZeRO-3), rank 0 saves the output (the wrapper
 # make smoke-real uses too).
-from tools.smokelib.probe import WRAPPER as ENGINE_PROBE_WRAPPER
+from bench.smokelib.probe import WRAPPER as ENGINE_PROBE_WRAPPER
 from e2v.train.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
 from e2v.train.export import load_extra_modules
 from e2v.models.tiny import build_tiny_parts

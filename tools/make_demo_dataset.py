@@ -6,7 +6,7 @@ Usage:
                                               [--real-size] [--video-format mp4|npz] [--dry-run]
 
     # the training shape (81 frames; the trainer center-crops 480 x 832 from 832 x 832), without
-    # ffmpeg: uint8 frames in ID.npz (168 MB a sample), as tools/gpu_check.py builds its data
+    # ffmpeg: uint8 frames in ID.npz (168 MB a sample), as bench/gpu_check.py builds its data
     python tools/make_demo_dataset.py OUT_DIR --real-size --size 832 --frames 81 --video-format npz
 
 Layout (one id links everything, as `e2v.data.elements` discovers it):

@@ -34,9 +34,9 @@ def _barrier(world: int):
 
 
 def _check_dataset(argv: list[str]) -> int:
-    """tools/check_dataset.py in this process, imported when the check stage comes (not before:
-    a run stopped sooner never pays for its imports)."""
-    from tools.check_dataset import main
+    """The dataset check (e2v/eval/dataset_check.py, tools/check_dataset.py's) in this process, imported when
+    the check stage comes (not before: a run stopped sooner never pays for its imports)."""
+    from e2v.eval.dataset_check import main
 
     return main(argv)
 

@@ -240,7 +240,7 @@ class Model:
     training_type: Literal["lora", "full"] = "lora"
     weight_dtype: Literal["fp32", "bf16"] = cached("bf16")  # frozen encoders (VAE and CLIP stay fp32 as in A2)
     # The VAE's dtype. fp32 as A2's inference encodes; bf16 halves its weights and speeds the two
-    # encodes of an online step (tools/gpu_check.py measures the time and the latent error).
+    # encodes of an online step (bench/gpu_check.py measures the time and the latent error).
     vae_dtype: Literal["fp32", "bf16"] = cached("fp32")
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")

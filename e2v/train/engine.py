@@ -1,5 +1,5 @@
 """From loaded parts to a DeepSpeed engine, the same way for every caller (train_e2v.py,
-tools/bench.py, the tests): what trains, gradient checkpointing, the seeded LoRA init, the
+bench/bench.py, the tests): what trains, gradient checkpointing, the seeded LoRA init, the
 optimizer DeepSpeed can build here, and the fp32 modules kept through `deepspeed.initialize`.
 
 Seeds: `seed * 1000 + rank` drives each rank's discrete choices (`random.Random`) and its draws

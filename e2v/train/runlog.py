@@ -1,5 +1,5 @@
 """A run's logged scalars: TensorBoard on rank 0 plus `scalars.jsonl` (the exact values per step,
-which resume checks and scripts read). Used by train_e2v.py's loop and by tools/bench.py, which
+which resume checks and scripts read). Used by train_e2v.py's loop and by bench/bench.py, which
 measures the loop's logging with it."""
 
 from __future__ import annotations

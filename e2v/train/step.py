@@ -1,5 +1,5 @@
 """One training step's arithmetic, shared by everything that runs one: train_e2v.py, the benchmark
-(tools/bench.py), validation and the sampler (the transformer call).
+(bench/bench.py), validation and the sampler (the transformer call).
 
     sigma_B, noise  <- flow.sample_sigmas / randn, from the step's CPU generator, then moved
     x_t             =  (1 - sigma) x0 + sigma noise

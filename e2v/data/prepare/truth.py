@@ -1,4 +1,4 @@
-"""Scoring a prepared dataset against the truth tools/make_raw_footage.py writes: cuts found within
+"""Scoring a prepared dataset against the truth bench/make_raw_footage.py writes: cuts found within
 one frame, the subject reference's mask IoU, the background's mean absolute error against the
 clean background, and the share of references taken outside their clip's window. The test and the
 benchmark (bench/prepare.py) both call `score`, so they measure the same thing.

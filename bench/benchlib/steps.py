@@ -1,6 +1,6 @@
 """Sections 1 and 2 in their child processes: the step breakdown of one configuration (online or
 cached), and the overhead of the train_e2v.py step against a bare PyTorch loop, interleaved, with
-a cProfile of where the difference goes. The step itself is tools/benchlib/step.py."""
+a cProfile of where the difference goes. The step itself is bench/benchlib/step.py."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 from e2v.train.ds_config import resolve_deepspeed_config
 from e2v.data.dataset import index_samples, make_loader
 
-from tools.benchlib.common import BENCH_DIR, GOAL_RATIO, ROOT, Phases, make_config, stats, summarise_phases
-from tools.benchlib.memory import current_rss_mb, reading
-from tools.benchlib.step import BareLoop, StepRunner, build_parts, init_single_rank, make_engine
+from bench.benchlib.common import BENCH_DIR, GOAL_RATIO, ROOT, Phases, make_config, stats, summarise_phases
+from bench.benchlib.memory import current_rss_mb, reading
+from bench.benchlib.step import BareLoop, StepRunner, build_parts, init_single_rank, make_engine
 
 # DeepSpeed configurations measured beside the shipped one: what the ZeRO-2 machinery costs on one
 # rank, to say what a user with one GPU (or a small trainable set) could switch off.

@@ -1,5 +1,5 @@
 """The data-preparation section of bench/RESULTS.md, from bench/results/prepare.json
-(tools/bench_prepare.py): ground-truth figures and the CPU time per minute of footage by stage."""
+(bench/bench_prepare.py): ground-truth figures and the CPU time per minute of footage by stage."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ STAGE_NAMES = {"probe": "probe (open, timestamps)", "shots": "shots (PySceneDete
 def render_prepare(d: dict) -> list[str]:
     s, c = d["score"], d["case"]
     lines = ["## 6. Data preparation (tools/prepare_data.py, classical backend)", "",
-             f"`python tools/bench_prepare.py` ({d['machine']['date_utc']}, load {d['load_before']:.2f} -> "
+             f"`python bench/bench_prepare.py` ({d['machine']['date_utc']}, load {d['load_before']:.2f} -> "
              f"{d['load_after']:.2f}): {c['videos']} generated videos of {c['shots']} shots "
-             f"(tools/make_raw_footage.py, {c['source_hw'][0]}x{c['source_hw'][1]} at {c['source_fps']:g} fps, "
+             f"(bench/make_raw_footage.py, {c['source_hw'][0]}x{c['source_hw'][1]} at {c['source_fps']:g} fps, "
              f"{d['footage_minutes']:.2f} min of footage) -> clips of {c['num_frames']} frames at {c['fps']:g} fps, "
              f"{c['target_hw'][0]}x{c['target_hw'][1]}; scored against the generator's truth (e2v/data/prepare/truth.py).",
              "", "| figure | measured | goal |", "|---|---|---|",

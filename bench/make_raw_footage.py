@@ -1,6 +1,6 @@
 """Raw footage with known truth, for testing and measuring tools/prepare_data.py.
 
-    python tools/make_raw_footage.py OUT_DIR [--videos 4] [--shots 3] [--shot-seconds 4.5]
+    python bench/make_raw_footage.py OUT_DIR [--videos 4] [--shots 3] [--shot-seconds 4.5]
                                              [--height 96] [--width 128] [--fps 16] [--seed 0]
 
 Each video is several shots joined by hard cuts. A shot has a static background (a smooth

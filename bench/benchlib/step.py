@@ -35,7 +35,7 @@ from e2v.models.tiny import tiny_transformer_config
 from e2v.train.runlog import Log
 from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 
-from tools.benchlib.common import PRESETS, Phases, timed_functions
+from bench.benchlib.common import PRESETS, Phases, timed_functions
 
 
 def init_single_rank() -> None:

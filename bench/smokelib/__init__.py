@@ -1,4 +1,4 @@
-"""The pieces of tools/smoke_real.py (real Wan2.1 shapes end to end on a CPU), one concern each:
+"""The pieces of bench/smoke_real.py (real Wan2.1 shapes end to end on a CPU), one concern each:
 
     build.py     random-weight diffusers folders with the released configs, and the small datasets
     measure.py   a launch of `deepspeed train_e2v.py` with its process tree's peak memory sampled

@@ -59,7 +59,7 @@ class Ctx:
 def model_folders(ctx: Ctx, kind: str) -> dict[str, Path]:
     """Random-weight folders: kind "1.3b" (Wan2.1-T2V-1.3B + CLIP ViT-H/14), "wide" (I2V-14B
     widths, 2 layers + a 2-layer CLIP); with --allow-cpu the tiny preset's folders for both."""
-    from tools.smokelib.build import build_folders, build_tiny_folders
+    from bench.smokelib.build import build_folders, build_tiny_folders
 
     if kind not in ctx.folders:
         if not ctx.cuda:
@@ -133,7 +133,8 @@ def start_training(name: str, config: str, sets: list[str], script: Path, extra:
                    timeout: float) -> dict:
     """`deepspeed --num_gpus 1 <script> --config ... --set ...` as a user types it (tests swap in
     their warm launcher). -> rc, wall_s, log"""
-    from tools.smokelib.measure import run_measured, train_command
+    from bench.smokelib.measure import run_measured
+    from e2v.runtime.launch import train_command
 
     return run_measured(name, train_command(config, *sets, script=script, extra=tuple(extra)), log_dir, timeout=timeout)
 
@@ -141,7 +142,7 @@ def start_training(name: str, config: str, sets: list[str], script: Path, extra:
 def train(ctx: Ctx, name: str, config: str, sets: list[str], fraction_gib: float | None = None,
           extra: tuple = ()) -> dict:
     """One training launch: rc, losses, step times, peak CUDA memory (GiB), the log's tail on failure."""
-    from tools.smokelib.measure import read_scalars
+    from e2v.runtime.launch import read_scalars
 
     script, peak = write_wrapper(ctx, name, fraction_gib)
     r = start_training(name, config, sets + [TORCH_ADAM], script, list(extra), ctx.work / "logs", max(ctx.left(), 10))

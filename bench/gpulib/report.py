@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.gpulib.sections import CONFIGS_24GB, SECTIONS, STEP_PHASES, WAN22_RUNS
+from bench.gpulib.sections import CONFIGS_24GB, SECTIONS, STEP_PHASES, WAN22_RUNS
 
 
 
@@ -20,7 +20,7 @@ def _ok(r: dict) -> str:
 def render(result: dict) -> str:
     """bench/RESULTS_GPU.md from a result dict (the one gpu.json holds)."""
     lines = [f"# GPU check: {result['device']}", "",
-             f"`python tools/gpu_check.py{result.get('argv', '')}` on {result['device']}, {result['date_utc']}: "
+             f"`python bench/gpu_check.py{result.get('argv', '')}` on {result['device']}, {result['date_utc']}: "
              f"{result['elapsed_s']:.0f} s of a {result['budget_s']:.0f} s budget. "
              f"Overall: {'PASSED' if result.get('passed') else 'FAILED'}"
              f"{' (so far)' if not result.get('finished') else ''}.", ""]

@@ -2,7 +2,7 @@
 default foreach implementation) against DeepSpeed's CPU Adam, on one flat fp32 partition as ZeRO
 hands it to the optimizer.
 
-    python tools/bench_cpu_adam.py [--numel 50000000] [--repeats 7]   # -> bench/results/cpu_adam.json
+    python bench/bench_cpu_adam.py [--numel 50000000] [--repeats 7]   # -> bench/results/cpu_adam.json
 
 DeepSpeed's CPU Adam is JIT-compiled at its first use here (unless prebuilt with DS_BUILD_CPU_ADAM=1),
 which takes a minute or more and is not timed. Each optimizer gets the same parameters and gradients;

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.benchlib.common import BENCH_DIR, STEP_PHASES
-from tools.benchlib.memory import render_memory
-from tools.benchlib.prepare import render_prepare
+from bench.benchlib.common import BENCH_DIR, STEP_PHASES
+from bench.benchlib.memory import render_memory
+from bench.benchlib.prepare import render_prepare
 
 PHASE_NAMES = {
     "data_wait": "data wait (main process: decode + preprocess, or cache file read)",
@@ -186,12 +186,12 @@ def render_summary(steps: dict | None, data: dict | None) -> list[str]:
 
 def render(bench_dir: Path = BENCH_DIR) -> Path:
     # this benchmark's sections only (steps*, data): results/ also holds other tools' files
-    # (smoke_real.json from tools/smoke_real.py, gpu.json from tools/gpu_check.py)
+    # (smoke_real.json from bench/smoke_real.py, gpu.json from bench/gpu_check.py)
     results = {p.stem: json.loads(p.read_text()) for p in sorted((bench_dir / "results").glob("*.json"))
                if p.stem == "data" or p.stem.startswith("steps")}
     any_res = next(iter(results.values()), None)
     lines = ["# Benchmarks", "",
-             "Written by `make bench` (`python tools/bench.py`); do not edit by hand, rerun it. Raw numbers: "
+             "Written by `make bench` (`python bench/bench.py`); do not edit by hand, rerun it. Raw numbers: "
              "`bench/results/*.json`. Times are ms, median (min-max) over repeats; absolute times depend on the "
              "machine and on its load (the 1-minute load average before -> after each run is given), the ratios "
              "are what compare across machines.", ""]
@@ -223,14 +223,14 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         lines += render_memory(model, None, " (real model)")
     else:
         lines += ["Not run here (no GPU on this machine). On a GPU machine with a Wan2.1 diffusers folder:", "",
-                  "    python tools/bench.py --model /path/to/Wan2.1-I2V-14B-480P-Diffusers [--set data.num_frames=33] "
+                  "    python bench/bench.py --model /path/to/Wan2.1-I2V-14B-480P-Diffusers [--set data.num_frames=33] "
                   "[--overhead-rounds 0]", "",
                   "runs sections 1, 2 and 4 for that model (81 x 480 x 832, batch 1, bf16, gradient checkpointing on, "
                   "on the 720p bench clips) "
                   "into bench/results/steps_model.json, with torch.cuda.max_memory_allocated per configuration. "
                   "Section 2 keeps a second copy of the transformer for the bare loop: use --overhead-rounds 0 for "
                   "a model that does not fit twice.", ""]
-    if (bench_dir / "results" / "prepare.json").exists():  # tools/bench_prepare.py's
+    if (bench_dir / "results" / "prepare.json").exists():  # bench/bench_prepare.py's
         lines += render_prepare(json.loads((bench_dir / "results" / "prepare.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))

@@ -2,10 +2,10 @@
 a bare PyTorch loop. Results go to bench/results/<section>.json; bench/RESULTS.md is regenerated
 from every JSON there (machine, versions, date, load, then one table per section).
 
-    python tools/bench.py                        # the CPU part, all sections (`make bench`, < 10 min)
-    python tools/bench.py --quick                # few repeats: checks the tool, numbers are noise
-    python tools/bench.py --sections data        # one section; RESULTS.md keeps the other's JSON
-    python tools/bench.py --model PATH           # real Wan2.1 diffusers folder on a GPU: tables 1, 2, 4
+    python bench/bench.py                        # the CPU part, all sections (`make bench`, < 10 min)
+    python bench/bench.py --quick                # few repeats: checks the tool, numbers are noise
+    python bench/bench.py --sections data        # one section; RESULTS.md keeps the other's JSON
+    python bench/bench.py --model PATH           # real Wan2.1 diffusers folder on a GPU: tables 1, 2, 4
                                                  # for that model, gradient checkpointing on
                                                  # (--overhead-rounds 0 if it does not fit twice: the
                                                  # bare loop trains a copy)
@@ -28,12 +28,12 @@ What is measured (section numbers as in RESULTS.md)
 Every configuration runs in a fresh child process (`--child`); the parent only collects JSON.
 The step is train_e2v.py's, built and run from the same e2v functions (e2v.models.load.load_parts,
 e2v.train.engine, e2v.train.step, e2v.runtime.device.to_device) with a phase timer around each part:
-tools/benchlib/step.py. tests/test_bench_step.py checks it against train_e2v.py's own loop (same
+bench/benchlib/step.py. tests/test_bench_step.py checks it against train_e2v.py's own loop (same
 losses and gradient norms, fp32 and bf16); tests/test_bench.py checks the phase sums and the bare
 loop. Absolute times depend on the machine and its load (the 1-minute load average is recorded
 with every result); ratios (online / cached, engine / bare, workers 2 / 1) compare across machines.
 
-The sections live in tools/benchlib/ (its __init__ lists them); this file is the command line and
+The sections live in bench/benchlib/ (its __init__ lists them); this file is the command line and
 the parent process.
 """
 
@@ -54,9 +54,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tools.benchlib.common import (BENCH_DIR, MODEL_OVERRIDES, PRESETS, TINY_CONFIG, cache_dir,  # noqa: E402
+from bench.benchlib.common import (BENCH_DIR, MODEL_OVERRIDES, PRESETS, TINY_CONFIG, cache_dir,  # noqa: E402
                                    config_sets, load1)
-from tools.benchlib.report import render  # noqa: E402
+from bench.benchlib.report import render  # noqa: E402
 
 
 # --- parent: run the children, write JSON and RESULTS.md ---------------------------------------
@@ -190,8 +190,8 @@ def main(argv=None):
         return_freed_memory()  # the step processes run as train_e2v.py's ranks do
         if args.threads:
             torch.set_num_threads(args.threads)
-        from tools.benchlib.data import child_data
-        from tools.benchlib.steps import child_check, child_steps
+        from bench.benchlib.data import child_data
+        from bench.benchlib.steps import child_check, child_steps
 
         result = {"steps": child_steps, "data": child_data, "check": child_check}[args.child](args)
         result["load1_end"], result["torch_threads"] = load1(), torch.get_num_threads()
@@ -213,7 +213,7 @@ def main(argv=None):
     t0 = time.time()
     suffix = "_model" if args.model else ""
     if args.model:
-        from tools.benchlib.data import make_data_clips
+        from bench.benchlib.data import make_data_clips
 
         args.data_root = args.data_root or str(make_data_clips(BENCH_DIR / "tmp"))
         print(f"[bench] --model: {' '.join(MODEL_OVERRIDES)} (gradient checkpointing on: the step trained "

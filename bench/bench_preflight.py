@@ -2,7 +2,7 @@
 the first check (every clip decoded at both ends, every caption and reference read, in worker
 processes) and a restart (everything from the fingerprint cache).
 
-    python tools/bench_preflight.py [--clips 1000] [--workers N]   # -> bench/results/preflight.json
+    python bench/bench_preflight.py [--clips 1000] [--workers N]   # -> bench/results/preflight.json
 
 The clips are copies of the demo dataset's (64 x 64, 17 frames, H.264) with their captions and
 three references each, under a temporary folder; the cache goes to a temporary $E2V_CACHE_DIR.

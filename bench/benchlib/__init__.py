@@ -1,4 +1,4 @@
-"""The pieces of tools/bench.py, one concern each:
+"""The pieces of bench/bench.py, one concern each:
 
     common.py   paths, presets, the per-configuration config, timing helpers
     step.py     the configuration's parts and engine (e2v.models.load / e2v.train.engine) and the step runner

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.gpulib.common import (GIB, LIMIT_GIB, LOSS_RTOL, PARTITIONED, REAL, ROOT, TORCH_ADAM, Ctx, dataset, gpu_estimate,
+from bench.gpulib.common import (GIB, LIMIT_GIB, LOSS_RTOL, PARTITIONED, REAL, ROOT, TORCH_ADAM, Ctx, dataset, gpu_estimate,
                                  model_folders, precompute, run_sets, tiny_dataset, train)
 
 
@@ -58,10 +58,10 @@ def section_environment(ctx: Ctx) -> dict:
 
 
 def bench_command(folders: dict, data: Path, ctx: Ctx) -> list[str]:
-    """tools/bench.py's step section on the 1.3B folder (--model: online, then tools/precompute.py,
+    """bench/bench.py's step section on the 1.3B folder (--model: online, then tools/precompute.py,
     then cached, each in a fresh process; the overhead rounds off: they train a second copy)."""
     h, w = ctx.sizes.resolution
-    cmd = [sys.executable, str(ROOT / "tools/bench.py"), "--model", str(folders["t2v"]), "--sections", "steps",
+    cmd = [sys.executable, str(ROOT / "bench/bench.py"), "--model", str(folders["t2v"]), "--sections", "steps",
            "--steps", str(ctx.sizes.steps), "--warmup", "1", "--overhead-rounds", "0", "--no-report",
            "--data-root", str(data)]
     for s in ("model.base=t2v", f"model.image_encoder={folders['clip']}", TORCH_ADAM,
@@ -90,7 +90,7 @@ def read_bench(path: Path, estimates: dict) -> dict:
 
 
 def section_step(ctx: Ctx) -> dict:
-    from tools.benchlib.common import config_sets
+    from bench.benchlib.common import config_sets
 
     folders = model_folders(ctx, "1.3b")
     data = dataset(ctx, "data_e2v")

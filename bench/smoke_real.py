@@ -1,16 +1,16 @@
 """Real Wan2.1 shapes end to end on this machine (`make smoke-real`; not part of `make test`).
 
-    python tools/smoke_real.py                 # the full-size smoke (~13 min on 2 CPU cores; peak ~16 GiB)
-    python tools/smoke_real.py --scale small   # the same runs with 2-layer models: checks the tool
+    python bench/smoke_real.py                 # the full-size smoke (~13 min on 2 CPU cores; peak ~16 GiB)
+    python bench/smoke_real.py --scale small   # the same runs with 2-layer models: checks the tool
 
-Builds random-weight diffusers folders with the released configs (tools/smokelib/build.py: the
+Builds random-weight diffusers folders with the released configs (bench/smokelib/build.py: the
 Wan2.1-T2V-1.3B transformer in safetensors shards, the Wan2.1 VAE, a UMT5-XXL-wide encoder with ONE
 layer and a tiny vocabulary, CLIP ViT-H/14 with Wan's image processor) into smoke_real/ (ignored),
 small datasets at 17 x 96 x 96, then runs through the deepspeed launcher, as a user types it:
 
   1 e2v_z2_offload   configs/e2v_t2v_1.3b.yaml (36-channel expansion + image attention, LoRA + new
                      modules, bf16), ds_configs/zero2_offload.json, 1 process; the export reloaded
-                     into a fresh transformer reproduces the engine's output (tools/smokelib/probe.py)
+                     into a fresh transformer reproduces the engine's output (bench/smokelib/probe.py)
     precompute       tools/precompute.py fills the conditioning cache of that data with the real
                      encoders (one process), for:
   2 e2v_z3           the same config from the cache under ds_configs/zero3.json, 2 processes, the
@@ -55,9 +55,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tools.smokelib.build import build_data, build_folders  # noqa: E402
-from tools.smokelib.measure import read_scalars, run_measured, tail, train_command  # noqa: E402
-from tools.smokelib.probe import check_export, make_probe, write_wrapper  # noqa: E402
+from bench.smokelib.build import build_data, build_folders  # noqa: E402
+from bench.smokelib.measure import run_measured, tail  # noqa: E402
+from e2v.runtime.launch import read_scalars, train_command  # noqa: E402
+from bench.smokelib.probe import check_export, make_probe, write_wrapper  # noqa: E402
 
 OUT = ROOT / "smoke_real"
 RESULT = ROOT / "bench" / "results" / "smoke_real.json"

@@ -13,7 +13,7 @@ a random 30-layer model finite in bf16 (1 / sqrt(width) would too; 0.02 is the u
 `scale="small"` keeps every width and cuts the depths (transformer 2 layers, CLIP 2): the same
 code paths in seconds, for developing the smoke run itself. `scale="wide"` is the main path's
 transformer, Wan2.1-I2V-14B-480P (width 5120, 36 input channels, image attention), with 2 of its
-40 layers (tools/gpu_check.py: the 14B path's code at its real widths). `build_tiny_folders`
+40 layers (bench/gpu_check.py: the 14B path's code at its real widths). `build_tiny_folders`
 saves the tiny preset as such folders, for running those tools' logic on a CPU."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.benchlib.common import BENCH_DIR, Phases, make_config, stats
-from tools.benchlib.memory import peak_rss_mb
+from bench.benchlib.common import BENCH_DIR, Phases, make_config, stats
+from bench.benchlib.memory import peak_rss_mb
 
 DATA_CLIPS, DATA_FRAMES, DATA_SOURCE_HW, DATA_TARGET_HW = 4, 81, (720, 1280), (480, 832)
 

@@ -1,7 +1,7 @@
 """Per-rank activation memory under context parallelism, measured on CPU: one clip through one
 transformer at Ulysses degree 1 (no context parallelism), Ulysses 2 and ring 2, fp32, gloo.
 
-    python tools/bench_context_parallel.py           # -> bench/results/context_parallel.json + a table
+    python bench/bench_context_parallel.py           # -> bench/results/context_parallel.json + a table
 
 Per rank and configuration, with and without gradient checkpointing:
   saved_mb     what autograd keeps for backward at the end of the forward (storage-deduplicated,
@@ -14,7 +14,7 @@ Per rank and configuration, with and without gradient checkpointing:
                every 2 ms; the allocator's caching included, so noisier)
 Each configuration runs in fresh processes (torch.multiprocessing spawn, one per rank).
 
-The model is the bench's "small" transformer (2 heads x 128, FFN 1024, 4 layers; tools/benchlib/common.py)
+The model is the bench's "small" transformer (2 heads x 128, FFN 1024, 4 layers; bench/benchlib/common.py)
 with the tiny preset's 32-wide text and image inputs, and the clip is 33 x 256 x 256 (9 x 16 x 16 =
 2,304 video tokens), so the activations dominate what a rank holds.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.smokelib.measure import free_port  # noqa: E402
+from e2v.runtime.launch import free_port  # noqa: E402
 
 MODEL = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=36, out_channels=16,
              text_dim=32, freq_dim=256, ffn_dim=1024, num_layers=4, cross_attn_norm=True,
@@ -121,8 +121,8 @@ def estimate_mb(ulysses: int, ring: int, checkpointing: bool) -> tuple[float, fl
 def main(argv=None) -> dict:
     import torch.multiprocessing as mp
 
-    from tools.bench import machine
-    from tools.benchlib.common import load1
+    from bench.bench import machine
+    from bench.benchlib.common import load1
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "context_parallel.json"))

@@ -8,10 +8,10 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       the optimizer the plan picks and why (this check sets torch's AdamW explicitly:
                       deepspeed.optimizer=torch_adamw, so nothing is JIT-built)
   step_1.3b           Wan2.1-T2V-1.3B expanded for elements, real shapes with random weights
-                      (tools/smokelib/build.py), 81 x 480 x 832, ZeRO-2, checkpointing: the online step
+                      (bench/smokelib/build.py), 81 x 480 x 832, ZeRO-2, checkpointing: the online step
                       and, after tools/precompute.py on the GPU, the cached step, split into phases
                       (VAE encodes, CLIP, text, forward, backward, optimizer) timed with CUDA events
-                      (tools/bench.py --model: the step is train_e2v.py's), torch.cuda.max_memory_allocated
+                      (bench/bench.py --model: the step is train_e2v.py's), torch.cuda.max_memory_allocated
                       against tools/estimate_memory.py
   vae_dtype           model.vae_dtype bf16 against fp32 (the default, as A2 encodes): encode time of one
                       81 x 480 x 832 clip and the relative error of its latents
@@ -27,10 +27,10 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
   wan22               the tiny Wan2.2 TI2V and two-expert presets through training and validation
   attention           which scaled-dot-product-attention kernel a bf16 Wan forward launches
 
-    python tools/gpu_check.py                       # everything, 480 s
-    python tools/gpu_check.py --only step_1.3b      # one section (comma list for several)
-    python tools/gpu_check.py --budget 240          # a shorter slot: the later sections are skipped
-    python tools/gpu_check.py --allow-cpu           # every section at tiny sizes on the CPU (tests);
+    python bench/gpu_check.py                       # everything, 480 s
+    python bench/gpu_check.py --only step_1.3b      # one section (comma list for several)
+    python bench/gpu_check.py --budget 240          # a shorter slot: the later sections are skipped
+    python bench/gpu_check.py --allow-cpu           # every section at tiny sizes on the CPU (tests);
                                                     # writes under bench/tmp/ unless --out
 
 Without CUDA (and without --allow-cpu) it exits at once (status 2) with one line; nothing is written.
@@ -42,7 +42,7 @@ on a machine with network, build the wheels and carry them with the checkout:
 (deepspeed's is built from its sdist: no ops are compiled then, and this check compiles none at
 run time; imageio-ffmpeg's wheel carries an ffmpeg binary, which tools/sample.py's mp4 needs).
 On the GPU machine:
-    pip install --no-deps wheels/*.whl && python tools/gpu_check.py
+    pip install --no-deps wheels/*.whl && python bench/gpu_check.py
 Leave TORCH_CUDA_ARCH_LIST unset, or give plain numbers (e.g. "9.0"): DeepSpeed 0.19.8's op builder
 fails on "9.0a" (int('0a')) when anything JIT-builds an op; the environment section records it.
 The data is generated here without ffmpeg (tools/make_demo_dataset.py --real-size --video-format
@@ -61,9 +61,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command  # noqa: E402,F401
-from tools.gpulib.report import _ok, write_report  # noqa: E402
-from tools.gpulib.sections import CONFIGS_24GB, NAMES, SECTIONS, WAN22_RUNS, verdict_24gb  # noqa: E402,F401
+from bench.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command  # noqa: E402,F401
+from bench.gpulib.report import _ok, write_report  # noqa: E402
+from bench.gpulib.sections import CONFIGS_24GB, NAMES, SECTIONS, WAN22_RUNS, verdict_24gb  # noqa: E402,F401
 
 
 # --- the call -----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ tests/test_prepare_data.py's small one): cuts, subject IoU, background error, ou
 references, and CPU seconds per minute of footage by stage -> bench/results/prepare.json and the
 data-preparation section of bench/RESULTS.md.
 
-    python tools/bench_prepare.py [--videos 6] [--shots 4] [--set shots.threshold=20] [--keep DIR]
+    python bench/bench_prepare.py [--videos 6] [--shots 4] [--set shots.threshold=20] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 from e2v.data.prepare.config import load_prepare_config  # noqa: E402
 from e2v.data.prepare.run import prepare  # noqa: E402
 from e2v.data.prepare.truth import score  # noqa: E402
-from tools.check_dataset import main as check_dataset  # noqa: E402
-from tools.benchlib.common import BENCH_DIR, load1  # noqa: E402
-from tools.benchlib.report import render  # noqa: E402
-from tools.make_raw_footage import generate  # noqa: E402
+from e2v.eval.dataset_check import main as check_dataset  # noqa: E402
+from bench.benchlib.common import BENCH_DIR, load1  # noqa: E402
+from bench.benchlib.report import render  # noqa: E402
+from bench.make_raw_footage import generate  # noqa: E402
 
 CASE = {"source_hw": [144, 256], "source_fps": 24.0, "shot_seconds": 7.0, "num_frames": 33, "fps": 8.0,
         "target_hw": [128, 224]}

@@ -3,7 +3,7 @@ the preparation) -> a short tiny training run on the prepared set, whose held-ou
 shuffled-reference gap (val/reference_gap_shuffle_rel, e2v/eval/validation.py) is printed at its last
 validation: positive means the trained model reads the prepared references.
 
-    python tools/demo_prep.py [--raw demo_raw] [--out demo_prep] [--videos 12] [--steps 300]
+    python bench/demo_prep.py [--raw demo_raw] [--out demo_prep] [--videos 12] [--steps 300]
 
 Every stage's seconds are printed; the raw footage and the prepared set are kept when complete
 (a second run goes straight to training).
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.make_raw_footage import generate  # noqa: E402
+from bench.make_raw_footage import generate  # noqa: E402
 
 # the demo's clip shape: configs/e2v_tiny_lora.yaml's (17 frames at 64 x 64), at 8 fps
 PREP_SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "clips.windows_per_shot=2",

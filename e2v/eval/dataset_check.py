@@ -1,0 +1,325 @@
+"""Check every sample of a dataset before training on it.
+
+    python tools/check_dataset.py --config configs/e2v.yaml [--set ...] [--world_size 8]
+    python tools/check_dataset.py --data_root path/to/e2v_folder        # elements of configs/e2v.yaml
+        [--json report.json] [--contact-sheet DIR] [--workers N]
+
+Per sample, the rules training applies before its first step, from the same code
+(e2v/data/preflight.py: `sample_facts`, `sample_problems`), so what this reports as an error is
+what training refuses: the video decodes (first and last frame), a source's valid frame range and
+crop box lie inside the clip (OpenS2V: `frame_range_outside_video`, `crop_outside_video`; its
+JSON-level problems, such as `bad_rle`, `mask_outside_frame`, `video_missing`, come from
+indexing), its frame count fits a frame bucket (too short = error; with data.fps, counted at that
+rate), references a source cuts can be cut, required elements present and loadable (over
+data.max_image_pixels: error), tiny references (a warning), empty captions and captions that are
+not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root). Then
+this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
+data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
+cropping), element image mode, duplicate captions and captions over the text encoder's 512
+tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
+orphan files that belong to no sample, duplicate ids (two videos of one id: error; a repeated
+CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
+weight, as training counts it) against micro_batch_size x world size. Prints a summary table and
+one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
+would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
+sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
+one PNG per sample: references, then the first, middle and last frames, for a person to look at.
+Workers run in parallel processes (training's pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from e2v.config.shapes import TEXT_LEN  # noqa: E402
+from e2v.config.schema import ConfigError
+from e2v.config.load import load_config  # noqa: E402
+from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats  # noqa: E402
+from e2v.data.elements import discover, orphan_files  # noqa: E402
+from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
+from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
+from e2v.data.preflight import (cut_references, map_samples, read_job, sample_facts, sample_problems,  # noqa: E402
+                                summarize)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/e2v.yaml"
+# modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
+ELEMENT_MODES = ("RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L")
+FPS_RATIO = 1.5  # fps further than this factor from the dataset median: motion speed differs
+# Without the configured tokenizer (offline, not downloaded) prompt length is estimated from words:
+# UMT5's sentencepiece gives about 1.3 tokens per English word (more for rare words, digits, CJK).
+TOKENS_PER_WORD = 1.3
+MAX_CROP = 0.25  # center_crop cutting more than this share of the frame: a warning
+THUMB = 96  # contact sheet row height (px)
+
+
+def _frames(path: Path, frames: int) -> np.ndarray:
+    """First, middle and last frame of a clip of `frames` frames, uint8 [3,H,W,3]."""
+    idx = [0, frames // 2, frames - 1]
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return z["frames"][idx]
+    import decord
+
+    return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1).get_batch(idx).asnumpy()
+
+
+def _thumb(img: Image.Image) -> np.ndarray:
+    w = max(1, round(img.width * THUMB / img.height))
+    return np.asarray(img.convert("RGB").resize((w, THUMB), Image.BILINEAR))
+
+
+def check_sample(job: tuple) -> dict:
+    """One sample -> {id, dataset, info..., problems: [Problem as dict]}; runs in a worker process.
+    A failure no check foresaw is the sample's problem too, so one odd file never stops the run."""
+    s = job[0]
+    try:
+        return _check_sample(job)
+    except Exception as e:
+        problem = Problem(s.id, str(s.video), f"could not be checked: {type(e).__name__}: {str(e)[:300]}",
+                          "inspect the sample's files (video, prompt, references) or remove the sample",
+                          "check_failed")
+        return {"id": s.id, "dataset": s.dataset, "video": str(s.video), "problems": [asdict(problem)]}
+
+
+def _check_sample(job: tuple) -> dict:
+    """Training's own read and rules (e2v/data/preflight.py: what refuses a sample), then the
+    validator's warnings and the contact sheet."""
+    s, cfg, sheet_dir = job
+    cut_error = cut_references(s)  # before the read: it writes the element files
+    facts = {**sample_facts(read_job(s, cfg)), "cut_error": cut_error}
+    problems = sample_problems(s, facts, cfg) + frame_rate_warnings(s, facts, cfg) + fit_warnings(s, facts, cfg) + \
+        mode_warnings(s, facts)
+    out = {"id": s.id, "dataset": s.dataset, "video": str(s.video)}
+    if "probe" in facts:
+        out.update(zip(("frames", "height", "width", "fps"), facts["probe"]))
+    if s.bucket is not None:
+        out["bucket"] = list(s.bucket)
+    if sheet_dir is not None and "probe" in facts:
+        contact_sheet(s, facts, cfg, Path(sheet_dir) / f"{s.dataset}_{s.id}.png")
+    out["problems"] = [asdict(p) for p in problems]
+    return out
+
+
+def frame_rate_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
+    """A clip whose frames are unevenly spaced (variable frame rate). With data.fps frames are
+    taken by time, so a variable rate keeps its motion speed: nothing to warn."""
+    if "probe" not in facts or s.video.suffix == ".npz" or cfg.data.fps is not None:
+        return []
+    try:
+        gaps = frame_intervals(s.video)
+    except MediaError as e:
+        return [Problem(s.id, str(s.video), str(e), "re-encode the clip", "video_unreadable", "warning")]
+    if not variable_rate(gaps):
+        return []
+    return [Problem(s.id, str(s.video), f"variable frame rate: frames {gaps.min():.3f} to {gaps.max():.3f} s apart, so "
+                    "motion speed changes within the clip (frames are taken by index)", "set data.fps (frames by "
+                    "time), or re-encode at a constant rate, e.g. ffmpeg -i IN -fps_mode cfr -r 16 OUT",
+                    "variable_fps", "warning")]
+
+
+def fit_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
+    """The usable part of the clip against its bucket: upscaled (a blurry target), or an aspect
+    that center_crop cuts heavily."""
+    if s.bucket is None:
+        return []
+    _, h, w = s.bucket
+    height, width = facts["height"], facts["width"]
+    out = []
+    if height < h or width < w:
+        out.append(Problem(s.id, str(s.video), f"{width}x{height} is upscaled to its {w}x{h} bucket (blurry target)",
+                           "use a larger source, or a smaller data.resolution", "upscaled", "warning"))
+    crop = 1 - min(width / height / (w / h), (w / h) / (width / height))
+    if cfg.data.video_resize == "center_crop" and crop > MAX_CROP:
+        out.append(Problem(s.id, str(s.video), f"aspect {width}x{height} vs target {w}x{h}: center_crop cuts "
+                           f"{crop:.0%} of each frame", "add a data.resolution_buckets entry of this aspect", "aspect",
+                           "warning"))
+    return out
+
+
+def mode_warnings(s: Sample, facts: dict) -> list[Problem]:
+    """References in a mode whose 8-bit scale load_image has to guess (I, F)."""
+    out = []
+    for name, e in facts["elements"].items():
+        if "size" in e:
+            with Image.open(s.elements[name]) as raw:
+                mode = raw.mode
+            if mode not in ELEMENT_MODES:
+                out.append(Problem(s.id, str(s.elements[name]), f"element '{name}' has image mode {mode}",
+                                   "save it as RGB or RGBA PNG", "element_mode", "warning"))
+    return out
+
+
+def contact_sheet(s: Sample, facts: dict, cfg, path: Path) -> None:
+    """One PNG row: the readable references, then the clip's first, middle and last frame."""
+    tiles = [_thumb(load_image(s.elements[name], cfg.data.max_image_pixels))
+             for name, e in facts["elements"].items() if "size" in e]
+    tiles += [_thumb(Image.fromarray(fr)) for fr in _frames(s.video, facts["probe"][0])]
+    gap = np.full((THUMB, 4, 3), 255, np.uint8)
+    Image.fromarray(np.concatenate([t for tile in tiles for t in (tile, gap)][:-1], axis=1)).save(path)
+
+
+def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
+    """Prompts over the text encoder's TEXT_LEN tokens (encode_text cuts the rest off), counted
+    with the configured tokenizer, or estimated from words when it cannot be loaded offline."""
+    from e2v.models.load import load_tokenizer  # diffusers and transformers: only when there are prompts to count
+
+    tokenizer = load_tokenizer(cfg) if samples else None
+    prompts = [s.prompt for s in samples]
+    if tokenizer is not None:
+        counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]] if prompts else []
+        how = "counted with the configured tokenizer"
+    else:
+        counts = [round(len(p.split()) * TOKENS_PER_WORD) for p in prompts]
+        how = (f"estimated as {TOKENS_PER_WORD} tokens per word: the configured tokenizer could not be loaded "
+               "offline")
+    return [Problem(s.id, s.prompt_source, f"prompt is {n} tokens ({how}); the text encoder keeps the first "
+                    f"{TEXT_LEN}, the rest is cut off", f"shorten the prompt to under {TEXT_LEN} tokens",
+                    "prompt_too_long", "warning")
+            for s, n in zip(samples, counts) if n > TEXT_LEN]
+
+
+def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int) -> tuple[list[Problem], str]:
+    """Checks across samples: duplicate captions, long prompts, fps outliers, bucket occupancy (+ the
+    bucket table)."""
+    problems = long_prompts(cfg, samples)
+    by_prompt: dict[tuple, list[Sample]] = {}
+    for s in samples:
+        if s.prompt.strip():
+            by_prompt.setdefault((s.dataset, s.prompt.strip().lower()), []).append(s)
+    for group in by_prompt.values():
+        for s in group[1:]:
+            problems.append(Problem(s.id, s.prompt_source, f"duplicate caption (same as {group[0].id})",
+                                    "describe what differs between the clips", "duplicate_caption", "warning"))
+    fps = [r["fps"] for r in results if r.get("fps")]
+    if cfg.data.fps is not None:  # frames by time: a faster clip loses frames evenly, a slower one repeats them
+        for r in results:
+            if r.get("fps") and cfg.data.fps / r["fps"] > FPS_RATIO:
+                problems.append(Problem(r["id"], r["video"], f"{r['fps']:.1f} fps, below data.fps {cfg.data.fps:g}: "
+                                        "frames repeat, so motion stutters", "use a clip of at least data.fps, or "
+                                        "lower data.fps", "fps_below_rate", "warning"))
+    elif fps:
+        median = statistics.median(fps)
+        for r in results:
+            if r.get("fps") and max(r["fps"] / median, median / r["fps"]) > FPS_RATIO:
+                problems.append(Problem(r["id"], r["video"], f"{r['fps']:.1f} fps against the dataset's {median:.1f}: "
+                                        "motion plays at a different speed", "resample to the common fps, or set "
+                                        "data.fps (frames by time)", "fps_outlier", "warning"))
+    trainable = [s for s, r in zip(samples, results) if not any(p["severity"] == "error" for p in r["problems"])]
+    for s, r in zip(samples, results):
+        s.bucket = tuple(r["bucket"]) if "bucket" in r else None
+    epoch = with_repeats(trainable, cfg)  # the list training indexes: the same counts as its table
+    table, small = bucket_table(epoch, cfg, world)
+    severity = "error" if cfg.data.small_bucket == "error" else "warning"
+    counts = bucket_counts(epoch, cfg)
+    for b in small:
+        problems.append(Problem(f"bucket {bucket_name(b)}", "-", f"{counts[b]} sample(s) per epoch, fewer than micro_batch_size "
+                                f"{cfg.train.micro_batch_size} x world {world}", "add clips of that size, change the "
+                                "buckets, or set data.small_bucket: repeat / drop", "small_bucket", severity))
+    return problems, table
+
+
+def load(args):
+    sets = list(args.set)
+    if args.data_root:
+        sets.insert(0, f"data.datasets=[{{data_root: {json.dumps(args.data_root)}}}]")
+    return load_config(args.config or DEFAULT_CONFIG, sets)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="training config (default: configs/e2v.yaml with --data_root)")
+    p.add_argument("--data_root", default=None, help="an e2v folder, checked with the config's elements")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                   help="GPUs of the training run (bucket occupancy against micro_batch_size x this)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--json", default="check_dataset_report.json", help="report path")
+    p.add_argument("--contact-sheet", dest="contact_sheet", default=None, metavar="DIR",
+                   help="write a PNG per sample: references | first, middle, last frame")
+    args = p.parse_args(argv)
+    # file names need not be UTF-8 (bytes become surrogates): print them escaped rather than crash
+    if hasattr(sys.stdout, "reconfigure"):  # a real stream (not a test's StringIO)
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if not args.config and not args.data_root:
+        p.error("give --config or --data_root")
+    try:
+        cfg = load(args)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    samples, problems = [], []
+    for i, ds in enumerate(cfg.data.datasets):
+        try:
+            found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
+                                    cfg.data.allow_outside_root)
+        except MetadataError as e:  # the whole dataset is unusable: one problem, the others are still checked
+            problems.append(Problem(f"dataset {i}", e.file, e.problem, e.fix, "metadata_unreadable"))
+            continue
+        except Exception as e:  # unforeseen (an unreadable folder, ...): the same, never a traceback
+            problems.append(Problem(f"dataset {i}", ds.metadata_path or ds.data_root,
+                                    f"cannot be indexed: {type(e).__name__}: {str(e)[:300]}",
+                                    "check the folder and metadata file are readable", "metadata_unreadable"))
+            continue
+        samples += found
+        problems += probs
+        if ds.dataset_type == "e2v":
+            problems += [Problem("-", str(f), "orphan file: belongs to no sample id", "rename it to ID<suffix> of an "
+                                 "existing video, or remove it", "orphan_file", "warning")
+                         for f in orphan_files(ds, cfg.data.elements)]
+        else:
+            seen: dict[Path, str] = {}
+            for s in found:
+                if s.video in seen:
+                    # it trains twice per epoch, nothing fails: a warning
+                    problems.append(Problem(s.id, s.prompt_source, f"duplicate: the same video as {seen[s.video]}",
+                                            "remove the repeated row (use data.datasets[].repeat)", "duplicate_id",
+                                            "warning"))
+                seen.setdefault(s.video, s.id)
+    if args.contact_sheet:
+        Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)
+    results = list(map_samples(check_sample, [(s, cfg, args.contact_sheet) for s in samples], args.workers))
+    problems += [Problem(**d) for r in results for d in r["problems"]]
+    cross, table = dataset_problems(cfg, samples, results, args.world_size)
+    problems += cross
+    dt = time.perf_counter() - t0
+
+    errors = [q for q in problems if q.severity == "error"]
+    bad_ids = {q.sample for q in errors}
+    rate = len(samples) / max(dt, 1e-9)
+    summary = {"samples": len(samples), "samples_ok": sum(1 for s in samples if s.id not in bad_ids),
+               "errors": len(errors), "warnings": len(problems) - len(errors), "seconds": round(dt, 3),
+               "samples_per_s": round(rate, 1), "workers": args.workers, "world_size": args.world_size,
+               "by_kind": dict(Counter(q.kind for q in problems))}
+    print(f"{'datasets':<16} {', '.join(d.data_root for d in cfg.data.datasets)}")
+    for k in ("samples", "samples_ok", "errors", "warnings"):
+        print(f"{k:<16} {summary[k]}")
+    held = min(cfg.validation.num_samples, summary["samples_ok"]) if cfg.validation.every_n_steps > 0 else 0
+    if held:  # training holds these out (split_held_out): its "N training samples" is samples_ok - held
+        print(f"{'held out':<16} {held} of the samples_ok, for validation (validation.num_samples): training "
+              f"trains on {summary['samples_ok'] - held}")
+    print(f"{'speed':<16} {rate:.1f} samples/s ({args.workers} workers, {dt:.2f} s)")
+    print(f"buckets (micro_batch_size {cfg.train.micro_batch_size} x world {args.world_size}):\n{table}")
+    for line in summarize([q for q in problems if q.severity == "error"], first=10**9) + \
+            summarize([q for q in problems if q.severity != "error"]):  # errors in full, a warning kind met often counted
+        print(line)
+    report = {"summary": summary, "problems": [asdict(q) for q in problems],
+              "samples": [{k: v for k, v in r.items() if k != "problems"} for r in results]}
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"report: {args.json}" + (f"; contact sheets: {args.contact_sheet}" if args.contact_sheet else ""))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
