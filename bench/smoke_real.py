@@ -130,7 +130,7 @@ def dry_run() -> dict:
 
 def estimate(run: dict, sets: list[str], procs: int) -> dict:
     from e2v.config.load import load_config
-    from tools.estimate_memory import estimate_cpu
+    from e2v.train.memory import estimate_cpu
 
     est = estimate_cpu(load_config(str(ROOT / E2V_CONFIG), sets, check_paths=False), procs)
     measured = run["peak_pss_gib"]

@@ -21,7 +21,6 @@ the context-parallel group either way); the in-process tests cover both exchange
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -152,8 +151,7 @@ def test_context_parallel_estimate_and_dry_run_divide_the_activations():
     """tools/estimate_memory.py and the dry run's plan use the context-parallel degree: the
     activations per GPU are the formula's at cp = U x R (which the test above holds to measured
     bytes), below the unsplit figure, and the exchange's buffers are added to the buffers."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import estimate_memory as em
+    from e2v.train import memory as em
 
     from e2v.train.ds_config import resolve_deepspeed_config
     from e2v.models.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens

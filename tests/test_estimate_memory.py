@@ -1,4 +1,4 @@
-"""tools/estimate_memory.py: model-state figures equal DeepSpeed's own estimators for a full
+"""The memory model (e2v/train/memory.py) and its command line (tools/estimate_memory.py): model-state figures equal DeepSpeed's own estimators for a full
 fine-tune; parameter counts equal the real training setup's; the activation formula matches the
 bytes autograd actually saves for backward in tiny and small Wan transformers on CPU."""
 
@@ -12,8 +12,9 @@ import torch
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-import estimate_memory as em  # noqa: E402
+from e2v.models import plan
+from e2v.train import memory as em
+from tools import estimate_memory
 
 GB = 2**30
 
@@ -122,12 +123,12 @@ def test_activation_formula_matches_saved_bytes(heads, head_dim, ffn, layers, fr
     measured = _saved_bytes(model, inputs, checkpointing)
     s, ctx = frames * size * size // 4, 512 + 51
     c = em.ModelCounts(0, 0, 0, heads * head_dim, ffn, layers)
-    block, outside = em.activation_terms(s, ctx, c)
+    block, outside = plan.activation_terms(s, ctx, c)
     # With checkpointing only the block inputs are saved in the forward; the recomputed block (A)
     # lives during backward, which the estimate adds on top.
     predicted = 4 * (layers * s * c.width + outside if checkpointing else layers * block + outside)
     assert predicted == pytest.approx(measured, rel=0.2)
-    gpu, moved = em.activation_bytes(s, ctx, c, 1, 4, checkpointing, offload=False)
+    gpu, moved = plan.activation_bytes(s, ctx, c, 1, 4, checkpointing, offload=False)
     assert gpu == pytest.approx(predicted + (4 * block if checkpointing else 0)) and moved == 0
 
 
@@ -138,7 +139,7 @@ def test_plans_the_14b_e2v_lora_onto_a_24_gb_gpu(capsys, monkeypatch):
     def run(*sets):
         monkeypatch.setattr(sys, "argv", ["estimate_memory.py", "--config", str(ROOT / "configs/e2v.yaml"),
                                           "--gpus", "1", "--gpu-mem-gb", "24", *sets])
-        em.main()
+        estimate_memory.main()
         return capsys.readouterr().out
 
     online = run("--cpu-mem-gb", "256")

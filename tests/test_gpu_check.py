@@ -217,7 +217,7 @@ def test_the_24gb_configs_fit_24gb():
     """The shipped 24 GB configs load, are the plans their comments describe, and
     tools/estimate_memory.py says each fits 24 GB (the figures docs/gpu.md quotes)."""
     from e2v.config.load import load_config
-    from tools.estimate_memory import estimate
+    from e2v.train.memory import estimate
 
     i2v = load_config(str(ROOT / "configs/e2v_24gb.yaml"), [], check_paths=False)
     t2v = load_config(str(ROOT / "configs/e2v_t2v_1.3b_24gb.yaml"), [], check_paths=False)

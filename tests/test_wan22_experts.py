@@ -233,8 +233,6 @@ def test_wan22_memory_plan_of_the_released_model():
     """--dry_run's model on the meta device from the published config (no download): each expert
     has the 14B shape with 36 input channels and no image attention; `both` is exactly twice one
     expert; the dry run says so; tools/estimate_memory plans the shipped config."""
-    import sys
-
     from diffusers import WanTransformer3DModel
 
     from e2v.models.plan import KNOWN_WAN_CONFIGS, build_meta_transformer, count_params, describe_plan
@@ -253,8 +251,7 @@ def test_wan22_memory_plan_of_the_released_model():
     assert count_params(one) == count_params(t2v_14b) + 20 * 5120 * 4  # 20 more input channels x (1, 2, 2)
     assert count_params(both) == 2 * count_params(one)
     assert "experts: both trained in one module" in describe_plan(both, cfg, {"zero_optimization": {"stage": 3}}, [])
-    sys.path.insert(0, str(ROOT / "tools"))
-    import estimate_memory
+    from e2v.train import memory as estimate_memory
 
     shipped = load_config(ROOT / "configs/e2v_wan22_i2v_a14b.yaml", ["cache.enabled=true"], check_paths=False)
     r = estimate_memory.estimate(shipped, 1, 24)

@@ -367,11 +367,10 @@ def test_wan22_ti2v_5b_yaml_plans_the_published_model(demo_data, capsys, monkeyp
 
     import train_e2v
     from e2v.config.load import load_config
-    from e2v.models.plan import build_meta_transformer, count_params, encoder_bytes
+    from e2v.models.plan import build_meta_transformer, count_params, encoder_bytes, tokens
     from e2v.config.bases import vae_config
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    import estimate_memory as em
+    from e2v.train import memory as em
 
     cfg = load_config(ROOT / "configs/e2v_wan22_ti2v_5b.yaml", check_paths=False)
     assert cfg.model.pretrained == "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
@@ -383,7 +382,7 @@ def test_wan22_ti2v_5b_yaml_plans_the_published_model(demo_data, capsys, monkeyp
     out = capsys.readouterr().out
     assert "30 layers x 24 heads x 128, in_channels 48, image attention no" in out and "params 5.161 B" in out
     # 704 x 1280 x 121: 31 clip + 3 reference latent frames of 22 x 40 tokens
-    assert em.tokens(cfg) == ((31 + 3) * 22 * 40, 512)
+    assert tokens(cfg) == ((31 + 3) * 22 * 40, 512)
     rows = em.estimate(cfg, 1, 80)["rows"]  # per GPU: the same terms at any GPU size; cached: less the encoders
     assert rows[0]["encoders_gb"] == pytest.approx(sum(encoder_bytes(cfg).values()) / 2**30)
 
@@ -402,13 +401,11 @@ def test_wan22_per_token_timesteps_activation_formula(heads, head_dim, ffn, laye
     """tools/estimate_memory.py's per-token timestep terms against the bytes autograd saves for a
     48-channel Wan transformer given one timestep per token (tests/test_estimate_memory.py's
     measurement), within 20%."""
-    import sys
-
     from diffusers import WanTransformer3DModel
     from test_estimate_memory import _saved_bytes
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    import estimate_memory as em
+    from e2v.models.plan import activation_terms
+    from e2v.train import memory as em
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(
@@ -420,10 +417,10 @@ def test_wan22_per_token_timesteps_activation_formula(heads, head_dim, ffn, laye
                   encoder_hidden_states=torch.randn(1, 512, 32), return_dict=False)
     measured = _saved_bytes(model, inputs, checkpointing)
     c = em.ModelCounts(0, 0, 0, heads * head_dim, ffn, layers)
-    block, outside = em.activation_terms(s, 512, c, per_token_time=True)
+    block, outside = activation_terms(s, 512, c, per_token_time=True)
     predicted = 4 * (layers * s * c.width + outside if checkpointing else layers * block + outside)
     assert predicted == pytest.approx(measured, rel=0.2)
-    scalar_block, scalar_outside = em.activation_terms(s, 512, c)
+    scalar_block, scalar_outside = activation_terms(s, 512, c)
     assert scalar_outside < outside and scalar_block < block
 
 

@@ -179,7 +179,7 @@ def precompute(ctx: Ctx, config: str, sets: list[str]) -> dict:
 def gpu_estimate(config: str, sets: list[str], gpu_mem_gb: float = LIMIT_GIB) -> dict:
     """tools/estimate_memory.py's row for the config as set (GiB per GPU), and whether it fits."""
     from e2v.config.load import load_config
-    from tools.estimate_memory import estimate
+    from e2v.train.memory import estimate
 
     cfg = load_config(str(ROOT / config), sets, check_paths=False)
     row = estimate(cfg, 1, gpu_mem_gb)["configured"]

@@ -44,7 +44,7 @@ def clip_location(cfg) -> tuple[str, bool]:
 
 def place_encoders(parts: Parts, device) -> Parts:
     """The frozen encoders (VAE, UMT5, CLIP) in eval mode, without gradients, on `device`: the one
-    place they are prepared. They stay resident for the run (see tools/estimate_memory.py's
+    place they are prepared. They stay resident for the run (see e2v/train/memory.py's
     encoder term); the cache (cache.enabled) is how a run goes without them."""
     for m in (parts.vae, parts.text_encoder, parts.image_encoder):
         if m is not None:

@@ -108,7 +108,7 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
 
 # --- activations ----------------------------------------------------------------------------------
 # Elements autograd keeps for backward per sample (the formula's fit and its checks:
-# tools/estimate_memory.py's docstring). S video tokens, C context tokens, D width, F FFN width,
+# e2v/train/memory.py's docstring). S video tokens, C context tokens, D width, F FFN width,
 # K layers, P = ulysses x ring ranks sharing the tokens (docs/context_parallel.md):
 #   one block            A = (a S D + b S F) / P + c C D      (the context's keys / values are whole on every rank)
 #   outside the blocks   O = d S D / P + f C D + g S           (patch embedding, rope tables and the gathered output stay whole)
@@ -146,7 +146,7 @@ def per_token_time(cfg: Config) -> bool:
 def activation_terms(s: int, ctx: int, c, cp: int = 1, per_token_time: bool = False) -> tuple[float, float]:
     """(A, O): elements saved for backward by one block and outside the blocks, per sample, on one
     of the `cp` ranks that share its tokens; per_token_time: one timestep per token (the
-    clean_prefix layout). `c`: anything with .width, .ffn (tools/estimate_memory's ModelCounts,
+    clean_prefix layout). `c`: anything with .width, .ffn (e2v.train.memory's ModelCounts,
     `model_shape`)."""
     a, b, cc = ACT_BLOCK
     d, f, g = ACT_OUTSIDE
