@@ -50,6 +50,7 @@ from e2v.config.seed_formats import map_seed_flags
 from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.eval.validation import Validator, split_held_out
 from e2v.eval.viz import Visualizer
+from e2v.train.preflight_deps import check_later_phases
 
 
 def parse_args():
@@ -277,6 +278,7 @@ def main():
     from tqdm import tqdm
 
     rank, world, lay, device, run_dir, _lock = start_run(cfg, args)
+    check_later_phases(cfg, run_dir, rank)  # the mp4 writer, the tokenizer, writable folders: every rank, now
     rng, gen = step_rngs(cfg, lay.dp_rank)  # element choices and dropouts; sigmas, noise, posterior samples
     excluded = []  # samples left out at the start (on_bad_sample: skip); the same list on every rank
     try:  # before any weight is read: rank 0 checks every sample, every rank gets the verdict

@@ -27,17 +27,21 @@ from e2v.config.bases import tiny_base
 from e2v.models.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
 
 
-def load_tokenizer(cfg: Config, offline: bool = True):
+def load_tokenizer(cfg: Config, offline: bool = True, raise_errors: bool = False):
     """The configured prompt tokenizer without its encoder (tools/check_dataset.py counts tokens
     with it): the tiny one, or model.pretrained's tokenizer/ folder; None when that cannot be
-    loaded (offline: nothing is downloaded)."""
+    loaded (offline: nothing is downloaded), or with `raise_errors` the loader's error (the
+    start-up check names it)."""
     if cfg.model.preset is not None:
         return build_tiny_tokenizer()
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(cfg.model.pretrained, subfolder="tokenizer", local_files_only=offline)
+        return AutoTokenizer.from_pretrained(resolve_pretrained(cfg.model.pretrained), subfolder="tokenizer",
+                                             local_files_only=offline)
     except Exception:  # not downloaded, no tokenizer/ folder, a missing sentencepiece: the caller estimates
+        if raise_errors:
+            raise
         return None
 
 
