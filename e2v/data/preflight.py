@@ -16,8 +16,12 @@ the settings that change them: data.fps, data.max_image_pixels), so a restart re
 changed. The cache is one JSON file per data root under $E2V_CACHE_DIR (default ~/.cache/e2v),
 written atomically by rank 0; it holds facts about files, never anything that is executed.
 
-Only rank 0 opens files; the facts are broadcast, so every rank decides the same samples bad and
-a run with bad data stops on every rank together.
+The check is spread over the ranks (`facts_over_ranks`): rank 0 looks the samples up in its cache,
+each rank reads its share of the rest, the facts are gathered and rank 0's full list is broadcast,
+so every rank decides the same samples bad (the same answer as one rank's check) and a run with bad
+data stops on every rank together. The gather waits in a group of its own whose timeout is sized to
+the shard (DeepSpeed's default group gives up after 10 minutes); a set whose check would take long
+is told to fill the cache beforehand with tools/check_dataset.py.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -216,7 +221,10 @@ def map_samples(fn, jobs: list, workers: int):
 
 
 def default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """Worker processes per rank: the node's cores shared by its ranks (LOCAL_WORLD_SIZE, set by
+    the launchers), at most 8."""
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(8, (os.cpu_count() or 1) // local))
 
 
 def collect_facts(cfg: Config, samples: list[Sample], *, workers: int | None = None, progress: bool = True,
@@ -298,19 +306,149 @@ def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = N
                   progress: bool = True) -> list[Problem]:
     """Every problem of these samples (errors and warnings), buckets set on the usable ones.
     Rank 0 reads the files (collect_facts); the facts are broadcast, so every rank agrees."""
-    from e2v.runtime import distributed
-
-    rank = distributed.this_rank()
     unique = list({id(s): s for s in samples}.values())  # the same list on every rank (same discovery)
-    facts = None
-    if rank == 0:  # by position, not by fingerprint: another node's file stats may differ
-        by_key = collect_facts(cfg, samples, workers=workers, progress=progress)
-        facts = [by_key[fingerprint(s, cfg)] for s in unique]
-    facts = distributed.broadcast(facts, rank)
+    facts = facts_over_ranks(cfg, unique, workers=workers, progress=progress)
     out = []
     for s, f in zip(unique, facts):
         out += sample_problems(s, f, cfg)
     return out + missing_optional(samples, cfg)
+
+
+# --- the check spread over the ranks ----------------------------------------------------------------
+
+CHECK_S_PER_SAMPLE = 2.0  # a generous cost of one sample's read (two decodes, a few images) on one worker
+LONG_CHECK_S = 600  # a check expected to take longer is told to pre-fill the cache (tools/check_dataset.py)
+MIN_TIMEOUT_S = 1800  # the gather's group never waits less than this
+
+
+def _cache_path(cfg: Config, samples: list[Sample]) -> Path:
+    roots = sorted({str(Path(cfg.data.datasets[s.dataset].data_root).resolve()) for s in samples})
+    return cache_dir() / f"{hashlib.sha1('|'.join(roots).encode()).hexdigest()[:16]}.json"
+
+
+def check_seconds(todo: int, world: int, workers: int) -> float:
+    """The expected wall time of reading `todo` samples over `world` ranks of `workers` each."""
+    return CHECK_S_PER_SAMPLE * -(-todo // max(1, world)) / max(1, workers)
+
+
+def gather_timeout_s(todo: int, world: int, workers: int) -> float:
+    """How long the gather waits for the slowest rank: four times the expected check, never under
+    MIN_TIMEOUT_S (a slow disk or a rank with the heavy clips must not turn into a timeout)."""
+    return max(MIN_TIMEOUT_S, 4 * check_seconds(todo, world, workers))
+
+
+def long_check_note(todo: int, cached: int, world: int, workers: int) -> str | None:
+    """The line rank 0 prints before a check expected to take over LONG_CHECK_S, or None."""
+    expected = check_seconds(todo, world, workers)
+    if expected <= LONG_CHECK_S:
+        return None
+    return (f"[e2v data] checking {todo} samples ({cached} cached) over {world} rank(s) x {workers} worker(s): "
+            f"~{expected / 60:.0f} min before step 1 (the ranks wait up to "
+            f"{gather_timeout_s(todo, world, workers) / 60:.0f} min for it). On a set this large, fill the "
+            f"check's cache once beforehand: `python tools/check_dataset.py --config <this run's config>` on "
+            f"rank 0's node (or with E2V_CACHE_DIR={cache_dir().parent} on a disk every node sees); training "
+            "then re-reads only the files that changed")
+
+
+def store_facts(cfg: Config, samples: list[Sample], facts_by_key: dict[str, dict]) -> None:
+    """Add facts read elsewhere (tools/check_dataset.py: fingerprint -> sample_facts) to the cache
+    training reads, so a huge set's start-up check finds them there."""
+    if samples and facts_by_key:
+        path = _cache_path(cfg, samples)
+        _save_cache(path, {**_load_cache(path), **facts_by_key})
+
+
+def facts_over_ranks(cfg: Config, unique: list[Sample], *, workers: int | None = None,
+                     progress: bool = True) -> list[dict]:
+    """sample_facts plus `cut_error` for every sample of `unique` (the same list on every rank), by
+    position, the reading spread over the ranks. A collective: every rank calls it. Rank 0's cache
+    answers what it holds (by rank 0's fingerprints: another node's file stats may differ); each
+    rank reads every world-th of the rest; rank 0 stores and broadcasts the whole. Every exchange
+    runs in one gloo group whose timeout is sized to a check of the whole set (rank 0's stat of
+    every file, the slowest shard), not in the default group, which gives up after 10 minutes."""
+    import torch
+
+    from e2v.runtime import distributed
+
+    rank = distributed.this_rank()
+    world = torch.distributed.get_world_size() if distributed.is_distributed() else 1
+    workers = default_workers() if workers is None else workers
+    share = _CheckGroup(world, gather_timeout_s(len(unique), world, workers))
+    positions = list(range(len(unique)))
+    # the references a source cuts: before anything fingerprints the files they write
+    cut = {}
+    for part in share.gather({i: cut_references(unique[i]) for i in positions[rank::world]}):
+        cut.update(part)
+    plan = None
+    if rank == 0:
+        path = _cache_path(cfg, unique) if unique else None
+        keys = [fingerprint(s, cfg) for s in unique]
+        stored = _load_cache(path) if path else {}
+        todo = [i for i, k in enumerate(keys) if k not in stored]
+        plan = {"todo": todo, "cached": len(unique) - len(todo)}
+        note = long_check_note(len(todo), plan["cached"], world, workers)
+        if note:
+            print(note, flush=True)
+    plan = share.broadcast(plan)
+    todo = plan["todo"]
+    mine = todo[rank::world]
+    t0 = time.monotonic()
+    read = {}
+    if mine:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(mine), desc=f"checking data ({plan['cached']} cached, {world} rank(s))",
+                   disable=not (progress and rank == 0), mininterval=1 if sys.stderr.isatty() else 30,
+                   dynamic_ncols=True)
+        for i, f in zip(mine, map_samples(sample_facts, [read_job(unique[i], cfg) for i in mine], workers)):
+            read[i] = f
+            bar.update(1)
+        bar.close()
+    parts = share.gather((read, time.monotonic() - t0))
+    facts = None
+    if rank == 0:
+        for part, _ in parts:
+            read.update(part)
+        if todo:
+            _save_cache(path, {**stored, **{keys[i]: read[i] for i in todo}})
+            if progress:
+                print(f"[e2v data] checked {len(todo)} sample(s) over {world} rank(s) in "
+                      f"{max(s for _, s in parts):.0f} s ({plan['cached']} cached)", flush=True)
+        facts = [{**(read[i] if i in read else stored[keys[i]]), "cut_error": cut[i]} for i in positions]
+    facts = share.broadcast(facts)
+    share.close()
+    return facts
+
+
+class _CheckGroup:
+    """The data check's exchanges: a gloo group of every rank with its own timeout (nothing with
+    one process). Created and closed by every rank together."""
+
+    def __init__(self, world: int, timeout_s: float):
+        import torch
+        from datetime import timedelta
+
+        self.dist, self.world = torch.distributed, world
+        self.group = (self.dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                      if world > 1 else None)
+
+    def gather(self, obj) -> list:
+        if self.group is None:
+            return [obj]
+        parts = [None] * self.world
+        self.dist.all_gather_object(parts, obj, group=self.group)
+        return parts
+
+    def broadcast(self, obj):
+        if self.group is None:
+            return obj
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.dist.destroy_process_group(self.group)
 
 
 def summarize(problems: list[Problem], first: int = 3) -> list[str]:

@@ -24,7 +24,8 @@ one line per problem (file: problem -> fix), writes a JSON report, and exits 1 w
 would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
 sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
 one PNG per sample: references, then the first, middle and last frames, for a person to look at.
-Workers run in parallel processes (training's pool).
+Workers run in parallel processes (training's pool). The facts it reads go into the cache training's
+start-up check reads (e2v/data/preflight.py), so on a huge set running it first saves that check.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repe
 from e2v.data.elements import discover, orphan_files  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
 from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
-from e2v.data.preflight import (cut_references, map_samples, read_job, sample_facts, sample_problems,  # noqa: E402
-                                summarize)
+from e2v.data.preflight import (cut_references, fingerprint, map_samples, read_job, sample_facts,  # noqa: E402
+                                sample_problems, store_facts, summarize)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
@@ -100,7 +101,8 @@ def _check_sample(job: tuple) -> dict:
     facts = {**sample_facts(read_job(s, cfg)), "cut_error": cut_error}
     problems = sample_problems(s, facts, cfg) + frame_rate_warnings(s, facts, cfg) + fit_warnings(s, facts, cfg) + \
         mode_warnings(s, facts)
-    out = {"id": s.id, "dataset": s.dataset, "video": str(s.video)}
+    out = {"id": s.id, "dataset": s.dataset, "video": str(s.video),
+           "cache": {fingerprint(s, cfg): {k: v for k, v in facts.items() if k != "cut_error"}}}  # training's cache
     if "probe" in facts:
         out.update(zip(("frames", "height", "width", "fps"), facts["probe"]))
     if s.bucket is not None:
@@ -291,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)
     results = list(map_samples(check_sample, [(s, cfg, args.contact_sheet) for s in samples], args.workers))
     problems += [Problem(**d) for r in results for d in r["problems"]]
+    store_facts(cfg, samples, {k: v for r in results for k, v in r.get("cache", {}).items()})  # pre-fills training's check
     cross, table = dataset_problems(cfg, samples, results, args.world_size)
     problems += cross
     dt = time.perf_counter() - t0
