@@ -48,7 +48,7 @@ from e2v.models.trainable import describe_trained
 from e2v.config.shapes import check_base
 from e2v.config.seed_formats import map_seed_flags
 from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
-from e2v.eval.validation import Validator, split_held_out
+from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
 from e2v.train.preflight_deps import check_later_phases
 
@@ -89,6 +89,9 @@ def dry_run(cfg) -> None:
     except BadSampleError as e:  # none usable: the plan is still worth reading
         print(f"[e2v dry run] {e}")
         samples = []
+    held_out = hold_out_problem(cfg, len({(s.dataset, s.id) for s in samples})) if samples else None
+    if held_out:  # training would stop here (split_held_out): so does the dry run
+        raise SystemExit(f"config error: {'; '.join(held_out)}")
     transformer, full_names = preflight(cfg)
     comfy_check(transformer)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
@@ -114,17 +117,17 @@ def comfy_check(transformer) -> None:
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
     """<output_dir>/<run_id>; without run_id, a new timestamped id (or, for --resume latest / auto,
-    the newest run of this config, named; latest with none stops)."""
+    the run of this config that saved a checkpoint last, named; latest with none stops)."""
     root = Path(cfg.output_dir)
     stem = Path(config_path).stem
     if cfg.run_id:
         return root / cfg.run_id
     if resume in resuming.MODES:
-        run = resuming.newest_run(root, stem)
+        run, why = resuming.run_to_resume(root, stem)
         if run is not None:
-            print(f"[e2v] --resume {resume}: the newest run of {stem} is {run} (set run_id to pick another)")
+            print(f"[e2v] --resume {resume}: {why}")
             return run
-        resuming.nothing_to_resume(resume, None, f"no run of {stem} in {root}/ and no run_id set")
+        print(f"[e2v] {resuming.nothing_to_resume(resume, None, f'{why}; no run_id set')} in a new run folder")
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -285,6 +288,8 @@ def main():
         samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
     except BadSampleError as e:
         raise SystemExit(f"data error: {e}")
+    except ConfigError as e:  # a hold-out that leaves nothing to train: before any weight loads
+        raise SystemExit(f"config error: {e}")
     if rank == 0 and val_samples:
         print(f"[e2v data] {len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} held "
               f"out for validation (validation.num_samples; never trained on)")

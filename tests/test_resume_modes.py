@@ -1,6 +1,7 @@
 """`--resume` says what it does (e2v/train/resume.py): latest with nothing to resume stops, auto
 starts fresh saying so (run as `python train_e2v.py`, without the launcher: one process trains), a shape-changing key (LoRA rank) stops naming it, an optimizer setting
-(lr) stops naming it, a schedule change (max_steps) is applied, named and recorded in config.yaml."""
+(lr) stops naming it, a schedule change (max_steps) is applied, named and recorded in config.yaml,
+and without run_id auto passes over a newer folder that holds no checkpoint (a failed start's)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def test_four_resume_cases_each_say_one_line(base_run):
     out, sets = base_run
     for copy in ("base_rank", "base_lr"):  # one run folder each: a run folder takes one run at a time
         shutil.copytree(out / "base", out / copy)
+    # without run_id: the 2-step run, and a newer folder a failed start left (config.yaml, no checkpoint)
+    stems = out / "stems"
+    shutil.copytree(out / "base", stems / "e2v_tiny_lora-20260101-000000")
+    (stems / "e2v_tiny_lora-20260102-000000").mkdir()
+    (stems / "e2v_tiny_lora-20260102-000000/config.yaml").write_text((out / "base/config.yaml").read_text())
     cases = {
         "nothing": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=empty", "train.max_steps=2",
                                 extra=("--resume", "latest")),
@@ -49,6 +55,9 @@ def test_four_resume_cases_each_say_one_line(base_run):
         # a schedule change is applied, named and recorded
         "steps": launch_train("configs/e2v_tiny_lora.yaml", *sets, "run_id=base", "train.max_steps=3",
                               extra=("--resume", "latest")),
+        # auto passes over the failed start's folder to the run that saved
+        "past_empty": launch_train("configs/e2v_tiny_lora.yaml", *sets, f"output_dir={stems}", "train.max_steps=3",
+                                   extra=("--resume", "auto")),
     }
     # meanwhile `--resume auto` with nothing to resume, in one process without the launcher
     cases["auto"] = launch_python("train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
@@ -73,3 +82,10 @@ def test_four_resume_cases_each_say_one_line(base_run):
     assert "applying the changed key(s) train.max_steps: 2 -> 3" in p.stdout
     assert yaml.safe_load((out / "base/config.yaml").read_text())["train"]["max_steps"] == 3
     assert (out / "base/checkpoints/step_000003").is_dir()
+    p, run = got["past_empty"], stems / "e2v_tiny_lora-20260101-000000"
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (f"--resume auto: run {run}: of the runs of e2v_tiny_lora in {stems}/, the one that saved last "
+            f"(step_000002); passed over 1 folder(s) without a checkpoint: {stems / 'e2v_tiny_lora-20260102-000000'}"
+            in p.stdout), p.stdout
+    assert f"resumed from {run / 'checkpoints/step_000002'} at step 2" in p.stdout
+    assert (run / "checkpoints/step_000003").is_dir() and not (stems / "e2v_tiny_lora-20260102-000000/checkpoints").exists()

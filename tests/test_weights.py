@@ -29,10 +29,10 @@ def test_offline_and_not_downloaded_names_both_repos_and_the_commands(tmp_path, 
     assert notes == [] and "\n" not in error
     assert ("model.pretrained: Wan-AI/Wan2.1-T2V-1.3B-Diffusers is not downloaded (looked in "
             f"{tmp_path / 'hub/models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers'}) and HF_HUB_OFFLINE is set") in error
-    assert "huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --local-dir models/Wan2.1-T2V-1.3B-Diffusers" in error
-    # the T2V base takes only the CLIP folders of the I2V repo
-    assert ('huggingface-cli download Wan-AI/Wan2.1-I2V-14B-480P-Diffusers --include "image_encoder/*" '
-            '"image_processor/*" --local-dir models/Wan2.1-I2V-14B-480P-Diffusers') in error
+    assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --local-dir models/Wan2.1-T2V-1.3B-Diffusers" in error
+    # the T2V base takes only the CLIP folders of the I2V repo (tests/test_firstday_weights.py parses it with hf's CLI)
+    assert ('hf download Wan-AI/Wan2.1-I2V-14B-480P-Diffusers --include "image_encoder/*" '
+            '--include "image_processor/*" --local-dir models/Wan2.1-I2V-14B-480P-Diffusers') in error
     error, _ = missing_weights(_cfg(f"model.pretrained={tmp_path / 'nowhere'}", f"model.image_encoder={tmp_path}"))
     assert error.startswith(f"model.pretrained: folder {tmp_path / 'nowhere'} does not exist")
     assert missing_weights(_cfg("model.preset=tiny", "model.pretrained=null", "model.image_encoder=null")) == (None, [])

@@ -50,6 +50,7 @@ from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repe
 from e2v.data.elements import discover, orphan_files  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
 from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
+from e2v.eval.validation import hold_out_problem  # noqa: E402
 from e2v.data.preflight import (cut_references, fingerprint, map_samples, read_job, sample_facts,  # noqa: E402
                                 sample_problems, store_facts, summarize)
 
@@ -305,11 +306,17 @@ def main(argv: list[str] | None = None) -> int:
                "errors": len(errors), "warnings": len(problems) - len(errors), "seconds": round(dt, 3),
                "samples_per_s": round(rate, 1), "workers": args.workers, "world_size": args.world_size,
                "by_kind": dict(Counter(q.kind for q in problems))}
+    held_out = hold_out_problem(cfg, summary["samples_ok"]) if summary["samples_ok"] else None
+    if held_out:  # training would stop at its start (split_held_out): an error here too
+        problems.append(Problem("-", "config", *held_out, "held_out_all", "error"))
+        errors.append(problems[-1])
+        summary["errors"] += 1
+        summary["by_kind"]["held_out_all"] = 1
     print(f"{'datasets':<16} {', '.join(d.data_root for d in cfg.data.datasets)}")
     for k in ("samples", "samples_ok", "errors", "warnings"):
         print(f"{k:<16} {summary[k]}")
     held = min(cfg.validation.num_samples, summary["samples_ok"]) if cfg.validation.every_n_steps > 0 else 0
-    if held:  # training holds these out (split_held_out): its "N training samples" is samples_ok - held
+    if held and not held_out:  # training holds these out (split_held_out): its "N training samples" is samples_ok - held
         print(f"{'held out':<16} {held} of the samples_ok, for validation (validation.num_samples): training "
               f"trains on {summary['samples_ok'] - held}")
     print(f"{'speed':<16} {rate:.1f} samples/s ({args.workers} workers, {dt:.2f} s)")

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from e2v.conditioning.encode import Conditions
+from e2v.config.schema import ConfigError
 from e2v.data.dataset import E2VDataset, collate, element_inputs
 from e2v.runtime.device import randn, to_device
 from e2v.data.sample import element_paths
@@ -62,15 +63,31 @@ from e2v.conditioning.ti2v import pad_prefix
 from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
 
+def hold_out_problem(cfg, num_usable: int) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the configured hold-out leaves nothing to train on (every
+    usable sample held out for validation), naming the key; None when some sample trains. The one
+    rule of split_held_out, asked also by the dry run and tools/check_dataset.py, so a small
+    dataset is refused before any weight loads rather than by a traceback at the first step."""
+    v = cfg.validation
+    if v.every_n_steps <= 0 or v.num_samples < num_usable:
+        return None
+    fewer = max(1, num_usable // 5) if num_usable > 1 else 0  # about a fifth held out, at least one trains
+    return (f"validation.num_samples: {v.num_samples} samples held out for validation, but the dataset has "
+            f"{num_usable} usable, so none is left to train on",
+            f"hold out fewer (--set validation.num_samples={fewer}), or none (--set validation.every_n_steps=0: "
+            "no validation)")
+
+
 def split_held_out(samples: list, cfg) -> tuple[list, list]:
-    """(training samples, held-out validation samples). Off (every_n_steps 0): nothing held out."""
+    """(training samples, held-out validation samples). Off (every_n_steps 0): nothing held out.
+    ConfigError (hold_out_problem) when nothing would be left to train."""
     v = cfg.validation
     if v.every_n_steps <= 0:
         return samples, []
     keys = sorted({(s.dataset, s.id) for s in samples})
-    if v.num_samples >= len(keys):
-        raise ValueError(f"validation.num_samples={v.num_samples} would leave no training sample "
-                         f"({len(keys)} distinct samples); lower it")
+    problem = hold_out_problem(cfg, len(keys))
+    if problem:
+        raise ConfigError("; ".join(problem))
     held = set(random.Random(v.seed).sample(keys, v.num_samples))
     train = [s for s in samples if (s.dataset, s.id) not in held]
     seen, val = set(), []

@@ -67,7 +67,7 @@ def agree_on_local_facts(cfg: Config, ds_config: dict | None) -> dict:
         missing = _missing(facts)
         if missing:
             raise SystemExit(f"rank {rank}: model.pretrained {facts['_where']} lacks {', '.join(missing)} (named by its index): the "
-                             "download or copy is incomplete on that node; complete it (huggingface-cli download "
+                             "download or copy is incomplete on that node; complete it (hf download "
                              "resumes) and start again")
     first = every[0]
     for rank, facts in enumerate(every[1:], start=1):

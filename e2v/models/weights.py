@@ -36,11 +36,17 @@ def needed_repos(cfg) -> list[tuple[str, str]]:
     return [(k, v) for k, v in out if v]
 
 
+# The CLI huggingface_hub >= 1.0 ships (requirements.txt) is `hf`; its `--include` takes one
+# pattern per flag (a second pattern after one flag is read as a file name, and file names
+# override the patterns), so each folder gets its own flag.
+HF_CLI = "hf download"
+
+
 def download_command(repo: str, key: str = "model.pretrained") -> str:
     """The download of a whole repo, or for model.image_encoder only its CLIP folders (the I2V
     repo is ~80 GB; its image_encoder/ and image_processor/ are what a T2V base takes from it)."""
-    only = ' --include "image_encoder/*" "image_processor/*"' if key == "model.image_encoder" else ""
-    return f"huggingface-cli download {repo}{only} --local-dir models/{repo.split('/')[-1]}"
+    only = ' --include "image_encoder/*" --include "image_processor/*"' if key == "model.image_encoder" else ""
+    return f"{HF_CLI} {repo}{only} --local-dir models/{repo.split('/')[-1]}"
 
 
 def hub_cache_path(repo: str) -> Path:
@@ -75,7 +81,7 @@ def missing_weights(cfg) -> tuple[str | None, list[str]]:
         if not is_hub_id(name):
             if not Path(name).expanduser().exists():
                 problems.append(f"{key}: folder {name} does not exist; put a diffusers copy there: "
-                                f"huggingface-cli download REPO --local-dir {name} (repos: docs/weights.md)")
+                                f"{HF_CLI} REPO --local-dir {name} (repos: docs/weights.md)")
             continue
         if resolve_pretrained(name) != name:  # in the local cache
             continue

@@ -33,7 +33,7 @@ def zero3_load_blocker(cfg: Config, ds_config: dict | None, subfolder: str = "tr
     folder = Path(resolve_pretrained(cfg.model.pretrained)) / subfolder
     if not folder.is_dir():
         return (f"{cfg.model.pretrained} is not a local folder; download it first "
-                f"(huggingface-cli download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")
+                f"(hf download {cfg.model.pretrained} --local-dir DIR) and set model.pretrained: DIR")
     if not _safetensors_files(folder):
         return f"no diffusion_pytorch_model*.safetensors in {folder}"
     return None

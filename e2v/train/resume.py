@@ -1,8 +1,9 @@
 """What `--resume` means, decided before anything is loaded, in one line each:
 
 - `--resume latest`: the run must have an intact checkpoint (checkpoint.find_resume picks it);
-  nothing to resume stops the run with the fix. Without `run_id` the run is the newest folder of
-  this config's name, and the run says which.
+  nothing to resume stops the run with the fix. Without `run_id` the run is the one of this
+  config's name that saved a checkpoint last (folders without one, left by a failed start, are
+  passed over and named), and the run says which and why.
 - `--resume auto`: the same when there is a checkpoint, else a fresh start, said as such (for job
   scripts that requeue themselves).
 - `--resume PATH`: that checkpoint folder.
@@ -90,9 +91,26 @@ def check_config(saved_config: Path, now: dict) -> list[str]:
     return applied
 
 
-def newest_run(root: Path, stem: str) -> Path | None:
-    runs = sorted(root.glob(f"{stem}-*"), key=lambda p: p.stat().st_mtime)
-    return runs[-1] if runs else None
+def run_to_resume(root: Path, stem: str) -> tuple[Path | None, str]:
+    """(run folder, why) for `--resume latest|auto` without `run_id`: of the runs of this config
+    (`root/<stem>-*`), the one whose newest complete checkpoint was saved last. A folder with no
+    complete checkpoint (a start that stopped before its first save: a config or data error, a
+    kill) is passed over and named, so a failed start never hides the run it was meant to continue.
+    None when no run holds a checkpoint; `why` then says what was looked at."""
+    saved, empty = [], []  # (time of the newest checkpoint, run), runs with none
+    for run in sorted(p for p in Path(root).glob(f"{stem}-*") if p.is_dir()):
+        found = ckpt.complete_checkpoints(run / "checkpoints")
+        if found:
+            saved.append((found[-1].stat().st_mtime, run, found[-1].name))
+        else:
+            empty.append(run)
+    skipped = (f"; passed over {len(empty)} folder(s) without a checkpoint: "
+               f"{', '.join(str(r) for r in empty[-3:])}{' ...' if len(empty) > 3 else ''}") if empty else ""
+    if not saved:
+        return None, f"no run of {stem} in {root}/ holds a checkpoint{skipped}"
+    _, run, step = max(saved)
+    return run, (f"run {run}: of the runs of {stem} in {root}/, the one that saved last ({step}){skipped}. "
+                 f"Set run_id to pick another")
 
 
 def nothing_to_resume(mode: str, run_dir: Path | None, where: str) -> str:
