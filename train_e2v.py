@@ -22,18 +22,14 @@ from e2v.train import checkpoint as ckpt
 from e2v.runtime import distributed, hostmem
 from e2v.runtime.threads import set_rank_threads
 from e2v.train import export
-from e2v.conditioning.cached import batch_conditions
 from e2v.config.schema import ConfigError
 from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
 from e2v.config.load import load_config, save_config, to_dict
 from e2v.models.context_parallel import check_heads, layout
 from e2v.data.dataset import BadSampleError, index_samples, make_loader
-from e2v.runtime.device import to_device
 from e2v.train.comfy import check_comfy_mappable, lora_module_names
 from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.models.expand import expansion_modules, is_expanded
-from e2v.config.experts import boundary_ratio
-from e2v.train.step import expert_sigma_range
 from e2v.train.guard import NonFiniteGuard
 from e2v.models.agree import agree_on_local_facts
 from e2v.models.load import load_parts
@@ -47,13 +43,13 @@ from e2v.train import outputs, resume as resuming
 from e2v.models.trainable import describe_trained
 from e2v.config.shapes import check_base
 from e2v.config.seed_formats import map_seed_flags
-from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
+from e2v.train import loop
 from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
 from e2v.train.preflight_deps import check_later_phases
 
 
-def parse_args():
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="YAML config, or a seed JSON dataset config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=5e-5")
@@ -61,7 +57,7 @@ def parse_args():
                    "'auto' (the same, or a fresh start when there is none) or a checkpoint folder")
     p.add_argument("--dry_run", action="store_true", help="validate, check every sample, build on meta, print plan, exit")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    args, old_flags = p.parse_known_args()
+    args, old_flags = p.parse_known_args(argv)
     try:  # old finetrainers-style flags (docs/formats.md) -> --dataset_configs / --set
         config, sets, notes = map_seed_flags(old_flags)
     except ConfigError as e:
@@ -244,37 +240,9 @@ def resume(args, run_dir: Path, engine, rng, gen, rank: int) -> tuple[int, int, 
     return state["global_step"], state["samples_seen"], resume_from
 
 
-def train_step(engine, data_iter, parts, cfg, *, step: int, device, dtype, rng, gen, guard, vis) -> dict:
-    """One optimizer step: `gradient_accumulation_steps` micro-batches, each moved to the device
-    once, conditioned (encoded or from the cache), noised, forwarded and backpropagated. A
-    micro-batch with a non-finite loss is skipped on every rank before backward. Returns what
-    the step logs: losses, per-bucket stats, sample ids, skipped ids, data-wait time, samples."""
-    out = {"losses": [], "stats": {}, "ids": [], "skipped": set(), "data_time": 0.0, "samples": 0}
-    while len(out["losses"]) < cfg.train.gradient_accumulation_steps:
-        t0 = time.perf_counter()
-        batch = to_device(distributed.next_agreed(data_iter), device)  # the micro-batch's one move (e2v/runtime/device.py)
-        out["data_time"] += time.perf_counter() - t0
-        out["skipped"].update(sid for sid, _ in batch["skipped"])
-        out["samples"] += len(batch["id"])
-        out["ids"] += batch["id"]
-        with torch.no_grad():
-            c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
-        expert_range = expert_sigma_range(cfg, step, len(out["losses"]))  # Wan2.2's experts: one per micro-batch
-        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range)
-        loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
-        loss_value = loss.item()  # the micro-batch's one host sync (the non-finite guard needs it)
-        if guard.bad(loss_value, "loss", step, batch["id"]):
-            continue
-        engine.backward(loss)
-        engine.step()
-        out["losses"].append(loss_value)
-        vis.maybe_dump(step, batch, c, noisy_model_input, model_pred, sigma)
-        add_step_stats(out["stats"], sigma, per_sample, target, model_pred, cfg.flow, boundary_ratio(cfg))
-    return out
-
-
-def main():
-    args = parse_args()
+def main(argv: list[str] | None = None):
+    """The training run of `argv` (default: the command line), in this process."""
+    args = parse_args(argv)
     cfg = checked_config(args)
     if cfg is None:  # a dry run
         return
@@ -302,7 +270,7 @@ def main():
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
-    stop = distributed.install_stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
+    stop, restore_signals = loop.stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
     log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
@@ -321,29 +289,19 @@ def main():
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save, saved_step = time.time(), global_step
-    skipped_ids: set[str] = set()  # samples that failed to load mid-run (on_bad_sample: skip)
+    steplog = loop.StepLog(cfg, log, bar, guard, world, lay.dp_size, excluded=len(excluded))
     try:
         while global_step < cfg.train.max_steps:
             if world == 1:  # what an error-time save records (only a one-process run saves on error)
                 step_start = (samples_seen, ckpt.rng_state(rng, gen))
             t_step = time.perf_counter()
-            stepped = train_step(engine, data_iter, parts, cfg, step=global_step + 1, device=device, dtype=dtype,
-                                 rng=rng, gen=gen, guard=guard, vis=vis)
-            global_step, samples_seen = global_step + 1, samples_seen + stepped["samples"]
-            skipped_ids |= stepped["skipped"]
-            step_time = time.perf_counter() - t_step
-            grad_norm = guard.grad_norm(engine.get_global_grad_norm(), global_step, stepped["ids"])
-            lr = scheduler.get_last_lr()[0]
-            if global_step % cfg.train.log_every == 0:
-                log.scalars(global_step, step_scalars(
-                    cfg, world, lr=lr, grad_norm=grad_norm, step_time=step_time, data_time=stepped["data_time"],
-                    step_losses=stepped["losses"], stats=stepped["stats"], skipped_ids=skipped_ids, excluded=len(excluded),
-                    nonfinite=guard.skipped, data_parallel=lay.dp_size))
-            bar.update(1)
-            bar.set_postfix(loss=f"{sum(stepped['losses']) / len(stepped['losses']):.4f}", lr=f"{lr:.1e}", refresh=False)
+            stepped = loop.train_step(engine, data_iter, parts, cfg, step=global_step + 1, device=device, dtype=dtype,
+                                      rng=rng, gen=gen, guard=guard, vis=vis)
+            global_step, samples_seen = global_step + 1, samples_seen + stepped.samples
+            steplog.record(global_step, stepped, engine, scheduler, time.perf_counter() - t_step)
             log.scalars(global_step, validator.maybe_run(engine, global_step))
             every_min = cfg.train.checkpoint_every_minutes
-            stopping = distributed.any_rank(stop["signal"] is not None)  # a signal may reach only some ranks
+            stopping = loop.stop_requested(stop)
             if (global_step % cfg.train.checkpoint_every == 0 or stopping
                     or (every_min and distributed.any_rank(time.time() - last_save > 60 * every_min))):
                 save(global_step)
@@ -365,6 +323,7 @@ def main():
             raise SystemExit(f"data error in step {global_step + 1}: {e}") from None
         raise
     finally:
+        restore_signals()
         bar.close()
         vis.close()  # pending visualization writes land (or raise) even when the run fails
         log.close()
@@ -374,7 +333,7 @@ def main():
             save(global_step)
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
-        skipped_total = distributed.distinct_over_ranks(skipped_ids)  # every rank's skips, not rank 0's
+        skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
             print(f"[e2v] done: {global_step} steps. Outputs in {run_dir}:\n"

@@ -40,7 +40,7 @@ def test_bench_phases_and_same_work(bench_check):
     top = {k: v for k, v in phases.items() if "/" not in k}
     assert sorted(top) == sorted(set(STEP_PHASES) - {"cache_assembly"}), sorted(top)  # online: no cache
     assert all(v > 0 for v in phases.values()), phases
-    assert {k for k in phases if "/" in k} == {"logging/loss_and_grad_norm", "logging/tensorboard",
+    assert {k for k in phases if "/" in k} == {"logging/step_stats", "logging/grad_norm", "logging/tensorboard",
                                                "logging/progress_bar", "logging/stop_check"}
     # Disjoint intervals inside the measured one: the top-level phases cannot add up to more than
     # the wall time (a phase counted twice, or one nested in another, would), nor the sub-phases to

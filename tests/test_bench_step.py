@@ -11,7 +11,6 @@ steps of batch 2: the same threads and kernels, so the values must be equal, not
 from __future__ import annotations
 
 import signal
-import sys
 
 import pytest
 import torch
@@ -49,28 +48,25 @@ def bench_scalars(data_root, sets, out) -> dict[int, dict]:
     return read_scalars(out)
 
 
-def train_scalars(data_root, sets, out, monkeypatch) -> dict[int, dict]:
+def train_scalars(data_root, sets, out) -> dict[int, dict]:
     """train_e2v.py's main() on the benchmark's config overrides (its --set list), in this process."""
     import train_e2v
 
-    argv = ["train_e2v.py", "--config", str(TINY_CONFIG)]
+    argv = ["--config", str(TINY_CONFIG)]
     for s in config_sets("tiny", data_root, None, sets, cached=False) + [f"output_dir={out}", "run_id=train"]:
         argv += ["--set", s]
-    monkeypatch.setattr(sys, "argv", argv)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        train_e2v.main()
-    finally:  # main() installs its stop handlers; give pytest its own back
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+    train_e2v.main(argv)
+    # main() installs its stop handlers for the run and puts the previous ones back
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     return read_scalars(out / "train")
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
-def test_bench_step_is_the_training_step(demo_data, tmp_path, monkeypatch, precision):
+def test_bench_step_is_the_training_step(demo_data, tmp_path, precision):
     sets = SETS + [f"train.mixed_precision={precision}"]
     bench = bench_scalars(demo_data, sets, tmp_path / "bench")
-    train = train_scalars(demo_data, sets, tmp_path, monkeypatch)
+    train = train_scalars(demo_data, sets, tmp_path)
 
     assert sorted(bench) == sorted(train) == list(range(1, STEPS + 1))
     for step in train:
@@ -81,3 +77,4 @@ def test_bench_step_is_the_training_step(demo_data, tmp_path, monkeypatch, preci
         assert {k: bench[step][k] for k in numeric} == {k: train[step][k] for k in numeric}, (precision, step)
     assert train[1]["train/loss"] != train[2]["train/loss"]  # the optimizer stepped between them
     assert all(torch.isfinite(torch.tensor(train[s]["train/grad_norm"])) for s in train)
+

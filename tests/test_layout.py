@@ -185,3 +185,23 @@ def test_the_declaration_check_knows_the_import_names(top):
     """The map from import name to distribution is the installed metadata's (yaml -> PyYAML,
     cv2 -> opencv-python-headless): each of these is found and declared."""
     assert {_normal(d) for d in importlib.metadata.packages_distributions().get(top, [])} & _declared()
+
+
+def test_the_benchmark_states_no_step_of_its_own():
+    """The benchmark times the package's loop (e2v/train/loop.py) through its phase hook: none of
+    its files calls the step's parts itself, so a change to the step (Wan2.2's expert draw, a new
+    statistic) cannot leave a stale copy behind."""
+    import e2v.train.loop as loop
+
+    root = ROOT
+    step_parts = {"draw_flow", "forward_loss", "add_step_stats", "step_scalars", "batch_conditions",
+                  "expert_sigma_range", "to_device", "next_agreed"}
+    for path in sorted((root / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not named & step_parts, f"{path.relative_to(root)} re-states the step: {sorted(named & step_parts)}"
+    step_py = (root / "bench/benchlib/step.py").read_text()
+    assert "loop.train_step(" in step_py and "loop.micro_step(" in step_py
+    assert set(loop.PHASES) >= {"data_wait", "conditioning", "forward_and_loss", "backward", "optimizer"}

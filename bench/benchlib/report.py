@@ -16,7 +16,7 @@ PHASE_NAMES = {
     "text_encode": "text encode (tokenize + UMT5)", "clip_encode": "CLIP encode (processor + vision)",
     "conditioning_other": "conditioning glue", "noise_and_input": "sigma, noise, model input",
     "forward_and_loss": "forward + loss", "loss_check": "non-finite loss check (all ranks)", "backward": "backward", "optimizer": "optimizer step",
-    "logging": "logging (TensorBoard, tqdm, stop-signal check)",
+    "logging": "logging (step statistics, grad norm, TensorBoard, tqdm, stop-signal check)",
 }
 KIND_NAMES = {"full": "train_e2v.py step (ZeRO-2, logging)", "engine": "engine step (ZeRO-2, no logging)",
               "bare": "bare PyTorch loop", "zero2_no_overlap": "ZeRO-2, overlap_comm off", "zero1": "ZeRO-1",

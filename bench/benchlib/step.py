@@ -1,10 +1,9 @@
 """One benchmark configuration built and stepped the way train_e2v.py does it, from the same e2v
 functions: parts from `e2v.models.load.load_parts`, then `e2v.train.engine.prepare_for_training` (freeze,
 seeded LoRA, trainable modules, gradient checkpointing) and `e2v.train.engine.initialize_engine`
-(deepspeed.initialize with the fp32-kept modules restored); per step, the batch moved once with
-`e2v.runtime.device.to_device`, `e2v.data.store.batch_conditions`, then `e2v.train.step`'s draw, forward and loss,
-the non-finite guard, backward, optimizer step, and the loop's logging (`e2v.train.runlog.Log`).
-tests/test_bench_step.py holds this to train_e2v.py's own loop: same losses, same gradient norms.
+(deepspeed.initialize with the fp32-kept modules restored); per step, the training loop's own body
+(`e2v.train.loop`: train_step, micro_step, StepLog), timed through its phase hook.
+tests/test_bench_step.py holds the setup to train_e2v.py's: same losses, same gradient norms.
 
 What the bench adds is only the phase timer around each part. The bare PyTorch loop (`BareLoop`)
 is the overhead baseline of section 2: the same forward and loss without DeepSpeed.
@@ -13,6 +12,7 @@ Legend: B batch, C channels, T latent frames, h/w latent size.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -23,17 +23,14 @@ from pathlib import Path
 import torch
 
 import e2v.conditioning.encode as conditioning
-from e2v.conditioning.cached import batch_conditions
-from e2v.runtime.distributed import any_rank, init_distributed
-from e2v.train.guard import NonFiniteGuard
-from e2v.train.ds_config import resolve_deepspeed_config
-from e2v.runtime.device import to_device
-from e2v.train.engine import (initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs,
-    training_dtype)
 from e2v.models.load import load_parts
 from e2v.models.tiny import tiny_transformer_config
+from e2v.runtime.distributed import init_distributed
+from e2v.train import loop
+from e2v.train.ds_config import resolve_deepspeed_config
+from e2v.train.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
+from e2v.train.guard import NonFiniteGuard
 from e2v.train.runlog import Log
-from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 
 from bench.benchlib.common import PRESETS, Phases, timed_functions
 
@@ -109,10 +106,10 @@ class BareLoop:
 
 
 class StepRunner:
-    """train_e2v.py's step (gradient accumulation 1, rank 0 of one), split into phases. `model` is
-    the DeepSpeed engine or a BareLoop. With `log_dir` the step ends with the loop's bookkeeping
-    (non-finite guard, step statistics, TensorBoard + scalars.jsonl, progress bar, stop check);
-    without it, the bare engine step."""
+    """train_e2v.py's step (rank 0 of one) from the package's loop (e2v/train/loop.py), its parts
+    timed through the loop's phase hook. `model` is the DeepSpeed engine or a BareLoop. With
+    `log_dir` the step ends with the loop's bookkeeping (non-finite guard, step statistics,
+    TensorBoard + scalars.jsonl, progress bar, stop check); without it, the bare engine step."""
 
     def __init__(self, cfg, parts, device, cuda: bool, log_dir: Path | None):
         from tqdm import tqdm
@@ -120,76 +117,65 @@ class StepRunner:
         self.cfg, self.parts, self.device, self.cuda = cfg, parts, torch.device(device), cuda
         self.dtype = training_dtype(cfg)
         self.rng, self.gen = step_rngs(cfg, 0)  # element choices and dropouts; sigmas, noise, posteriors
-        self.log = self.bar = self.guard = None
+        self.steplog = self.guard = None
+        self.stop = {"signal": None}  # the loop's stop flag: never set here, but checked (a collective) each step
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-            self.log = Log(log_dir, 0)
-            # the loop's progress bar, writing where nobody reads (a terminal costs more: not ours)
-            self.bar = tqdm(total=10**9, file=io.StringIO(), desc="train", mininterval=30)
             self.guard = NonFiniteGuard(cfg.train.skip_nonfinite, 0)
+            # the loop's progress bar, writing where nobody reads (a terminal costs more: not ours)
+            bar = tqdm(total=10**9, file=io.StringIO(), desc="train", mininterval=30)
+            self.steplog = loop.StepLog(cfg, Log(log_dir, 0), bar, self.guard, world=1, data_parallel=1)
         self.global_step = 0
 
-    def conditions(self, batches, phases: Phases):
-        """The loop's data part: the next batch, moved to the device once (both in `data_wait`, as
-        the loop's data time), then the step's tensors, read from the cache or encoded (VAE, text
-        and CLIP encoders timed apart)."""
-        with phases("data_wait"):
-            batch = to_device(next(batches), self.device)
-        if self.cfg.cache.enabled:
-            with phases("cache_assembly"), torch.no_grad():
-                return batch_conditions(batch, self.parts, self.cfg, rng=self.rng, generator=self.gen)
+    def phase_hook(self, phases: Phases):
+        """The loop's phase hook for `phases`: every loop phase under its own name, except
+        "conditioning", split into the cache's assembly, or the three encoders (timed apart) and
+        the rest (`conditioning_other`)."""
         fns = {"encode_video": "vae_encode", "encode_text": "text_encode", "encode_clip_images": "clip_encode"}
-        with timed_functions(conditioning, fns, phases), phases("encode_total"), torch.no_grad():
-            c = batch_conditions(batch, self.parts, self.cfg, rng=self.rng, generator=self.gen)
-        inner = sum(phases.t.get(p, 0.0) for p in fns.values())
-        phases.t["conditioning_other"] = phases.t.pop("encode_total") - inner
-        return c
+
+        @contextlib.contextmanager
+        def encoding():
+            with timed_functions(conditioning, fns, phases), phases("encode_total"):
+                yield
+            inner = sum(phases.t.get(p, 0.0) for p in fns.values())
+            phases.t["conditioning_other"] = phases.t.get("conditioning_other", 0.0) + phases.t.pop("encode_total") - inner
+
+        def hook(name: str):
+            if name != "conditioning":
+                return phases(name)
+            return phases("cache_assembly") if self.cfg.cache.enabled else encoding()
+
+        return hook
 
     def train_step(self, model, batches, phases: Phases, scheduler=None):
-        """One whole step from the loader: -> (the step's conditions, its loss)."""
-        c = self.conditions(batches, phases)
-        return c, self.step(model, c, phases, scheduler)
+        """One whole step from the loader (e2v.train.loop.train_step): -> (the step's conditions, its loss)."""
+        t_step = time.perf_counter()
+        hook = self.phase_hook(phases)
+        rec = loop.train_step(model, batches, self.parts, self.cfg, step=self.global_step + 1, device=self.device,
+                              dtype=self.dtype, rng=self.rng, gen=self.gen, guard=self.guard, phase=hook)
+        self._bookkeeping(model, rec, scheduler, t_step, hook)
+        return rec.conditions, rec.losses[-1]
 
     def step(self, model, c, phases: Phases, scheduler=None) -> float:
-        """Everything after the conditions exist: flow draw, model input, forward, loss, backward,
-        optimizer, and (with a log) the loop's per-step bookkeeping."""
+        """Everything after the conditions exist (e2v.train.loop.micro_step): flow draw, model
+        input, forward, loss, backward, optimizer, and (with a log) the loop's per-step bookkeeping."""
         t_step = time.perf_counter()
-        with phases("noise_and_input"):
-            sigma, noise, noisy_model_input = draw_flow(c, self.cfg.flow, self.gen)
-        with phases("forward_and_loss"):
-            loss, per_sample, model_pred, target = forward_loss(model, c, sigma, noise, noisy_model_input,
-                                                                self.cfg, self.dtype)
-        if self.guard is not None:
-            with phases("loss_check"):  # the loop's non-finite check: all ranks agree before backward
-                loss_value = loss.item()
-                self.guard.bad(loss_value, "loss", self.global_step + 1, [])
-        with phases("backward"):
-            model.backward(loss)
-        with phases("optimizer"):
-            model.step()
-        if self.log is None:
-            return loss.item()
-        with phases("logging"):  # what the loop does after engine.step (checkpointing aside), its functions
-            with phases("logging/loss_and_grad_norm"):
-                stats = {}
-                add_step_stats(stats, sigma, per_sample, target, model_pred, self.cfg.flow)
-                self.global_step += 1
-                step_time = time.perf_counter() - t_step
-                grad_norm = self.guard.grad_norm(model.get_global_grad_norm(), self.global_step, [])
-            with phases("logging/tensorboard"):  # incl. the loop's sum of losses and skips over ranks
-                if self.global_step % self.cfg.train.log_every == 0:
-                    self.log.scalars(self.global_step, step_scalars(
-                        self.cfg, 1, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, step_time=step_time,
-                        data_time=0.0, step_losses=[loss_value], stats=stats, skipped_ids=set(), excluded=0,
-                        nonfinite=0))
-            with phases("logging/progress_bar"):
-                self.bar.update(1)
-                self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
-            with phases("logging/stop_check"):
-                any_rank(False)  # the per-step stop-signal check (a collective every step)
-        return loss_value
+        hook = self.phase_hook(phases)
+        rec = loop.StepRecord()
+        loop.micro_step(model, c, self.cfg, rec, step=self.global_step + 1, dtype=self.dtype, gen=self.gen,
+                        guard=self.guard, phase=hook)
+        self._bookkeeping(model, rec, scheduler, t_step, hook)
+        return rec.losses[-1]
+
+    def _bookkeeping(self, model, rec, scheduler, t_step: float, hook) -> None:
+        """What the loop does after a step (checkpointing and validation aside), its functions."""
+        if self.steplog is None:
+            return
+        self.global_step += 1
+        self.steplog.record(self.global_step, rec, model, scheduler, time.perf_counter() - t_step, hook)
+        loop.stop_requested(self.stop, hook)
 
     def close(self):
-        if self.log is not None:
-            self.log.close()
-            self.bar.close()
+        if self.steplog is not None:
+            self.steplog.log.close()
+            self.steplog.bar.close()
