@@ -14,3 +14,10 @@ The package is the pipeline, one subpackage a stage, each importing only the sta
 
 docs/architecture.md maps every module; tests/test_layout.py holds the tree to these rules.
 """
+
+import logging as _logging
+
+# peft imports bitsandbytes (deepspeed.optimizer: adamw_8bit) whenever it is installed, and
+# bitsandbytes then warns on CPUs with AVX512-BF16 that an optional 4-bit matmul kernel is missing:
+# nothing here uses 4-bit, and the line would stand in every process's stderr.
+_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)

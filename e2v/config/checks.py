@@ -6,6 +6,7 @@ key, the problem and the fix. It reads the config and never changes it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
             f"deepspeed.config: {cfg.deepspeed.config} not found; shipped: "
             f"{', '.join(sorted(p.name for p in (REPO_ROOT / 'ds_configs').glob('*.json')))}"
         )
+    _validate_fp8_base(cfg, json.loads(ds_path.read_text()).get("zero_optimization", {}).get("stage", 0))
 
 
 def _validate_elements(cfg: Config) -> None:
@@ -247,3 +249,18 @@ def _validate_validation(cfg: Config) -> None:
         if bad:
             raise ConfigError(f"{key}: {bad} out of range for {short} decoded frames (the shortest training "
                               f"video, data.num_frames / frame_buckets); valid indexes are {-short}..{short - 1}")
+
+
+def _validate_fp8_base(cfg: Config, zero_stage: int) -> None:
+    """model.base_dtype: fp8 stores frozen weights (e2v/models/fp8.py): nothing of a full fine-tune is
+    frozen, and ZeRO-3 partitions parameters, not the fp8 buffers, so its offload would leave the fp8
+    base whole on every GPU while promising otherwise."""
+    if cfg.model.base_dtype != "fp8":
+        return
+    if cfg.model.training_type != "lora":
+        raise ConfigError("model.base_dtype: fp8 stores the frozen base; a full fine-tune trains every weight: "
+                          "set model.training_type: lora or model.base_dtype: train")
+    if zero_stage == 3:
+        raise ConfigError(f"model.base_dtype: fp8 keeps the fp8 base as buffers, whole on every GPU, which ZeRO-3 "
+                          f"({cfg.deepspeed.config}) does not partition: use deepspeed.config: ds_configs/zero2.json "
+                          "(or zero2_offload.json)")

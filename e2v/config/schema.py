@@ -251,6 +251,10 @@ class Model:
     # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
     # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/config/experts.py).
     expert: Optional[Literal["high_noise", "low_noise", "both"]] = None
+    # The frozen transformer weights: train (the training dtype, train.mixed_precision) or fp8: the
+    # Linear layers of the blocks stored in float8 e4m3 with a per-channel scale, upcast per layer in
+    # the forward (~1 byte per weight: 14B on a 24 GB card; LoRA only, ZeRO-2; docs/memory.md).
+    base_dtype: Literal["train", "fp8"] = "train"
 
 
 @dataclass
@@ -301,8 +305,10 @@ class DeepSpeed:
     # torch_adamw: torch.optim.AdamW, fused where CUDA is (on the GPU, or on the CPU under optimizer
     # offload): in the wheel, nothing to build, bit-exact resume. deepspeed_adam: DeepSpeed's
     # FusedAdam (CPU Adam under offload), JIT-built unless prebuilt, in a preflight before any
-    # weight loads; a resumed run drifts ~1e-4 (docs/gpu_runs.md).
-    optimizer: Literal["torch_adamw", "deepspeed_adam"] = "torch_adamw"
+    # weight loads; a resumed run drifts ~1e-4 (docs/gpu_runs.md). adamw_8bit: bitsandbytes'
+    # AdamW8bit, 8-bit moments (2 bytes of state per trained weight instead of 8), CPU and CUDA,
+    # nothing to build, exact resume (docs/memory.md).
+    optimizer: Literal["torch_adamw", "deepspeed_adam", "adamw_8bit"] = "torch_adamw"
 
 
 # Keys that were removed, with what replaces them (load_config names the replacement).

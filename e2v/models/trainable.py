@@ -28,6 +28,12 @@ def describe_trained(cfg: Config, full_names: list[str]) -> str:
     return f"{len(full_names)} tensors in full beside the LoRA"
 
 
+def full_patterns(cfg: Config, expanded: bool) -> list[str]:
+    """Regexes of the parameter names trained in full beside the LoRA: `train.trainable`, plus an
+    expanded base's new modules."""
+    return list(cfg.train.trainable) + (expansion_modules(cfg) if expanded else [])
+
+
 def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bool) -> list[str]:
     """Freeze everything, then add LoRA (training_type lora) and unfreeze `train.trainable`
     (plus the expansion modules of an expanded T2V base). Returns the names of parameters trained
@@ -38,7 +44,6 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
         return [f"{name}.{n}" for name, expert in transformer.experts.items()
                 for n in setup_training(expert, cfg, expanded)]
     transformer.requires_grad_(False)
-    full_patterns = list(cfg.train.trainable) + (expansion_modules(cfg) if expanded else [])
     if cfg.model.training_type == "full":
         transformer.requires_grad_(True)
         return [n for n, _ in transformer.named_parameters()]
@@ -57,7 +62,7 @@ def setup_training(transformer: WanTransformer3DModel, cfg: Config, expanded: bo
             target_modules=targets, init_lora_weights=True if cfg.lora.init_weights == "default" else "gaussian",
         ))
     full = []
-    regexes = [re.compile(p) for p in full_patterns]
+    regexes = [re.compile(p) for p in full_patterns(cfg, expanded)]
     for name, p in transformer.named_parameters():
         if "lora_" in name:
             p.requires_grad_(True)

@@ -8,6 +8,12 @@ resumes bit-exactly. DeepSpeed's own Adam is a C++ op (CPU Adam, optimizer offlo
 JIT-built at its first use, which on real machines fails for reasons outside this code. When it is
 named, `preflight_deepspeed_adam` builds it before any weight is read, so a failure costs seconds,
 and names the cause and the fix.
+
+bitsandbytes' AdamW8bit (`adamw_8bit`) keeps both moments in 8 bits (blockwise, 256 values per fp32
+absmax): 2 bytes of optimizer state per trained weight instead of 8, beside the fp32 master copy
+ZeRO keeps. Its CPU and CUDA kernels ship in the wheel (nothing compiled), its state is plain
+tensors (uint8 moments, fp32 absmax and code books) that a checkpoint restores bit-exactly. Built
+here and handed to DeepSpeed as the client optimizer (DeepSpeed's own config has no such type).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import torch
 
 TORCH_ADAMW = "torch_adamw"
 DEEPSPEED_ADAM = "deepspeed_adam"
-CHOICES = (TORCH_ADAMW, DEEPSPEED_ADAM)
+ADAMW_8BIT = "adamw_8bit"
+CHOICES = (TORCH_ADAMW, DEEPSPEED_ADAM, ADAMW_8BIT)
 
 # An arch entry DeepSpeed 0.19's op builder parses: it reads "major.minor[+PTX]" with int(), so
 # torch's family suffixes ("9.0a", "10.0f") stop the build with "invalid literal for int()".
@@ -135,3 +142,15 @@ def preflight_deepspeed_adam(offload: bool, cuda: bool, local_rank: int, gather)
         raise SystemExit(f"optimizer preflight (deepspeed.optimizer: {DEEPSPEED_ADAM}, DeepSpeed's {what}), rank "
                          f"{rank}: {problem}. Nothing was loaded. Fix that, or use torch's AdamW "
                          f"(deepspeed.optimizer: {TORCH_ADAMW}, the default: no build, exact resume)")
+
+
+def adamw_8bit(params, lr: float, betas, eps: float, weight_decay: float):
+    """bitsandbytes' AdamW8bit over `params` (module docstring). Every tensor of at least 4096 values
+    gets 8-bit moments (bitsandbytes' own threshold); under ZeRO that is the flat partition."""
+    import logging
+
+    # bitsandbytes warns at import that its optional 4-bit CPU matmul kernel is absent; 4-bit is not used.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes.optim.AdamW8bit(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)

@@ -91,6 +91,8 @@ def optimizer_class(engine) -> str:
 
 def _config_value(qualified: str) -> str:
     """The deepspeed.optimizer value that builds this class."""
+    if qualified.startswith("bitsandbytes."):
+        return "adamw_8bit"
     return "deepspeed_adam" if qualified.startswith("deepspeed.") else "torch_adamw"
 
 

@@ -11,7 +11,7 @@ import os
 from e2v.config.schema import Config, ConfigError, resolve_repo_path
 from e2v.models import context_parallel
 from e2v.runtime import distributed
-from e2v.runtime.adam import TORCH_ADAMW, preflight_deepspeed_adam
+from e2v.runtime.adam import ADAMW_8BIT, TORCH_ADAMW, preflight_deepspeed_adam
 
 
 def optimizer_offloaded(ds_config: dict) -> bool:
@@ -22,6 +22,10 @@ def adam_choice(cfg: Config, ds_config: dict, cuda: bool) -> tuple[bool, str]:
     """(torch's AdamW rather than DeepSpeed's, what it is) for this DeepSpeed config. The YAML decides,
     never the machine: every rank reads the same key, so no rank can pick another optimizer."""
     offload = optimizer_offloaded(ds_config)
+    if cfg.deepspeed.optimizer == ADAMW_8BIT:
+        where = "on the CPU (optimizer offload)" if offload else "on the GPU" if cuda else "(no CUDA: on the CPU)"
+        return False, (f"bitsandbytes' AdamW8bit {where} (deepspeed.optimizer: {ADAMW_8BIT}; 8-bit moments, "
+                       "no build, exact resume)")
     if cfg.deepspeed.optimizer == TORCH_ADAMW:
         where = "on the CPU (optimizer offload)" if offload else "on the GPU" if cuda else "(no CUDA: not fused)"
         fused = " fused" if cuda else ""
@@ -34,7 +38,7 @@ def optimizer_preflight(cfg: Config, ds_config: dict, cuda: bool) -> None:
     """Before any weight is read: build DeepSpeed's Adam when the YAML names it, stopping every
     rank with the cause and the fix if any rank cannot (e2v.runtime.adam). A collective when it
     builds; nothing to do for torch's AdamW."""
-    if cfg.deepspeed.optimizer != TORCH_ADAMW:
+    if cfg.deepspeed.optimizer not in (TORCH_ADAMW, ADAMW_8BIT):
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # the launcher's; the node's first rank builds
         preflight_deepspeed_adam(optimizer_offloaded(ds_config), cuda, local_rank, distributed.gather_all)
 
@@ -80,6 +84,13 @@ def resolve_deepspeed_config(cfg: Config, world_size: int, cuda: bool) -> dict:
         ds["optimizer"].setdefault("params", {})["fused"] = True  # one kernel over the flat partition
     if torch_adam and offload:
         # DeepSpeed's switch for a torch optimizer under offload (a client-built one is refused without it)
+        ds["zero_force_ds_cpu_optimizer"] = False
+    if cfg.deepspeed.optimizer == ADAMW_8BIT:
+        # e2v.train.engine builds it (runtime.adam.adamw_8bit) and hands it to deepspeed.initialize:
+        # DeepSpeed's optimizer section names only its own types, and ZeRO wraps a client optimizer
+        # only when told it may (it steps the flat fp32 partition like any torch optimizer).
+        ds.pop("optimizer", None)
+        ds["zero_allow_untested_optimizer"] = True
         ds["zero_force_ds_cpu_optimizer"] = False
     ds["train_batch_size"] = t.micro_batch_size * t.gradient_accumulation_steps * world_size
     return context_parallel.zero_settings(cfg, ds)

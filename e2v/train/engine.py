@@ -19,7 +19,9 @@ import torch
 from e2v.models import context_parallel
 from e2v.models.expand import is_expanded
 from e2v.models.precision import fp32_kept_params, restore_fp32_params
-from e2v.models.trainable import setup_training
+from e2v.models.fp8 import quantize_base
+from e2v.models.trainable import full_patterns, setup_training
+from e2v.runtime.adam import ADAMW_8BIT, adamw_8bit
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -62,8 +64,12 @@ def lr_lambda(cfg):
 def prepare_for_training(parts, cfg) -> list[str]:
     """Freeze the base, attach the LoRA (seeded by `cfg.seed` alone, so every rank holds the same
     adapter), unfreeze `train.trainable` and an expanded base's new modules, and turn on gradient
-    checkpointing. The encoders are already frozen (models.place_encoders). Returns the names
-    trained in full beside the LoRA."""
+    checkpointing. The encoders are already frozen (models.place_encoders). With model.base_dtype
+    fp8 the frozen block Linears are stored in fp8 first, layer by layer on the host, before the
+    LoRA wraps them and before DeepSpeed moves the model to the GPU (e2v/models/fp8.py). Returns
+    the names trained in full beside the LoRA."""
+    if cfg.model.base_dtype == "fp8":
+        quantize_base(parts.transformer, full_patterns(cfg, is_expanded(cfg)))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         full_names = setup_training(parts.transformer, cfg, expanded=is_expanded(cfg))
@@ -83,8 +89,10 @@ def initialize_engine(parts, cfg, ds_config: dict, layout: context_parallel.Layo
     mpu = context_parallel.enable(parts.transformer, cfg, layout) if layout is not None and layout.enabled else None
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
     kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)
+    t = cfg.train
+    optimizer = adamw_8bit(params, t.lr, t.betas, t.eps, t.weight_decay) if cfg.deepspeed.optimizer == ADAMW_8BIT else None
     engine, _, _, scheduler = deepspeed.initialize(
-        model=parts.transformer, model_parameters=params, config=ds_config, mpu=mpu,
+        model=parts.transformer, model_parameters=params, optimizer=optimizer, config=ds_config, mpu=mpu,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
     )
     restore_fp32_params(parts.transformer, kept_fp32)
