@@ -7,7 +7,7 @@ not in the local cache."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -15,13 +15,14 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from e2v.config.schema import Config
 from e2v.runtime.device import TF32_ATTR
-from e2v.models.expand import clip_width, expand_for_elements, expansion_shape, needs_expansion
+from e2v.models.expand import (clip_width, expand_for_elements, expanded_config, expansion_shape, init_new_modules,
+                               needs_expansion, widened_patch_weight)
 from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, expert_for, trained_experts
 from e2v.models.experts import TwoExperts, map_experts, switch
 from e2v.models.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_location, place_encoders
 from e2v.config.bases import resolve_pretrained
 from e2v.models.plan import build_meta_transformer
-from e2v.models.precision import to_inference_dtype
+from e2v.models.precision import kept_in_fp32, to_inference_dtype
 from e2v.models.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer
 from e2v.config.bases import tiny_base
 from e2v.models.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
@@ -151,9 +152,12 @@ def with_all_experts(model, parts: Parts, cfg: Config, device, dtype: torch.dtyp
     the boundary (experts.switch) between `model` for that expert's timesteps and the other
     expert's base weights (expanded as training expands them, zero-initialised: the base's
     output), on `device` in `dtype` while the context is open: a 14B expert costs ~29 GB of bf16
-    on the GPU while it is held. `host` (a dict the caller keeps, the Validator's): the expert is
-    read from disk once, kept there on the host between uses and moved to `device` for each,
-    instead of read (~29 GB) at every validation. Anything else: `model` itself."""
+    on the GPU while it is held. The host keeps the expert as its files' memory-mapped pages
+    (host_expert): every rank of a node maps the same page cache, so a node holds one copy (~29
+    GB of bf16 for 14B) instead of one per rank (~230 GB on 8 GPUs), and the device copy is made
+    from it tensor by tensor (expert_on_device) and dropped when the context closes, never moved
+    back. `host` (a dict the caller keeps, the Validator's): the mapping is made once, not at
+    every validation. Anything else: `model` itself."""
     trained = trained_experts(cfg)
     if len(trained) != 1:
         yield model
@@ -161,30 +165,87 @@ def with_all_experts(model, parts: Parts, cfg: Config, device, dtype: torch.dtyp
     missing = [name for name in EXPERTS if name not in trained]
     kept = host.get("experts") if host is not None else None
     if kept is None:
-        kept = load_base_experts(cfg, missing, clip_width(parts, cfg), "cpu" if host is not None else device, dtype)
+        kept = load_base_experts(cfg, missing, clip_width(parts, cfg))
         if host is not None:
             host["experts"] = kept
-    base = {name: e.to(device) for name, e in kept.items()}
+    base = {name: expert_on_device(h, device, dtype) for name, h in kept.items()}
     try:
         yield switch({**base, trained[0]: model}, boundary_ratio(cfg))
     finally:
-        if host is not None:
-            for e in kept.values():
-                e.to("cpu")  # back to the host copy; the device memory is freed
-        del base, kept
+        del base
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
 
-def load_base_experts(cfg: Config, names, image_width: int, device, dtype: torch.dtype) -> dict:
-    """The named experts' base weights, expanded as training expands them, frozen, in `dtype` on
-    `device` (diffusers' fp32 modules kept fp32: precision.to_inference_dtype)."""
+@dataclass
+class HostExpert:
+    """A frozen transformer's weights on the host without a module: its (expanded) config and
+    name -> tensor, the file's own memory-mapped pages where it came from files (safetensors maps
+    them; nothing is cast or copied on the host), plus the few tensors expansion makes."""
+
+    config: dict
+    state: dict[str, torch.Tensor]
+
+
+def load_base_experts(cfg: Config, names, image_width: int) -> dict[str, HostExpert]:
+    """The named experts' base weights on the host, expanded as training expands them: from the
+    pretrained folder's files, mapped (host_expert); the tiny preset's, built in memory."""
     if cfg.model.preset is not None:
-        experts = {name: expanded(e, cfg, image_width)
-                   for name, e in build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny).items()}
-    else:
-        experts = {name: load_transformer(cfg, SUBFOLDERS[name], image_width=image_width)[0] for name in names}
-    return {name: to_inference_dtype(e, device, dtype) for name, e in experts.items()}
+        built = build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny)
+        return {name: HostExpert(dict(e.config), e.state_dict())
+                for name, e in ((n, expanded(e, cfg, image_width)) for n, e in built.items())}
+    folder = Path(resolve_pretrained(cfg.model.pretrained))
+    return {name: host_expert(folder / SUBFOLDERS[name], cfg, image_width) for name in names}
+
+
+def host_expert(folder: Path, cfg: Config | None = None, image_width: int = CLIP_VIT_H[1]) -> HostExpert:
+    """One transformer folder's weights as views of its safetensors files' pages (safe_open maps
+    each file privately, copy-on-write: the pages are the page cache's, shared by every process of
+    the machine that maps the file, and the file is never written). Widened for elements as `cfg`
+    asks: the patch embedding becomes a widened copy and the added modules get init_new_modules'
+    values (the whole load's, for the same seed), the only host memory of its own."""
+    from safetensors import safe_open
+
+    from e2v.models.zero3_load import _safetensors_files
+
+    files = _safetensors_files(Path(folder))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no diffusion_pytorch_model*.safetensors (a diffusers transformer folder)")
+    config = dict(WanTransformer3DModel.load_config(str(folder)))
+    state = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            state.update({k: f.get_tensor(k) for k in f.keys()})  # views of the file's mapping
+    if cfg is not None and needs_expansion(config, cfg):
+        in_channels, image_dim = expansion_shape(cfg, image_width, config["in_channels"])
+        config = expanded_config(config, in_channels, image_dim)
+        state["patch_embedding.weight"] = widened_patch_weight(state["patch_embedding.weight"], in_channels)
+        with torch.device("meta"):
+            reference = WanTransformer3DModel.from_config(config)
+        new = {n for n, _ in reference.named_parameters()} - set(state)
+        owners = {id(reference.get_submodule(n.rpartition(".")[0])) for n in new}
+        init_new_modules(reference, lambda m: id(m) in owners, "cpu", torch.float32, cfg.model.tiny_seed)
+        state.update({n: p.detach() for n, p in reference.named_parameters() if n in new})
+    return HostExpert(config, state)
+
+
+def expert_on_device(host: HostExpert, device, dtype: torch.dtype) -> WanTransformer3DModel:
+    """A frozen transformer on `device` made from its host weights tensor by tensor, in `dtype`
+    except the modules diffusers keeps in fp32 (precision.to_inference_dtype's rule): the host
+    weights are read, never moved or replaced, so the next call finds them as they were."""
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+    with torch.device("meta"):
+        model = WanTransformer3DModel.from_config({k: v for k, v in host.config.items() if not k.startswith("_")})
+    model.load_state_dict({k: v.to(device, torch.float32 if kept_in_fp32(k) else dtype)
+                           for k, v in host.state.items()}, strict=True, assign=True)
+    c = model.config  # the rope tables are non-persistent buffers: made again, kept fp32 by the same rule
+    model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len).to(device)
+    for name, b in model.named_buffers():
+        if b.is_floating_point():
+            model.get_submodule(name.rpartition(".")[0])._buffers[name.rpartition(".")[2]] = b.to(
+                torch.float32 if kept_in_fp32(name) else dtype)
+    return model.eval().requires_grad_(False)
 
 
 def load_vae(cfg: Config, device) -> AutoencoderKLWan:

@@ -20,6 +20,7 @@ from e2v.train.comfy import (check_comfy_mappable, comfy_diffs, comfy_lora, comf
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
 from e2v.runtime.integrity import usual_permissions
 from e2v.runtime.files import replacing
+from e2v.runtime.stream_safetensors import StreamedSafetensors
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
@@ -111,26 +112,36 @@ def save_base_modules(transformer: torch.nn.Module, full_names: list[str], run_d
     """Before training: the modules a LoRA run trains in full, as the base model has them (fp32),
     into `<run_dir>/BASE_FILE`; the ComfyUI export writes each trained module as its difference
     from these. `exclude`: name patterns of modules the base lacks (those an expansion of a T2V base
-    added or widened), which cannot be differences. Only the trained-in-full tensors are copied,
-    one at a time (gathered under ZeRO-3: a collective); rank 0 holds them until written."""
-    from safetensors.torch import save_file
-
+    added or widened), which cannot be differences. Streamed (runtime.stream_safetensors): one
+    tensor at a time is gathered (under ZeRO-3: a collective every rank joins) and written by rank
+    0, which never holds more than that one."""
     if not getattr(each_expert(transformer)[0][1], "peft_config", None):  # a full fine-tune exports the whole model
         return None
     named = dict(transformer.named_parameters())
     names = [n for n in full_names if not any(re.search(p, plain_name(n)) for p in exclude)]
-    base = {}
-    for n in names:
-        value = _full_fp32(named[n], keep=rank == 0)  # every rank takes part in the gather; rank 0 keeps the copy
-        if rank == 0:
-            base[n.replace(".base_layer", "")] = value
-    if not base:
+    if not names:
         return None
+    keys = {n: n.replace(".base_layer", "") for n in names}
     path = Path(run_dir) / BASE_FILE
-    with replacing(path) as tmp:
-        save_file({k: v.contiguous() for k, v in base.items()}, str(tmp))
-    usual_permissions(path)
+    with contextlib.ExitStack() as stack:
+        out = None
+        if rank == 0:
+            tmp = stack.enter_context(replacing(path))
+            out = stack.enter_context(StreamedSafetensors(tmp, {keys[n]: (torch.float32, full_shape(named[n]))
+                                                                for n in names}))
+        for n in names:
+            value = _full_fp32(named[n], keep=rank == 0)  # every rank takes part in the gather
+            if out is not None:
+                out.write(keys[n], value)
+            del value
+    if rank == 0:
+        usual_permissions(path)
     return path
+
+
+def full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
+    """The whole parameter's shape, also for a ZeRO-3 partition (empty outside a gather)."""
+    return tuple(getattr(param, "ds_shape", param.shape))
 
 
 def read_base(*candidates: Path) -> dict:

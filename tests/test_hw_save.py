@@ -1,0 +1,85 @@
+"""The streamed safetensors writer (e2v/runtime/stream_safetensors.py) against safetensors' own
+reader and writer, and the base-module save that uses it: the same file as a whole-dict save,
+with never more than one gathered tensor alive on the writing rank."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from e2v.runtime.stream_safetensors import StreamedSafetensors
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mixed() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"w.bf16": torch.randn(3, 5, generator=g).bfloat16(), "b.f32": torch.randn(7, generator=g),
+            "scalar": torch.tensor(2.5), "idx": torch.arange(6).view(2, 3), "mask": torch.tensor([True, False, True]),
+            "empty": torch.zeros(0, 4), "half": torch.randn(2, 2, generator=g).half(),
+            "strided": torch.randn(4, 6, generator=g).t()}  # not contiguous: written in its logical order
+
+
+def test_streamed_file_reads_back_like_save_file(tmp_path):
+    tensors = _mixed()
+    with StreamedSafetensors(tmp_path / "s.safetensors", {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()},
+                             metadata={"format": "pt"}) as out:
+        for k, v in tensors.items():
+            out.write(k, v)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    ours, ref = load_file(str(tmp_path / "s.safetensors")), load_file(str(tmp_path / "ref.safetensors"))
+    assert ours.keys() == ref.keys() == tensors.keys()
+    for k in tensors:
+        assert ours[k].dtype == ref[k].dtype and torch.equal(ours[k], ref[k]), k
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+def test_out_of_order_or_missing_tensors_are_errors(tmp_path):
+    layout = {"a": (torch.float32, (2,)), "b": (torch.float32, (3,))}
+    with pytest.raises(ValueError, match="expected a"):
+        with StreamedSafetensors(tmp_path / "x.safetensors", layout) as out:
+            out.write("b", torch.zeros(3))
+    with pytest.raises(ValueError, match="expected b torch.float32 \\(3,\\)"):
+        with StreamedSafetensors(tmp_path / "y.safetensors", layout) as out:
+            out.write("a", torch.zeros(2))
+            out.write("b", torch.zeros(4))
+    with pytest.raises(ValueError, match="1 tensors never written, first b"):
+        with StreamedSafetensors(tmp_path / "z.safetensors", layout) as out:
+            out.write("a", torch.zeros(2))
+
+
+def test_base_modules_stream_one_tensor_at_a_time(tmp_path, monkeypatch):
+    """configs/e2v_tiny_lora.yaml's modules trained in full: the file holds exactly their fp32
+    values (the oracle: the module's own parameters), and while it is written no more than one
+    gathered copy is alive at a time (the whole-dict save held all of them)."""
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
+    from e2v.train import export
+
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    full_names = setup_training(model, cfg, expanded=False)
+    assert len(full_names) > 3
+    alive, most = [], [0]
+    real = export._full_fp32
+
+    def counted(param, keep=True):
+        most[0] = max(most[0], sum(r() is not None for r in alive) + 1)
+        value = real(param, keep)
+        alive.append(weakref.ref(value))
+        return value
+
+    monkeypatch.setattr(export, "_full_fp32", counted)
+    path = export.save_base_modules(model, full_names, tmp_path)
+    assert most[0] == 1, f"{most[0]} gathered tensors alive at once"
+    saved, named = load_file(str(path)), dict(model.named_parameters())
+    assert sorted(saved) == sorted(n.replace(".base_layer", "") for n in full_names)
+    for n in full_names:
+        assert torch.equal(saved[n.replace(".base_layer", "")], named[n].detach().float()), n
