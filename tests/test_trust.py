@@ -35,6 +35,13 @@ class Payload:
         return Path.touch, (Path(self.marker),)
 
 
+def _folder_files(folder):
+    """A manifest's files for a folder as found (what an attacker, or a test, writes)."""
+    from e2v.runtime.integrity import record_file
+
+    return {str(p.relative_to(folder)): record_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _tamper(checkpoint, marker, name="zero_pp_rank_0_mp_rank_00_optim_states.pt", fix_manifest=True):
     """Put a payload into a DeepSpeed file of the checkpoint (its real content kept) and, like an
     attacker with write access would, record the new file in the manifest."""
@@ -44,7 +51,7 @@ def _tamper(checkpoint, marker, name="zero_pp_rank_0_mp_rank_00_optim_states.pt"
     torch.save(state, f)
     if fix_manifest:
         manifest = json.loads((checkpoint / ckpt.MANIFEST).read_text())
-        manifest["files"] = ckpt._hash_files(checkpoint)
+        manifest["files"] = _folder_files(checkpoint)
         manifest["files"].pop(ckpt.MANIFEST)
         (checkpoint / ckpt.MANIFEST).write_text(json.dumps(manifest))
     return f
@@ -89,7 +96,7 @@ def _intact(root, name, files):
     for f, data in files.items():
         (d / f).parent.mkdir(parents=True, exist_ok=True)
         (d / f).write_bytes(data)
-    (d / ckpt.MANIFEST).write_text(json.dumps({"step": ckpt._step(d), "files": ckpt._hash_files(d)}))
+    (d / ckpt.MANIFEST).write_text(json.dumps({"step": ckpt._step(d), "files": _folder_files(d)}))
     return d
 
 

@@ -11,7 +11,11 @@ checkpoint copied from elsewhere, or edited on a shared disk, could run code on 
   loading the checkpoints of every ZeRO stage this project trains with). DeepSpeed itself loads
   with weights_only=False, at the engine (its checkpoint engine: replaced here by a weights-only
   one) and in zero_to_fp32 (its `torch.load`, replaced for the duration of one call);
-- every file's SHA-256 is recorded in the checkpoint's manifest and checked before a resume.
+- every file's size and SHA-256 is recorded in the checkpoint's manifest and checked before a
+  resume. The record is the writer's own: each rank counts and hashes the bytes as it writes them
+  (`record_write`; DeepSpeed's files through the checkpoint engine below), and the ranks' records
+  are gathered, never read back from stat() or listings of files other nodes just wrote (on NFS
+  those can show a good file short, or not yet at all).
 
 A refused file raises `UnsafeCheckpoint` naming the file and the class it asked for.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -68,9 +73,11 @@ def weights_only_load(path, map_location=None, mmap: bool | None = None, allow: 
 
 
 def weights_only_checkpoint_engine(engine):
-    """DeepSpeed's checkpoint engine of `engine`, loading weights-only. DeepSpeed reads every
-    model and optimizer file of a checkpoint through `engine.checkpoint_engine.load`, which for
-    its torch engine is `torch.load(weights_only=False)`; saving is unchanged."""
+    """DeepSpeed's checkpoint engine of `engine`, loading weights-only and recording what it saves.
+    DeepSpeed reads every model and optimizer file of a checkpoint through
+    `engine.checkpoint_engine.load`, which for its torch engine is `torch.load(weights_only=False)`,
+    and writes them through `.save`: the same torch.save, its bytes counted and hashed on the way
+    into `.written` (path -> record_write's record)."""
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
     current = engine.checkpoint_engine
@@ -87,8 +94,14 @@ def weights_only_checkpoint_engine(engine):
         def load(self, path: str, map_location=None):
             return weights_only_load(path, map_location=map_location)
 
+        def save(self, state_dict, path: str):
+            zipfile = self.zipfile_serialization
+            self.written[str(path)] = record_write(
+                path, lambda f: torch.save(state_dict, f, _use_new_zipfile_serialization=zipfile))
+
     safe = WeightsOnlyCheckpointEngine.__new__(WeightsOnlyCheckpointEngine)
     safe.__dict__.update(current.__dict__)  # the same settings (serialization format, name)
+    safe.written = {}
     return safe
 
 
@@ -118,12 +131,12 @@ def weights_only_zero_to_fp32():
 # --- RNG state as data ---------------------------------------------------------------------------
 
 
-def save_rng(state: dict, path: Path) -> None:
+def save_rng(state: dict, path: Path) -> dict:
     """`checkpoint.rng_state(...)` as safetensors: torch's CPU, generator and CUDA states are
     uint8 tensors; Python's Mersenne Twister (625 ints and the cached gauss) and numpy's (624
     uint32, position, cached gaussian) go into the metadata as JSON numbers, which round-trip
-    floats exactly."""
-    from safetensors.torch import save_file
+    floats exactly. Returns the file's record (record_write)."""
+    from safetensors.torch import save
 
     tensors = {"torch": state["torch"], "generator": state["generator"]}
     if state.get("cuda") is not None:  # the rank's own device's state (checkpoint.rng_state)
@@ -132,8 +145,10 @@ def save_rng(state: dict, path: Path) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     meta = {"python": json.dumps([version, list(internal), gauss]),
             "numpy": json.dumps([name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)])}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+    record = record_write(path, lambda f: f.write(data))
     usual_permissions(path)
+    return record
 
 
 def load_rng(path: Path) -> dict:
@@ -164,6 +179,44 @@ HASH = "sha256"  # ~0.9 s per GB on one core with SHA instructions (README, "Tru
 def file_digest(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, HASH).hexdigest()
+
+
+class _Recorded(io.RawIOBase):
+    """A file opened for writing that counts and hashes every byte on its way to the disk."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f, self.hash, self.bytes = f, hashlib.new(HASH), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = memoryview(b).nbytes
+        self.f.write(b)
+        self.hash.update(b)
+        self.bytes += n
+        return n
+
+
+def record_write(path: Path, write) -> dict:
+    """`write(f)` into a new file at `path`; the writer's own record of it: {"bytes", HASH} of
+    exactly the bytes written (no stat, no read-back)."""
+    with open(path, "wb") as f:
+        rec = _Recorded(f)
+        write(rec)
+    return {"bytes": rec.bytes, HASH: rec.hash.hexdigest()}
+
+
+def record_file(path: Path) -> dict:
+    """The record of a file this process wrote by other means (a copy, a hard link): its bytes
+    read and hashed once."""
+    h, n = hashlib.new(HASH), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, HASH: h.hexdigest()}
 
 
 # --- permissions ---------------------------------------------------------------------------------

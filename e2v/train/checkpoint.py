@@ -1,9 +1,11 @@
 """DeepSpeed checkpoints that survive a kill, and resume that continues the same run; the offline
 export of a checkpoint folder (tools/export_lora.py) through e2v/train/export.py's writers.
 
-Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`; after a barrier the ranks hash
-the folder's files between them and rank 0 writes `COMPLETE` (the size and SHA-256 of every file),
-renames the folder to `step_NNNNNN` and then replaces `checkpoints/latest` (write-then-rename).
+Atomicity: every rank saves into `checkpoints/step_NNNNNN.partial/`, counting and hashing the bytes
+of each file it writes (e2v/runtime/integrity.py: record_write); the ranks' records are gathered and
+rank 0 writes `COMPLETE` from them (the size, SHA-256 and writing rank of every file: never a stat()
+or a listing of files other nodes just wrote, which NFS can show short or absent), renames the
+folder to `step_NNNNNN` and then replaces `checkpoints/latest` (write-then-rename).
 `--resume latest` takes the checkpoint `latest` names when its files all match its `COMPLETE`
 manifest, else the newest intact one by step, so a kill during a save, a file truncated afterwards
 (a half-finished copy, a full disk) or changed in place (a disk error, an edit), or an unreadable
@@ -29,17 +31,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.runtime.distributed import barrier, is_distributed, merge_over_ranks, share_of_work, this_rank
+from e2v.runtime.distributed import barrier, gather_all, is_distributed, merge_over_ranks, share_of_work, this_rank
 from e2v.models.experts import split_names, split_state
 from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, read_base, export_meta, save_full, write_lora_exports
 from e2v.runtime.files import write_text_atomic
-from e2v.runtime.integrity import (HASH, file_digest, load_rng, save_rng, weights_only_checkpoint_engine,
-    weights_only_zero_to_fp32)
+from e2v.runtime.integrity import (HASH, file_digest, load_rng, record_file, record_write, save_rng,
+                                   weights_only_checkpoint_engine, weights_only_zero_to_fp32)
 
 MANIFEST = "COMPLETE"
 OPTIMIZER_FILE = "e2v_optimizer.json"  # the class that stepped the weights; a resume must use the same
 EXPORT_META = "e2v_export.json"  # in each checkpoint: what tools/export_lora.py needs, offline
 PARTIAL = ".partial"
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # DeepSpeed's global rank 0 copies these into a ZeRO save
 
 
 def _tag(step: int) -> str:
@@ -126,18 +129,27 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     if rank == 0:
         remove_stale_saves(ckpt_root)
     barrier()
+    engine.checkpoint_engine = weights_only_checkpoint_engine(engine)  # records what DeepSpeed writes
+    engine.checkpoint_engine.written.clear()
     # Lean: the frozen base weights stay out (a resume loads them from the model folder anyway);
     # a full fine-tune has none, so it saves everything. load_checkpoint reads either format.
     engine.save_checkpoint(str(ckpt_root), tag=partial.name, client_state=client_state, save_latest=False,
                            exclude_frozen_parameters=True)
+    mine = dict(engine.checkpoint_engine.written)  # path -> this rank's record of what it wrote
     if rng is not None:
-        save_rng(rng, partial / f"rng_rank_{rank:04d}.safetensors")
+        path = partial / f"rng_rank_{rank:04d}.safetensors"
+        mine[str(path)] = save_rng(rng, path)
     if rank == 0:
-        (partial / OPTIMIZER_FILE).write_text(json.dumps({"class": optimizer_class(engine)}))
-        (partial / EXPORT_META).write_text(json.dumps(export_meta(engine.module), indent=2, default=sorted))
-        _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE)  # a checkpoint exports alone
-    barrier()
-    files = _hash_files(partial)  # every rank hashes its share of the files; a collective
+        for name, data in ((OPTIMIZER_FILE, {"class": optimizer_class(engine)}),
+                           (EXPORT_META, export_meta(engine.module))):
+            text = json.dumps(data, indent=2, default=sorted).encode()
+            mine[str(partial / name)] = record_write(partial / name, lambda f: f.write(text))
+        if _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE):  # a checkpoint exports alone
+            mine[str(partial / BASE_FILE)] = record_file(partial / BASE_FILE)
+        for name in RECOVERY_SCRIPTS:  # DeepSpeed's rank 0 copies them in without its engine
+            if (partial / name).is_file():
+                mine[str(partial / name)] = record_file(partial / name)
+    files = gather_records(partial, mine, rank)  # a collective: after it, every rank's files are written
     if rank == 0:
         world = torch.distributed.get_world_size() if is_distributed() else 1
         write_text_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
@@ -156,15 +168,16 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
     return final
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link (no space, no time) where the filesystem allows, else a copy; nothing if `src`
-    does not exist."""
+def _link_or_copy(src: Path, dst: Path) -> bool:
+    """A hard link (no space, no time) where the filesystem allows, else a copy; nothing (False)
+    if `src` does not exist."""
     if not src.is_file():
-        return
+        return False
     try:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+    return True
 
 
 def remove_stale_saves(ckpt_root: Path) -> list[Path]:
@@ -180,31 +193,37 @@ def remove_stale_saves(ckpt_root: Path) -> list[Path]:
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int) -> list[Path]:
-    """Keep the `keep_last` newest intact checkpoints by step (0: keep all) and, always, the one
+    """Keep the `keep_last` newest completed checkpoints by step (0: keep all) and, always, the one
     `latest` names (after a resume from an older path it is not among the highest steps).
-    Returns the deleted folders."""
+    Completed: a readable manifest, which the save wrote from its writers' records; the files
+    are not stat()ed (just after a save, another node's files can look short on NFS). Returns the
+    deleted folders."""
     if keep_last <= 0:
         return []
     pointed = _latest_pointer(ckpt_root)
-    doomed = [p for p in complete_checkpoints(ckpt_root)[:-keep_last] if p != pointed]
+    doomed = [p for p in complete_checkpoints(ckpt_root, sizes=False)[:-keep_last] if p != pointed]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
 
 
-def _hash_files(folder: Path) -> dict:
-    """{relative name: {"bytes", HASH}} of every file in the folder, the hashing split over the
-    ranks (the files were just written: mostly read back from the page cache). A collective."""
-    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    mine = {n: {"bytes": (folder / n).stat().st_size, HASH: file_digest(folder / n)} for n in share_of_work(names)}
-    return dict(sorted(merge_over_ranks(mine).items()))
+def gather_records(folder: Path, mine: dict, rank: int) -> dict:
+    """The manifest's files: {name relative to `folder`: {"bytes", HASH, "rank"}} from every rank's
+    record of the files it wrote (`mine`: path -> record), gathered (a collective). Two ranks
+    recording one file with different bytes is an error naming both."""
+    files: dict = {}
+    for r, part in enumerate(gather_all({str(Path(p).relative_to(folder)): rec for p, rec in mine.items()})):
+        for name, rec in part.items():
+            seen = files.get(name)
+            if seen is not None and {k: seen[k] for k in rec} != rec:
+                raise RuntimeError(f"checkpoint {folder}: ranks {seen['rank']} and {r} both wrote {name}, with "
+                                   "different bytes; the checkpoint is not saved")
+            files.setdefault(name, {**rec, "rank": r})
+    return dict(sorted(files.items()))
 
 
-def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
-    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved: present,
-    of the recorded size and, with `checksums`, of the recorded SHA-256 (which reads every byte,
-    split over the ranks: then a collective that every rank calls for the same folder). Manifests
-    written before checksums were recorded hold sizes only."""
+def _manifest_files(path: Path) -> dict | str:
+    """The manifest's {name: {"bytes", ...}} of a checkpoint folder, or why there is none."""
     manifest = Path(path) / MANIFEST
     if not manifest.exists():
         return f"no {MANIFEST} manifest (the save was interrupted)"
@@ -215,6 +234,17 @@ def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
             int(v["bytes"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return f"unreadable {MANIFEST} manifest ({type(e).__name__}: {e})"
+    return files
+
+
+def checkpoint_problem(path: Path, checksums: bool = True) -> str | None:
+    """Why the checkpoint folder cannot be resumed from, or None if every file is as saved: present,
+    of the recorded size and, with `checksums`, of the recorded SHA-256 (which reads every byte,
+    split over the ranks: then a collective that every rank calls for the same folder). Manifests
+    written before checksums were recorded hold sizes only."""
+    files = _manifest_files(path)
+    if isinstance(files, str):
+        return files
     for name, rec in files.items():
         f = Path(path) / name
         if not f.is_file():
@@ -236,13 +266,16 @@ def _step(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Checkpoint folders that finished on every rank and are intact, oldest first by step (not by
-    name: `step_1000000` sorts before `step_999999`)."""
+def complete_checkpoints(ckpt_root: Path, sizes: bool = True) -> list[Path]:
+    """Checkpoint folders that finished on every rank and (with `sizes`) whose files have their
+    recorded sizes, oldest first by step (not by name: `step_1000000` sorts before `step_999999`)."""
     if not Path(ckpt_root).exists():
         return []
-    found = [p for p in Path(ckpt_root).glob("step_*")
-             if p.is_dir() and _step(p) is not None and checkpoint_problem(p, checksums=False) is None]
+
+    def intact(p: Path) -> bool:
+        return checkpoint_problem(p, checksums=False) is None if sizes else isinstance(_manifest_files(p), dict)
+
+    found = [p for p in Path(ckpt_root).glob("step_*") if p.is_dir() and _step(p) is not None and intact(p)]
     return sorted(found, key=_step)
 
 
