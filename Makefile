@@ -16,6 +16,13 @@ export PYTHONUNBUFFERED := 1
 
 DEMO_RAW ?= demo_raw
 DEMO_PREP ?= demo_prep
+# The launcher's rendezvous port: a port free when the recipe starts, so a second run on the same
+# machine does not meet the first on deepspeed's fixed default (29500). `make demo MASTER_PORT=29600`
+# (or MASTER_PORT in the environment) chooses one. TRAIN_ARGS: more flags for the demo runs, e.g.
+# TRAIN_ARGS="--set train.max_steps=50".
+MASTER_PORT ?= $(shell $(PY) -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+TRAIN_ARGS ?=
+DEEPSPEED = $(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) --master_port $(MASTER_PORT)
 
 .PHONY: install demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check
 
@@ -37,12 +44,12 @@ demo-data: install
 # precompute keeps valid entries, so a second `make demo` goes straight to training.
 demo: demo-data
 	$(PY) tools/precompute.py --config configs/e2v_tiny.yaml --set data.datasets.0.data_root=$(DEMO_DATA)
-	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/e2v_tiny.yaml \
-		--set data.datasets.0.data_root=$(DEMO_DATA)
+	$(DEEPSPEED) train_e2v.py --config configs/e2v_tiny.yaml \
+		--set data.datasets.0.data_root=$(DEMO_DATA) $(TRAIN_ARGS)
 
 demo-quick: demo-data
-	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/e2v_tiny_lora.yaml \
-		--set data.datasets.0.data_root=$(DEMO_DATA)
+	$(DEEPSPEED) train_e2v.py --config configs/e2v_tiny_lora.yaml \
+		--set data.datasets.0.data_root=$(DEMO_DATA) $(TRAIN_ARGS)
 
 # Raw footage in, a trained model out: generated multi-shot videos -> tools/prepare_data.py (and
 # its dataset check) -> a short tiny LoRA run on the prepared set; prints the held-out

@@ -43,7 +43,25 @@ def init_distributed() -> None:
         # One process needs no rendezvous: an in-process store, so no port can be taken by another
         # program between choosing it and binding it. DeepSpeed keeps a group that already exists.
         torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    try:
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    except RuntimeError as e:  # torch's DistNetworkError: rank 0 could not listen on MASTER_PORT
+        if "EADDRINUSE" not in str(e):
+            raise
+        raise SystemExit(port_in_use(os.environ.get("MASTER_PORT", "?"))) from None
+
+
+def port_in_use(port: str) -> str:
+    """The one line for a rendezvous port another program holds (most often a second run on this
+    machine: the deepspeed launcher's default is always 29500), with a port free now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        free = s.getsockname()[1]
+    return (f"distributed: port {port} (MASTER_PORT) is already in use on this machine, by another run or "
+            f"program; start with another: deepspeed --master_port {free} ..., or make ... MASTER_PORT={free} "
+            "(the Makefile finds a free port when none is given)")
 
 
 def single_process_env() -> bool:
