@@ -22,7 +22,7 @@ from e2v.train import checkpoint as ckpt
 from e2v.runtime import distributed, hostmem
 from e2v.runtime.threads import set_rank_threads
 from e2v.train import export
-from e2v.conditioning.cached import batch_conditions
+from e2v.conditioning.layout import batch_conditions
 from e2v.config.schema import ConfigError
 from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
 from e2v.config.load import load_config, save_config, to_dict

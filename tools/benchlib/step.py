@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import e2v.conditioning.encode as conditioning
-from e2v.conditioning.cached import batch_conditions
+from e2v.conditioning.layout import batch_conditions
 from e2v.runtime.distributed import any_rank, init_distributed
 from e2v.train.guard import NonFiniteGuard
 from e2v.train.ds_config import resolve_deepspeed_config
