@@ -30,7 +30,7 @@ def step_grads(transformer, cfg, c, hooks=None):
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient_checkpointing"])
 def test_activations_are_offloaded_and_parameters_stay(tiny_parts, monkeypatch, checkpointing):
     import e2v.train.step as step
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
 
     cfg = make_cfg()
     transformer = copy.deepcopy(tiny_parts.transformer)
@@ -39,7 +39,7 @@ def test_activations_are_offloaded_and_parameters_stay(tiny_parts, monkeypatch, 
     if checkpointing:
         transformer.enable_gradient_checkpointing()
     with torch.no_grad():
-        c = encode_batch(make_batch([2, 3]), tiny_parts, cfg, rng=random.Random(0),
+        c = batch_conditions(make_batch([2, 3]), tiny_parts, cfg, rng=random.Random(0),
                          generator=torch.Generator().manual_seed(0))
     want = step_grads(transformer, cfg, c)
 

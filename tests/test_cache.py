@@ -1,5 +1,5 @@
-"""The conditioning cache against a second code path: encode_batch on the same raw batch with the
-same RNG states must give what conditions_from_cache assembles from the cached entries (every
+"""The conditioning cache against a second code path: batch_conditions on the same raw batch with the
+same RNG states must give what it assembles from the cached entries (every
 cacheable mode, dropouts, posterior samples). Then the real tools: precompute, stale and missing
 entries, and a cached training run against an encoding one (mixed sizes, 2 processes, batch 2)."""
 
@@ -18,7 +18,8 @@ import torch
 
 from conftest import ROOT, launch_train, read_scalars, wait_all
 from e2v.data.store import CacheError, CacheStore
-from e2v.conditioning.cached import batch_conditions, compute_entry, shared_entry
+from e2v.conditioning.cached import compute_entry, shared_entry
+from e2v.conditioning.layout import batch_conditions
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
 from e2v.data.dataset import E2VDataset, collate, index_samples

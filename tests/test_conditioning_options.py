@@ -14,8 +14,9 @@ import torch
 from PIL import Image
 
 from conftest import launch_train, wait_all
-from e2v.conditioning.encode import (build_vae_condition, condition_mask, condition_video, encode_batch,
+from e2v.conditioning.encode import (build_vae_condition, condition_mask, condition_video,
     encode_clip_images, encode_text, encode_video, select_elements)
+from e2v.conditioning.layout import batch_conditions
 from e2v.config.load import load_config
 from e2v.data.media import center_crop, letterbox, load_image, pad_white
 
@@ -60,7 +61,7 @@ def make_batch(counts: list[int], seed: int = 0, clip_names=None) -> dict:
 
 def encode(batch, parts, cfg, seed=0, train=True):
     with torch.no_grad():
-        return encode_batch(batch, parts, cfg, rng=random.Random(seed), generator=torch.Generator().manual_seed(seed),
+        return batch_conditions(batch, parts, cfg, rng=random.Random(seed), generator=torch.Generator().manual_seed(seed),
                             train=train)
 
 
@@ -180,7 +181,7 @@ def test_sample_mode_consumes_the_generator_as_a2_after_the_noise_draw(tiny_part
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_n_elements_layout_mask_and_one_encode(tiny_parts, n):
-    """N = 1..4 through encode_batch: the condition equals a hand-built condition video through ONE
+    """N = 1..4 through batch_conditions: the condition equals a hand-built condition video through ONE
     VAE encode, the mask covers exactly 1 + 4 (N-1) pixel frames = latent frames 0..N-1, and (the
     tiny VAE maps pixel group k to latent frame k) latent frame k is reference k's own latent."""
     cfg = make_cfg()

@@ -49,10 +49,10 @@ def assert_on(device: torch.device, **tensors) -> None:
 
 
 def encode(batch, parts, cfg, **kw):
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
 
     with torch.no_grad():
-        return encode_batch(batch, parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0), **kw)
+        return batch_conditions(batch, parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0), **kw)
 
 
 @pytest.mark.parametrize("over", [{}, {"processors__vae__combine": "after"}, {"processors__vae__sample_mode": "sample"},
@@ -70,9 +70,10 @@ def test_online_conditioning_lands_on_the_models_device(meta_parts, over, moved)
 
 
 def test_cached_conditions_land_on_the_batch_device(tiny_parts):
-    """conditions_from_cache with the batch moved: posterior samples, zero conditions, CLIP padding
+    """batch_conditions on a cached batch with the batch moved: posterior samples, zero conditions, CLIP padding
     and the text rows are made on the batch's device."""
-    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.cached import compute_entry
+    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
 
     cfg = make_cfg(processors__vae__sample_mode="sample", conditioning__target_sample_mode="sample")
@@ -86,7 +87,7 @@ def test_cached_conditions_land_on_the_batch_device(tiny_parts):
     meta = copy.copy(tiny_parts)
     meta.transformer = copy.deepcopy(tiny_parts.transformer).to(META)
     with torch.no_grad():
-        c = conditions_from_cache(to_device(batch, META), meta, cfg, rng=random.Random(0),
+        c = batch_conditions(to_device(batch, META), meta, cfg, rng=random.Random(0),
                                   generator=torch.Generator().manual_seed(0))
     assert_on(META, latents=c.latents_BCTHW, cond=c.cond_BCTHW, text=c.text_BLD, clip=c.clip_BLD)
 

@@ -66,7 +66,7 @@ def test_shipped_config_is_the_seed_recipe():
 def test_npz_frames_reach_the_vae_in_minus_one_to_one(npz_data, t2v_parts, monkeypatch):
     """The tensor the VAE encodes is the npz's uint8 frames / 127.5 - 1 in [B,3,F,H,W]: no other
     scaling, no channel/frame mix-up, exactly -1 and 1 at the ends of the uint8 range."""
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
     from e2v.config.load import load_config
     from e2v.data.dataset import index_samples, make_loader
     from e2v.models.load import load_parts
@@ -86,7 +86,7 @@ def test_npz_frames_reach_the_vae_in_minus_one_to_one(npz_data, t2v_parts, monke
         return encode(x, *args, **kwargs)
 
     monkeypatch.setattr(parts.vae, "encode", recording_encode)
-    c = encode_batch(batch, parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
+    c = batch_conditions(batch, parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
     assert len(seen) == 1, "e2v_type none encodes only the target video"
     expected = []
     for sid in batch["id"]:

@@ -180,7 +180,7 @@ def test_run_logs_the_seed_names_and_only_listed_timesteps(scalars):
 def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
     """Rebuild the run's first batch, sigmas and noise from its config and seed (the order
     train_e2v.py draws them), run the untrained transformer, and compute the x0 loss by hand."""
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
     from e2v.config.load import load_config
     from e2v.data.dataset import index_samples, make_loader
     from e2v.train.flow import sample_sigmas
@@ -194,7 +194,7 @@ def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
     rng, gen = random.Random(cfg.seed * 1000), torch.Generator().manual_seed(cfg.seed * 1000)
     batch = next(iter(make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)))
     with torch.no_grad():
-        c = encode_batch(batch, parts, cfg, rng=rng, generator=gen)
+        c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
         x0 = c.latents_BCTHW
         sigma = sample_sigmas(BATCH, generator=gen, timestep_list=cfg.flow.denoising_step_list)
         noise = torch.randn(x0.shape, generator=gen)

@@ -183,14 +183,14 @@ def _dump(cfg, tmp_path, tiny_parts, dropout: float):
     caption dropout; returns the step folder."""
     import random
 
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
     from e2v.data.dataset import E2VDataset, collate, index_samples
     from e2v.eval.viz import Visualizer
 
     cfg.conditioning.reference_dropout = cfg.conditioning.caption_dropout = dropout
     samples = index_samples(cfg, verbose=False)[:2]
     batch = collate([E2VDataset(cfg, samples)[i] for i in range(2)])
-    c = encode_batch(batch, tiny_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
+    c = batch_conditions(batch, tiny_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
     assert c.ref_dropped == [dropout == 1.0] * 2 and c.caption_dropped == [dropout == 1.0] * 2
     vis = Visualizer(cfg, tmp_path / f"run{dropout}", tiny_parts.vae, rank=0)
     lat = c.latents_BCTHW

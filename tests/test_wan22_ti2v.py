@@ -162,10 +162,10 @@ def _batch(counts: list[int], seed: int = 0) -> dict:
 
 
 def _encode(batch, parts, cfg, train=False, seed=0):
-    from e2v.conditioning.encode import encode_batch
+    from e2v.conditioning.layout import batch_conditions
 
     with torch.no_grad():
-        return encode_batch(batch, parts, cfg, rng=random.Random(seed), generator=torch.Generator().manual_seed(seed),
+        return batch_conditions(batch, parts, cfg, rng=random.Random(seed), generator=torch.Generator().manual_seed(seed),
                             train=train)
 
 
@@ -219,7 +219,8 @@ def test_wan22_ti2v_n_references_extend_the_layout_over_n_frames(ti2v_parts):
 def test_wan22_ti2v_cached_conditions_equal_the_encoded_ones(ti2v_parts):
     """tools/precompute.py's entries (each reference on its own: the combine-after format the
     layout implies) give the encoded tensors, posterior samples drawn in the same order."""
-    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.cached import compute_entry
+    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
 
     p = ti2v_parts
@@ -233,7 +234,7 @@ def test_wan22_ti2v_cached_conditions_equal_the_encoded_ones(ti2v_parts):
     batch = {"id": raw["id"], "prompt": raw["prompt"], "element_names": raw["element_names"], "cached": entries,
              "shared": [shared, shared], "skipped": []}
     with torch.no_grad():
-        cached = conditions_from_cache(batch, p, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
+        cached = batch_conditions(batch, p, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))
     encoded = _encode(raw, p, cfg, train=True)
     torch.testing.assert_close(cached.ref_latents_BCNhw, encoded.ref_latents_BCNhw, atol=1e-5, rtol=0)
     # the clips: encoded one by one for the cache, as a batch online (conv summation order only)
@@ -302,7 +303,8 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
     device, online and from the cache."""
     import transformers.masking_utils as masking
 
-    from e2v.conditioning.cached import compute_entry, conditions_from_cache
+    from e2v.conditioning.cached import compute_entry
+    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
     from e2v.runtime.device import to_device
     from e2v.models.parts import place_encoders
@@ -324,7 +326,7 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
         c = _encode(to_device(_batch([3, 1]), meta), parts, cfg)
         sigma, noise, noisy = draw_flow(c, cfg.flow, torch.Generator().manual_seed(0))
         loss, per_sample, pred, target = forward_loss(parts.transformer, c, sigma, noise, noisy, cfg, torch.float32)
-        cached = conditions_from_cache(to_device({"id": ["a", "b"], "prompt": ["x", "y"], "cached": entries,
+        cached = batch_conditions(to_device({"id": ["a", "b"], "prompt": ["x", "y"], "cached": entries,
                                                   "element_names": [NAMES, NAMES[:1]], "shared": [shared] * 2,
                                                   "skipped": []}, meta),
                                        parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(0))

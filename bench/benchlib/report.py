@@ -12,7 +12,7 @@ from bench.benchlib.prepare import render_prepare
 
 PHASE_NAMES = {
     "data_wait": "data wait (main process: decode + preprocess, or cache file read)",
-    "cache_assembly": "cached entries -> step tensors (conditions_from_cache)", "vae_encode": "VAE encode (target + condition)",
+    "cache_assembly": "cached entries -> step tensors (layout.batch_conditions)", "vae_encode": "VAE encode (target + condition)",
     "text_encode": "text encode (tokenize + UMT5)", "clip_encode": "CLIP encode (processor + vision)",
     "conditioning_other": "conditioning glue", "noise_and_input": "sigma, noise, model input",
     "forward_and_loss": "forward + loss", "loss_check": "non-finite loss check (all ranks)", "backward": "backward", "optimizer": "optimizer step",
@@ -45,7 +45,7 @@ def render_steps(res: dict, title: str) -> list[str]:
            "One training step (gradient accumulation 1) as train_e2v.py runs it, split into phases; ms per step, "
            "median (min-max) over the timed steps. *Online*: DataLoader (0 workers) + VAE / UMT5 / CLIP every step. "
            "*Cached*: `cache.enabled` with the entries tools/precompute.py wrote (e2v/data/store.py): the DataLoader "
-           "reads one safetensors file per sample, conditions_from_cache builds the step's tensors, no encoder is "
+           "reads one safetensors file per sample, batch_conditions builds the step's tensors, no encoder is "
            "loaded.", ""]
     for preset, r in res["presets"].items():
         on, ca = r["online"], r["cached"]

@@ -1,8 +1,8 @@
 """Conditions from the cache: what tools/precompute.py stores per sample (`compute_entry`, before
-anything random happens) and how a training step turns a cached batch back into the Conditions an
-encoding run would have built (`conditions_from_cache`: element choice, dropouts and posterior
-samples drawn in the same order as encode_batch, so a cached and an encoding run with the same
-seed see the same choices, sigmas and noise). The files themselves: e2v/data/store.py.
+anything random happens) and how a training step reads a cached batch's reference latents back
+(`CachedReferences`: posterior samples drawn where the encoding run's VAE draws them; the layout
+and the order of draws are e2v/conditioning/layout.py's, the same for both). The files
+themselves: e2v/data/store.py.
 
 Legend: B batch, T latent frames, h/w latent size, L tokens, D width.
 """
@@ -13,14 +13,12 @@ import random
 
 import torch
 
-from e2v.conditioning.encode import (Conditions, clip_names, condition_or_zeros, condition_video, draw_choices,
-                                     encode_batch, encode_clip_images, encode_text, encode_video_stats,
-                                     finish_condition, image_token_shape, pad_after_latents, pad_clip_tokens,
-                                     select_elements)
-from e2v.conditioning.ti2v import pad_prefix
+from e2v.conditioning.encode import (clip_names, condition_video, encode_clip_images, encode_text, encode_video_stats,
+                                     image_token_shape, pad_clip_tokens, select_elements)
 from e2v.config.schema import Config
-from e2v.config.shapes import TEXT_LEN, VAE_T, after_frames, after_ref_frames
+from e2v.config.shapes import TEXT_LEN, reference_pixel_frames
 from e2v.runtime.device import randn
+
 
 def text_length(prompt: str, tokenizer) -> int:
     """Tokens encode_text keeps for this prompt (after them its output is zero)."""
@@ -61,7 +59,7 @@ def compute_entry(item: dict, parts, cfg: Config) -> dict[str, torch.Tensor]:
                 out["cond_mean"], out["cond_std"] = (t[0] for t in encode_video_stats(video, parts.vae))
         else:
             for k, ref in refs.items():
-                n = after_frames(item["vae_repeats"][k])
+                n = reference_pixel_frames(cfg, item["vae_repeats"][k])
                 ref_video = ref.view(1, 3, 1, *ref.shape[-2:]).expand(-1, -1, n, -1, -1).to(dev)
                 m, s = encode_video_stats(ref_video, parts.vae)
                 out[f"vae.{k}.mean"], out[f"vae.{k}.std"] = m[0], s[0]
@@ -76,65 +74,62 @@ def _posterior(mean: torch.Tensor, std: torch.Tensor, mode: str, generator) -> t
     return mean + std * randn(mean.shape, generator, mean.device, mean.dtype)
 
 
-def conditions_from_cache(batch: dict, parts, cfg: Config, *, rng: random.Random,
-                          generator: torch.Generator | None = None, train: bool = True) -> Conditions:
-    """What encode_batch returns, assembled from cached entries; the same draws in the same order."""
-    pv, cd = cfg.processors.vae, cfg.conditioning
-    entries = batch["cached"]
-    b = len(entries)
-    kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
-    lat_mean = torch.stack([e["latents_mean"] for e in entries])  # on the device (to_device)
-    _, z, t, h, w = lat_mean.shape
-    device = lat_mean.device
-    f = VAE_T * (t - 1) + 1
+class CachedReferences:
+    """How a reference latent is obtained in a cached run: read back from the entries
+    tools/precompute.py stored (posterior mean and std), a posterior sample drawn here where the
+    encoding run's VAE would have drawn one. Answers e2v/conditioning/layout.py's questions as
+    e2v/conditioning/encode.py's EncodedReferences does, with the same draws in the same order."""
 
-    cond, ref_chunks = None, None
-    if cfg.uses_vae_condition and cd.target_layout == "clean_prefix":  # combine: after entries (config.normalise)
-        ref_chunks = [[_posterior(e[f"vae.{k}.mean"][None], e[f"vae.{k}.std"][None], pv.sample_mode, generator)
-                       for k in kept[i] if f"vae.{k}.mean" in e] for i, e in enumerate(entries)]
-    elif cfg.uses_vae_condition:
-        if pv.combine == "before":
-            zeros = torch.zeros(z, t, h, w, device=device)  # no reference kept: zero condition (finish_condition zeroes it anyway)
-            mean = torch.stack([e.get("cond_mean", zeros) for e in entries])
-            std = torch.stack([e.get("cond_std", zeros) for e in entries])
-            cond_lat = _posterior(mean, std, pv.sample_mode, generator)
-            ref_frames = [cfg.reference_frames(kept[i]) for i in range(b)]
-        else:
-            rows, n_lat = [], []
-            for i, e in enumerate(entries):
-                chunks = [_posterior(e[f"vae.{k}.mean"][None], e[f"vae.{k}.std"][None], pv.sample_mode, generator)
-                          for k in kept[i] if f"vae.{k}.mean" in e]
-                row, n = pad_after_latents(chunks, t, z, h, w, device)
-                rows.append(row)
-                n_lat.append(n)
-            cond_lat, ref_frames = torch.cat(rows), after_ref_frames(n_lat)
-        cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
+    def __init__(self, batch: dict, parts):
+        self.batch, self.parts = batch, parts
+        self.entries = batch["cached"]
 
-    latents = _posterior(lat_mean, torch.stack([e["latents_std"] for e in entries]), cd.target_sample_mode, generator)
-    cond = condition_or_zeros(cond, latents, parts.transformer)
-    ref_latents = None if ref_chunks is None else pad_prefix(ref_chunks, ref_drop, latents)
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.entries[0]["latents_mean"].shape)
 
-    clip = None
-    if parts.transformer.config.added_kv_proj_dim is not None:
-        n_tok, width = batch["shared"][0]["clip_shape"]
+    @property
+    def device(self):
+        return self.entries[0]["latents_mean"].device  # on the device (to_device)
+
+    def has_reference(self, i: int, name: str) -> bool:
+        """Whether sample i has a VAE reference for `name`: its own stored latent, or (`combine:
+        before`, whose entry stores the fixed set's condition video only) a condition video at all."""
+        e = self.entries[i]
+        return f"vae.{name}.mean" in e or "cond_mean" in e
+
+    def reference(self, i: int, name: str, pixel_frames: int, sample_mode: str, generator) -> torch.Tensor:
+        """The stored latent of sample i's reference `name` (encoded alone with the pixel frames
+        shapes.reference_pixel_frames gives; the fingerprint holds what decides them)."""
+        e = self.entries[i]
+        return _posterior(e[f"vae.{name}.mean"][None], e[f"vae.{name}.std"][None], sample_mode, generator)
+
+    def condition_video_latents(self, kept: list[list[str]], sample_mode: str, generator) -> torch.Tensor:
+        """`combine: before`: the stored condition video latents of the fixed element set (zeros for a
+        sample without one: finish_condition zeroes it anyway), one draw over the whole batch."""
+        z, t, h, w = self.latent_shape()
+        zeros = torch.zeros(z, t, h, w, device=self.device)
+        mean = torch.stack([e.get("cond_mean", zeros) for e in self.entries])
+        std = torch.stack([e.get("cond_std", zeros) for e in self.entries])
+        return _posterior(mean, std, sample_mode, generator)
+
+    def target(self, kept: list[list[str]], cfg, generator) -> torch.Tensor:
+        mean = torch.stack([e["latents_mean"] for e in self.entries])
+        std = torch.stack([e["latents_std"] for e in self.entries])
+        return _posterior(mean, std, cfg.conditioning.target_sample_mode, generator)
+
+    def clip_tokens(self, kept: list[list[str]], ref_drop: list[bool], cfg) -> torch.Tensor:
+        n_tok, width = self.batch["shared"][0]["clip_shape"]
         tokens = []
-        for i, e in enumerate(entries):
+        for i, e in enumerate(self.entries):
             names = clip_names(kept[i], {k[5:] for k in e if k.startswith("clip.")}, ref_drop[i], cfg)
             tokens.append(torch.stack([e[f"clip.{k}"] for k in names]) if names
-                          else torch.zeros(0, n_tok, width, device=device))
-        clip = pad_clip_tokens(tokens, n_tok, width, device)
+                          else torch.zeros(0, n_tok, width, device=self.device))
+        return pad_clip_tokens(tokens, n_tok, width, self.device)
 
-    empty = batch["shared"][0]["empty_text"]
-    text = torch.zeros(b, TEXT_LEN, empty.shape[-1], device=device)
-    for i, e in enumerate(entries):
-        row = empty if cap_drop[i] else e["text"]
-        text[i, : row.shape[0]] = row
-    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop, ref_latents)
-
-
-def batch_conditions(batch: dict, parts, cfg: Config, *, rng: random.Random,
-                     generator: torch.Generator | None = None, train: bool = True) -> Conditions:
-    """The step's tensors: from the cache when the batch holds cached entries, else encoded."""
-    if "cached" in batch:
-        return conditions_from_cache(batch, parts, cfg, rng=rng, generator=generator, train=train)
-    return encode_batch(batch, parts, cfg, rng=rng, generator=generator, train=train)
+    def text(self, caption_dropped: list[bool]) -> torch.Tensor:
+        empty = self.batch["shared"][0]["empty_text"]
+        text = torch.zeros(len(self.entries), TEXT_LEN, empty.shape[-1], device=self.device)
+        for i, e in enumerate(self.entries):
+            row = empty if caption_dropped[i] else e["text"]
+            text[i, : row.shape[0]] = row
+        return text

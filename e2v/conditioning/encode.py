@@ -6,8 +6,10 @@ the padding latents depend on the references), the Wan I2V mask, `cat([mask, lat
 CLIP pathway: each reference -> CLIPImageProcessor -> vision `hidden_states[-2]` (penultimate,
 CLS kept) -> 257 tokens; concatenated along tokens. Text: UMT5 last hidden state, zeroed after
 each prompt's length, padded to exactly 512 (Wan takes the LAST 512 context tokens as text).
-Wan2.2 TI2V (`target_layout: clean_prefix`): each reference encoded alone, its latent frames
-placed before the clip's instead of in condition channels (e2v/conditioning/ti2v.py).
+Wan2.2 TI2V (`target_layout: clean_prefix`) and SkyReels-V3 R2V (`sequence`): each reference
+encoded alone, its latent frames placed in the token sequence instead of in condition channels.
+Which of these a batch gets, and in which order the draws happen: e2v/conditioning/layout.py; this
+module encodes (EncodedReferences answers the layout's questions by encoding now).
 
 Legend: B batch, F pixel frames, T = (F-1)/4+1 latent frames, H/W pixels, h/w = H/s, W/s latent
 size (s the VAE's stride: 8 for Wan2.1's, 16 for Wan2.2's), N references, L tokens, D width.
@@ -22,8 +24,7 @@ import numpy as np
 import torch
 
 from e2v.runtime.device import as_pixels, module_device, vae_tf32
-from e2v.config.shapes import TEXT_LEN, VAE_T, after_frames, after_ref_frames, latent_size
-from e2v.conditioning.ti2v import pad_prefix
+from e2v.config.shapes import TEXT_LEN, VAE_T, latent_size
 
 
 # --- latents -----------------------------------------------------------------------------------
@@ -206,66 +207,10 @@ class Conditions:
     kept: list[list[str]] | None = None  # element names each sample was conditioned on
     ref_dropped: list[bool] | None = None
     caption_dropped: list[bool] | None = None
-    ref_latents_BCNhw: torch.Tensor | None = None  # clean_prefix: [B,C,N,h,w] frames before the clip (e2v/conditioning/ti2v.py)
-
-
-def encode_batch(batch: dict, parts, cfg, *, rng: random.Random, generator: torch.Generator | None = None,
-                 train: bool = True) -> Conditions:
-    """Raw batch (from data.py) -> every tensor the transformer step needs.
-
-    rng drives the discrete choices (which elements, dropouts); generator drives posterior
-    samples. Both are owned by the caller so a resumed run repeats them."""
-    pv = cfg.processors.vae
-    cd = cfg.conditioning
-    video_BCFHW = as_pixels(batch["video"])  # on the device (to_device), uint8 from the loader
-    b, _, f, hh, ww = video_BCFHW.shape
-    kept, ref_drop, cap_drop = draw_choices(batch["element_names"], cfg, rng, train)
-
-    # VAE condition, one encode for the whole batch (each sample's own layout); or, in the
-    # clean_prefix layout (Wan2.2 TI2V), each reference encoded alone, in front of the clip.
-    cond, ref_latents = None, None
-    ref_videos = []
-    if cfg.uses_vae_condition and cd.target_layout == "clean_prefix":
-        ref_latents = _encode_each_reference(batch, kept, parts.vae, pv.sample_mode, generator)
-    elif cfg.uses_vae_condition:
-        ref_frames = []
-        for i in range(b):
-            names = [k for k in kept[i] if k in batch["vae_refs"][i]]
-            refs = [batch["vae_refs"][i][k].unsqueeze(0).unsqueeze(2) for k in names]
-            reps = [batch["vae_repeats"][i][k] for k in names]
-            if refs:
-                ref_videos.append(condition_video(refs, reps, f))
-            else:
-                ref_videos.append(video_BCFHW.new_zeros(1, 3, f, hh, ww))
-            ref_frames.append(cfg.reference_frames(names))
-        cond_video = torch.cat(ref_videos)
-        if pv.combine == "before":
-            cond_lat = encode_video(cond_video, parts.vae, sample_mode=pv.sample_mode, generator=generator)
-        else:
-            cond_lat, ref_latent_frames = _encode_after(batch, kept, parts.vae, f, pv.sample_mode, generator)
-            ref_frames = after_ref_frames(ref_latent_frames)
-        cond = finish_condition(cond_lat, ref_frames, kept, ref_drop, f, pv.concatenate_mask)
-
-    # Target: the clip itself, or (prepend) the reference frames followed by the clip.
-    target_video = video_BCFHW
-    if cd.target_layout == "prepend" and ref_videos:
-        rows = []
-        for i in range(b):
-            n_ref = cfg.reference_frames([k for k in kept[i] if k in batch["vae_refs"][i]])
-            rows.append(torch.cat([ref_videos[i][:, :, :n_ref], video_BCFHW[i:i + 1, :, : f - n_ref]], dim=2))
-        target_video = torch.cat(rows)
-    latents = encode_video(target_video, parts.vae, sample_mode=cd.target_sample_mode, generator=generator)
-    cond = condition_or_zeros(cond, latents, parts.transformer)
-    if ref_latents is not None:
-        ref_latents = pad_prefix(ref_latents, ref_drop, latents)
-
-    clip = None
-    if parts.transformer.config.added_kv_proj_dim is not None:  # the model has image attention
-        clip = _encode_clip_batch(batch, kept, ref_drop, parts, cfg, latents.device)
-
-    prompts = ["" if d else p for p, d in zip(batch["prompt"], cap_drop)]
-    text = encode_text(prompts, parts.tokenizer, parts.text_encoder)
-    return Conditions(latents, text, cond, clip, kept, ref_drop, cap_drop, ref_latents)
+    # reference latent frames of their own: clean_prefix's [B,C,N,h,w] before the clip (e2v/conditioning/ti2v.py),
+    # or the sequence layout's slots [B,C,S,h,w] (e2v/conditioning/sequence.py)
+    ref_latents_BCNhw: torch.Tensor | None = None
+    ref_layout: str | None = None  # where they go: clean_prefix, after or before (layout.place_references)
 
 
 def condition_or_zeros(cond_BCTHW: torch.Tensor | None, latents_BCTHW: torch.Tensor, transformer):
@@ -335,52 +280,88 @@ def pad_clip_tokens(tokens_per_sample: list[torch.Tensor], n_tok: int, width: in
     return torch.stack(rows)
 
 
-def _encode_each_reference(batch, kept, vae, sample_mode, generator) -> list[list[torch.Tensor]]:
-    """Per sample, each kept VAE reference encoded on its own (position order), with its repeat as
-    `after_frames` gives it: [1,C,t_k,h,w] latents each (t_k = 1 for repeat <= 4)."""
-    rows = []
-    for i, names in enumerate(kept):
-        chunks = []
-        for k in names:
-            if k not in batch["vae_refs"][i]:
-                continue
-            n = batch["vae_repeats"][i][k]
-            ref = batch["vae_refs"][i][k].view(1, 3, 1, *batch["vae_refs"][i][k].shape[-2:])
-            chunks.append(encode_video(ref.expand(-1, -1, after_frames(n), -1, -1), vae, sample_mode=sample_mode,
-                                       generator=generator))
-        rows.append(chunks)
-    return rows
+class EncodedReferences:
+    """How a reference latent is obtained in an encoding run: encoded now, from the raw batch's
+    pixels (data.py's collate), with the frozen encoders. e2v/conditioning/layout.py decides the
+    layout; this class only answers its questions, each draw from `generator` in the order asked.
+    e2v/conditioning/cached.py's CachedReferences answers the same questions from the cache."""
 
+    def __init__(self, batch: dict, parts):
+        self.batch, self.parts = batch, parts
+        self.video_BCFHW = as_pixels(batch["video"])  # on the device (to_device), uint8 from the loader
 
-def _encode_after(batch, kept, vae, f, sample_mode, generator) -> tuple[torch.Tensor, list[int]]:
-    """`combine: after` (A2's ablation): each reference encoded on its own (repeats included), the
-    latents concatenated in time and zero-padded in latent space to T. Returns the latents and,
-    per sample, how many latent frames hold references."""
-    t, h, w = latent_size(f, *batch["video"].shape[-2:], vae.config)
-    rows, ref_latent_frames = [], []
-    for chunks in _encode_each_reference(batch, kept, vae, sample_mode, generator):
-        row, n_lat = pad_after_latents(chunks, t, vae.config.z_dim, h, w, vae.device)
-        ref_latent_frames.append(n_lat)
-        rows.append(row)
-    return torch.cat(rows), ref_latent_frames
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """(C, T, h, w) of the clip's latents, without encoding it."""
+        vae = self.parts.vae
+        return (vae.config.z_dim, *latent_size(self.video_BCFHW.shape[2], *self.video_BCFHW.shape[-2:], vae.config))
 
+    @property
+    def device(self):
+        return self.parts.vae.device
 
-def _encode_clip_batch(batch, kept, ref_drop, parts, cfg, device) -> torch.Tensor:
-    """[B, L*N_max, D]: samples with fewer CLIP references are padded with zero tokens (the same
-    tokens reference dropout uses), so one batch can mix element counts; a sample with none (or
-    e2v_type vae on an image-attention model) gets one zero block.
+    def has_reference(self, i: int, name: str) -> bool:
+        return name in self.batch["vae_refs"][i]
 
-    Padding rather than grouping batches by element count: the sampler stays a plain resumable
-    shuffle, and a zero block is what the model already learns to read as "no reference" from
-    reference dropout. The cost: a padded sample's cross-attention also sees the zero blocks
-    (they are not masked; Wan's attention takes no image mask), a layout inference with fewer
-    references never shows. With micro_batch_size 1 (the 14B recipe) nothing is ever padded."""
-    names_per_sample = [clip_names(kept[i], batch["clip_refs"][i], ref_drop[i], cfg) for i in range(len(kept))]
-    flat = [batch["clip_refs"][i][k] for i, names in enumerate(names_per_sample) for k in names]
-    n_tok, width = image_token_shape(parts)
-    tokens = (encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat
-              else torch.zeros(0, n_tok, width, device=device))
-    return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width, device)
+    def _reference_pixels(self, i: int, name: str) -> torch.Tensor:
+        ref = self.batch["vae_refs"][i][name]
+        return ref.view(1, 3, 1, *ref.shape[-2:])
+
+    def reference(self, i: int, name: str, pixel_frames: int, sample_mode: str, generator) -> torch.Tensor:
+        """Sample i's reference `name` encoded alone as a `pixel_frames`-frame still video -> [1,C,t,h,w]."""
+        video = self._reference_pixels(i, name).expand(-1, -1, pixel_frames, -1, -1)
+        return encode_video(video, self.parts.vae, sample_mode=sample_mode, generator=generator)
+
+    def _condition_videos(self, kept: list[list[str]]) -> list[torch.Tensor]:
+        """Per sample, A2's condition video of its kept references (grey without any): [1,3,F,H,W]."""
+        b, _, f, hh, ww = self.video_BCFHW.shape
+        rows = []
+        for i in range(b):
+            names = [k for k in kept[i] if self.has_reference(i, k)]
+            rows.append(condition_video([self._reference_pixels(i, k) for k in names],
+                                        [self.batch["vae_repeats"][i][k] for k in names], f) if names
+                        else self.video_BCFHW.new_zeros(1, 3, f, hh, ww))
+        return rows
+
+    def condition_video_latents(self, kept: list[list[str]], sample_mode: str, generator) -> torch.Tensor:
+        """`combine: before`: ONE encode of the whole batch's condition videos -> [B,C,T,h,w]."""
+        return encode_video(torch.cat(self._condition_videos(kept)), self.parts.vae, sample_mode=sample_mode,
+                            generator=generator)
+
+    def target(self, kept: list[list[str]], cfg, generator) -> torch.Tensor:
+        """The clip's latents; with target_layout prepend, each sample's reference frames first,
+        then its clip's first F - F_ref frames (one encode)."""
+        video_BCFHW = self.video_BCFHW
+        if cfg.conditioning.target_layout == "prepend" and cfg.uses_vae_condition:
+            f = video_BCFHW.shape[2]
+            rows = []
+            for i, ref_video in enumerate(self._condition_videos(kept)):
+                n_ref = cfg.reference_frames([k for k in kept[i] if self.has_reference(i, k)])
+                rows.append(torch.cat([ref_video[:, :, :n_ref], video_BCFHW[i:i + 1, :, : f - n_ref]], dim=2))
+            video_BCFHW = torch.cat(rows)
+        return encode_video(video_BCFHW, self.parts.vae, sample_mode=cfg.conditioning.target_sample_mode,
+                            generator=generator)
+
+    def clip_tokens(self, kept: list[list[str]], ref_drop: list[bool], cfg) -> torch.Tensor:
+        """[B, L*N_max, D]: samples with fewer CLIP references are padded with zero tokens (the same
+        tokens reference dropout uses), so one batch can mix element counts; a sample with none (or
+        e2v_type vae on an image-attention model) gets one zero block.
+
+        Padding rather than grouping batches by element count: the sampler stays a plain resumable
+        shuffle, and a zero block is what the model already learns to read as "no reference" from
+        reference dropout. The cost: a padded sample's cross-attention also sees the zero blocks
+        (they are not masked; Wan's attention takes no image mask), a layout inference with fewer
+        references never shows. With micro_batch_size 1 (the 14B recipe) nothing is ever padded."""
+        batch, parts, device = self.batch, self.parts, self.device  # where the latents are
+        names_per_sample = [clip_names(kept[i], batch["clip_refs"][i], ref_drop[i], cfg) for i in range(len(kept))]
+        flat = [batch["clip_refs"][i][k] for i, names in enumerate(names_per_sample) for k in names]
+        n_tok, width = image_token_shape(parts)
+        tokens = (encode_clip_images(flat, parts.image_encoder, parts.image_processor) if flat
+                  else torch.zeros(0, n_tok, width, device=device))
+        return pad_clip_tokens(list(tokens.split([len(n) for n in names_per_sample])), n_tok, width, device)
+
+    def text(self, caption_dropped: list[bool]) -> torch.Tensor:
+        prompts = ["" if d else p for p, d in zip(self.batch["prompt"], caption_dropped)]
+        return encode_text(prompts, self.parts.tokenizer, self.parts.text_encoder)
 
 
 def image_token_shape(parts) -> tuple[int, int]:

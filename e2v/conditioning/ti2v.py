@@ -69,10 +69,3 @@ def prefix_input(ref_latents_BCNhw: torch.Tensor, input_BCThw: torch.Tensor, tim
     timestep_B = timestep_B.to(input_BCThw.device, torch.float32)
     timestep_BL = torch.cat([timestep_B.new_zeros(b, n * per_frame), timestep_B[:, None].expand(b, t * per_frame)], 1)
     return torch.cat([ref_latents_BCNhw.to(input_BCThw.dtype), input_BCThw], dim=2), timestep_BL
-
-
-def prefix_frames(ref_latents_BCNhw: torch.Tensor | None) -> int:
-    """N: latent frames in front of the clip (0 without references)."""
-    return 0 if ref_latents_BCNhw is None else ref_latents_BCNhw.shape[2]
-
-

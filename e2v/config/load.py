@@ -264,8 +264,8 @@ def normalise(cfg: Config) -> None:
         d.auto_frame_buckets = True  # the factor's counts are frame buckets (shapes.frame_bucket_list)
     for p in cfg.visualization.processors:
         p.format = p.format or VIS_FORMATS[p.type][0]  # a seed vae_decode entry often names no format
-    if cfg.conditioning.target_layout == "clean_prefix":
-        # The layout encodes each reference on its own (e2v/conditioning/ti2v.py), which is what combine: after
+    if cfg.conditioning.target_layout in ("clean_prefix", "sequence"):
+        # The layout encodes each reference on its own (e2v/conditioning/layout.py), which is what combine: after
         # names; the cache then stores them per element, and its fingerprint tells the layouts apart.
         cfg.processors.vae.combine = "after"
 

@@ -62,7 +62,9 @@ def cache_shaping_values(cfg: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-Preprocess = Literal["resize", "center_crop", "pad_white", "letterbox"]
+# pad_white / center_crop: A2's arithmetic; fit_pad_white: SkyReels-V3's and Phantom's (fit inside,
+# LANCZOS, centre-padded white); crop_bilinear: ComfyUI's (centre crop, bilinear): e2v/data/media.py
+Preprocess = Literal["resize", "center_crop", "pad_white", "letterbox", "fit_pad_white", "crop_bilinear"]
 
 
 @dataclass
@@ -195,14 +197,32 @@ class Processors:
 
 
 @dataclass
+class Sequence:
+    """The sequence layout (`target_layout: sequence`; e2v/conditioning/sequence.py, docs/conditioning.md)."""
+    # reference slots: SkyReels-V3 R2V pads to 4 with zero slots; null: as many as references (Phantom)
+    slots: Optional[int] = bounded(4, min=1, note="(null: as many slots as references, Phantom's layout)")
+    place: Literal["after", "before"] = "after"  # the slots after the video's frames (V3, Phantom) or before
+    # Also train the slots' outputs (to velocity 0: a clean frame stays itself). Off by default: V3 and
+    # Phantom drop those outputs at inference, and Concat-ID and BindWeave slice them off before the loss.
+    loss_on_references: bool = False
+
+    @property
+    def after(self) -> bool:
+        return self.place == "after"
+
+
+@dataclass
 class Conditioning:
     reference_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.1 (drops all: zero cond, zero mask, zero CLIP tokens)
     caption_dropout: float = bounded(0.0, min=0, max=1)  # A2: 0.3 (empty-prompt embedding)
     # overlay: the target is the clip; prepend: reference frames then the clip (docs/conditioning.md);
     # clean_prefix (Wan2.2 TI2V): each reference a clean latent frame before the clip's, timestep 0,
     # the loss on the clip's frames only (e2v/conditioning/ti2v.py)
-    target_layout: Literal["overlay", "prepend", "clean_prefix"] = "overlay"
+    # sequence (SkyReels-V3 R2V, Phantom): each reference a clean latent slot after the video's frames,
+    # the sample's timestep on every token, the loss on the video's frames (e2v/conditioning/sequence.py)
+    target_layout: Literal["overlay", "prepend", "clean_prefix", "sequence"] = "overlay"
     target_sample_mode: Literal["argmax", "sample"] = "argmax"  # target latents: mean or sample
+    sequence: Sequence = field(default_factory=Sequence)  # read by target_layout: sequence only
 
 
 @dataclass
@@ -424,9 +444,10 @@ class Config:
     def reference_frames(self, names=None) -> int:
         """Condition-video frames the named elements (all of them by default) take at the start of
         the condition video: the sum of their vae.repeat; 0 without a VAE stream, and 0 in the
-        clean_prefix layout (the references are latent frames of their own, before the clip). The
-        one place F_ref is counted (the mask, the prepend layout, the cache, the sampler's dropped frames)."""
-        if not self.uses_vae_condition or self.conditioning.target_layout == "clean_prefix":
+        clean_prefix and sequence layouts (the references are latent frames of their own, beside the
+        clip's). The one place F_ref is counted (the mask, the prepend layout, the cache, the
+        sampler's dropped frames)."""
+        if not self.uses_vae_condition or self.conditioning.target_layout in ("clean_prefix", "sequence"):
             return 0
         return sum(e.vae.repeat for e in self.data.elements if e.vae is not None and (names is None or e.name in names))
 

@@ -105,6 +105,12 @@ def after_frames(repeat: int) -> int:
     return 1 + (repeat - 1) // VAE_T * VAE_T if repeat > 1 else 1
 
 
+def reference_pixel_frames(cfg, repeat: int) -> int:
+    """Pixel frames one reference is encoded with when it is encoded alone: one (a one-frame video)
+    in the sequence layout, as SkyReels-V3 encodes each reference; else after_frames(repeat)."""
+    return 1 if cfg.conditioning.target_layout == "sequence" else after_frames(repeat)
+
+
 def prefix_frames_of(cfg) -> int:
     """N of a sample that keeps every VAE element, for shape and memory plans: each reference takes
     the latent frames conditioning encodes it to (after_frames(repeat) pixel frames: one latent
@@ -112,3 +118,19 @@ def prefix_frames_of(cfg) -> int:
     if cfg.conditioning.target_layout != "clean_prefix" or not cfg.uses_vae_condition:
         return 0
     return sum((after_frames(e.vae.repeat) - 1) // VAE_T + 1 for e in cfg.vae_elements)
+
+
+def sequence_slots_of(cfg) -> int:
+    """S, the reference slots after (or before) the video in the sequence layout, for shape and
+    memory plans: conditioning.sequence.slots, or (null: as many as references) one per VAE
+    element; 0 outside the layout."""
+    if cfg.conditioning.target_layout != "sequence" or not cfg.uses_vae_condition:
+        return 0
+    slots = cfg.conditioning.sequence.slots
+    return len(cfg.vae_elements) if slots is None else slots
+
+
+def reference_latent_frames(cfg) -> int:
+    """Latent frames of the references' own in the token sequence (clean_prefix or sequence), 0 in
+    the condition-channel layouts: what the token count adds to the video's frames."""
+    return prefix_frames_of(cfg) + sequence_slots_of(cfg)

@@ -1,5 +1,5 @@
-"""Dataset, bucket sampler and collate: sample files -> a raw batch for conditioning.encode_batch,
-or (cache.enabled) the sample's precomputed tensors for cache.conditions_from_cache.
+"""Dataset, bucket sampler and collate: sample files -> a raw batch for conditioning.layout.batch_conditions,
+or (cache.enabled) the sample's precomputed tensors for the same entry.
 
 One item: the target video_CFHW in [-1,1], the prompt, and per element (position order) the
 VAE-path image at the video size and the CLIP-path image at the CLIP resolution. Element images

@@ -20,7 +20,7 @@ depends on the choice of the step) and target_layout prepend. `<root>/_shared.sa
 the empty-prompt embedding (caption dropout) and the CLIP token shape.
 
 The random part of a step (element choice, dropouts: `rng`; posterior samples: `generator`) is
-drawn here with conditioning.draw_choices and in the same order as encode_batch, so a cached and
+drawn here with conditioning.draw_choices and in the same order as an encoding run (conditioning/layout.py), so a cached and
 an encoding run with the same seed see the same choices, sigmas and noise.
 
 Memory: training from the cache never builds the VAE, UMT5 or CLIP. For the real models that is

@@ -3,7 +3,7 @@
 UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 steps, CFG 5),
 text-only classifier-free guidance: the unconditional pass uses the negative prompt with the SAME
 image tokens and VAE condition (docs/conditioning.md, "Inference"). The conditions come from
-`conditioning.encode_batch` on a batch shaped exactly like data.py's, so inference sees the
+`conditioning.layout.batch_conditions` on a batch shaped exactly like data.py's, so inference sees the
 layouts training saw (element order, repeats, mask, zero-padded CLIP blocks, or Wan2.2 TI2V's
 clean reference frames in front), for any number of elements, and for a T2V base (`e2v_type:
 none`: no condition, no image tokens).
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.conditioning.encode import Conditions, decode_latents, encode_batch, encode_text
+from e2v.conditioning.encode import Conditions, decode_latents, encode_text
+from e2v.conditioning.layout import batch_conditions
 from e2v.data.dataset import collate, element_inputs
 from e2v.runtime.device import randn, to_device
 from e2v.config.shapes import latent_size
@@ -43,7 +44,7 @@ def make_scheduler(shift: float, num_train_timesteps: int = 1000):
 def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
     """One data.py item from in-memory element images (PIL RGB; RGBA must already be on white:
     media.load_image does it), through the same `element_inputs` as `E2VDataset.load`.
-    The target video is a mid-grey placeholder: encode_batch encodes it too (one wasted VAE encode
+    The target video is a mid-grey placeholder: batch_conditions encodes it too (one wasted VAE encode
     per generation; the price of sharing the exact training code path)."""
     d = cfg.data
     h, w = d.resolution
@@ -58,7 +59,7 @@ def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
 
 def inference_config(cfg):
     """The training config with every training-only randomness off: all given elements are kept
-    (frame_conditioning `full`) and nothing is dropped (encode_batch(train=False))."""
+    (frame_conditioning `full`) and nothing is dropped (batch_conditions(train=False))."""
     cfg = copy.deepcopy(cfg)
     cfg.processors.vae.frame_conditioning = "full"
     return cfg
@@ -67,7 +68,7 @@ def inference_config(cfg):
 @torch.no_grad()
 def encode_conditions(parts, cfg, batch: dict, generator: torch.Generator | None = None) -> Conditions:
     """A raw batch -> Conditions via the training code (no dropout, all elements kept)."""
-    return encode_batch(batch, parts, inference_config(cfg), rng=random.Random(0), generator=generator, train=False)
+    return batch_conditions(batch, parts, inference_config(cfg), rng=random.Random(0), generator=generator, train=False)
 
 
 @torch.no_grad()

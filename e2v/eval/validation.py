@@ -59,7 +59,7 @@ from e2v.models.load import with_all_experts, with_encoders
 from e2v.eval.sampling import decode, encode_conditions, generate
 from e2v.train.step import predict, prediction_and_target
 from e2v.config.shapes import vae_space_stride
-from e2v.conditioning.ti2v import pad_prefix
+from e2v.conditioning.layout import stack_conditions, with_references
 from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
 
@@ -96,30 +96,6 @@ def split_held_out(samples: list, cfg) -> tuple[list, list]:
             seen.add((s.dataset, s.id))
             val.append(s)
     return train, val
-
-
-def _stack(conds: list[Conditions]) -> Conditions:
-    """Per-sample Conditions -> one batch. Image tokens are zero-padded to the longest, as
-    encode_batch pads a training batch whose samples have different element counts."""
-    clip = None
-    if conds[0].clip_BLD is not None:
-        n = max(c.clip_BLD.shape[1] for c in conds)
-        clip = torch.cat([torch.nn.functional.pad(c.clip_BLD, (0, 0, 0, n - c.clip_BLD.shape[1])) for c in conds])
-    cond = None if conds[0].cond_BCTHW is None else torch.cat([c.cond_BCTHW for c in conds])
-    latents = torch.cat([c.latents_BCTHW for c in conds])
-    # clean_prefix reference frames: zero frames in front of fewer, as encode_batch pads a batch
-    refs = pad_prefix([[] if c.ref_latents_BCNhw is None else [c.ref_latents_BCNhw] for c in conds],
-                      [False] * len(conds), latents)
-    return Conditions(latents, torch.cat([c.text_BLD for c in conds]), cond, clip, ref_latents_BCNhw=refs)
-
-
-def _with_references(c: Conditions, refs: Conditions | None) -> Conditions:
-    """c's target and prompt with the references of `refs` (None: references dropped)."""
-    if refs is None:
-        return replace(c, cond_BCTHW=None if c.cond_BCTHW is None else torch.zeros_like(c.cond_BCTHW),
-                       clip_BLD=None if c.clip_BLD is None else torch.zeros_like(c.clip_BLD),
-                       ref_latents_BCNhw=None if c.ref_latents_BCNhw is None else torch.zeros_like(c.ref_latents_BCNhw))
-    return replace(c, cond_BCTHW=refs.cond_BCTHW, clip_BLD=refs.clip_BLD, ref_latents_BCNhw=refs.ref_latents_BCNhw)
 
 
 class Validator:
@@ -213,14 +189,14 @@ class Validator:
         per_variant = {k: [] for k in variants}
         for start in range(0, n, mb):
             idx = range(start, min(n, start + mb))
-            target_c = _stack([conds[i] for i in idx])
+            target_c = stack_conditions([conds[i] for i in idx])
             latents = target_c.latents_BCTHW
             noise_B = torch.cat([noise[i] for i in idx])
             sigma_B = torch.full((len(idx),), sigma, device=latents.device)
             noisy = add_noise(latents, noise_B, sigma_B)
             for name, src in variants.items():
-                refs = None if src[0] is None else _stack([conds[src[i]] for i in idx])
-                c = _with_references(target_c, refs)
+                refs = None if src[0] is None else stack_conditions([conds[src[i]] for i in idx])
+                c = with_references(target_c, refs)
                 pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.dtype)
                 pred, target = prediction_and_target(fl, pred, noisy, sigma_B, latents, noise_B)
                 per_variant[name].append(per_sample_mse(pred, target))

@@ -213,7 +213,7 @@ class Visualizer:
         ref_dropped = [bool(x) for x in (c.ref_dropped or [False] * b)]
         caption_dropped = [bool(x) for x in (c.caption_dropped or [False] * b)]
         meta = {"step": step, "ids": list(batch["id"]), "sigmas": sigma_B.tolist(),
-                # what the model was given: encode_batch swaps a dropped caption for ""
+                # what the model was given: batch_conditions swaps a dropped caption for ""
                 "prompts": ["" if d else p for p, d in zip(batch["prompt"], caption_dropped)],
                 "caption_dropped": caption_dropped,
                 "references": [[] if d else list(k) for k, d in zip(c.kept or [[]] * b, ref_dropped)],

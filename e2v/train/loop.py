@@ -22,7 +22,7 @@ from typing import ContextManager
 
 import torch
 
-from e2v.conditioning.cached import batch_conditions
+from e2v.conditioning.layout import batch_conditions
 from e2v.conditioning.encode import Conditions
 from e2v.config.experts import boundary_ratio
 from e2v.runtime import distributed

@@ -6,9 +6,12 @@
     model_input     =  cat([x_t, cond], channels)           (16 + 20 = 36 for the I2V layout)
                     or cat([ref_latents, x_t], frames)      (Wan2.2 TI2V's clean_prefix layout: the
                                                              references' tokens at timestep 0, e2v/conditioning/ti2v.py)
+                    or cat([x_t, ref_slots], frames)        (SkyReels-V3's sequence layout: the sample's one
+                                                             timestep on every token, e2v/conditioning/sequence.py)
     model_pred      =  transformer(model_input, t = 1000 sigma, text, image tokens)   (clip frames only)
     loss            =  weighting(sigma) * mse(model_pred, v = noise - x0)      (flow objective)
                     or mse(x_t - sigma * model_pred, x0)                       (x0 objective)
+                    (sequence.loss_on_references: the slots' outputs join the mse, target 0)
 
 Every tensor stays on the device of the conditions (e2v/runtime/device.py); only the logged scalars come
 back to the CPU. Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
@@ -26,7 +29,7 @@ from e2v.config.experts import EXPERTS, boundary_ratio, expert_for, sigma_range,
 from e2v.config.schema import Config
 from e2v.train.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
     velocity_target, x0_from_velocity)
-from e2v.conditioning.ti2v import prefix_frames, prefix_input
+from e2v.conditioning.layout import place_references, split_prediction
 
 
 def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:
@@ -35,20 +38,21 @@ def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> t
 
 
 def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Conditions, text_BLD: torch.Tensor,
-            dtype: torch.dtype) -> torch.Tensor:
+            dtype: torch.dtype, *, with_references: bool = False):
     """One transformer call -> the fp32 velocity of the clip's frames on the model input's device.
-    The timestep stays fp32 (or int64, as the sampler passes it) for the fp32 time embedder; with
-    reference frames in front (clean_prefix) it is one per token, 0 on theirs, and their
-    prediction is dropped, so the loss sees the clip's frames only."""
+    The timestep stays fp32 (or int64, as the sampler passes it) for the fp32 time embedder. With
+    reference frames in the sequence (clean_prefix: in front, timestep 0 on theirs; sequence: the
+    slots, the sample's timestep) their prediction is dropped, so the loss sees the clip's frames
+    only; `with_references` also returns it (None without reference frames)."""
     x, timestep = model_input(noisy_BCTHW, c.cond_BCTHW), timestep_B.to(noisy_BCTHW.device)
-    n_ref = prefix_frames(c.ref_latents_BCNhw)
-    if n_ref:
-        x, timestep = prefix_input(c.ref_latents_BCNhw, x, timestep)
-    return model(
+    x, timestep, n_ref = place_references(c, x, timestep)
+    out = model(
         x.to(dtype), timestep=timestep, encoder_hidden_states=text_BLD.to(dtype),
         encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),
         return_dict=False,
-    )[0][:, :, n_ref:].float()
+    )[0].float()
+    video, refs = split_prediction(c, out, n_ref)
+    return (video, refs) if with_references else video
 
 
 def draw_flow(c: Conditions, fl, generator: torch.Generator, sigma_range: tuple[float, float] | None = None):
@@ -73,12 +77,18 @@ def prediction_and_target(fl, model_pred, noisy_BCTHW, sigma_B, latents_BCTHW, n
 
 def forward_loss(model, c: Conditions, sigma, noise, noisy_model_input, cfg, dtype):
     """The transformer on the micro-batch and the weighted loss. Returns (loss, per-sample loss,
-    prediction, target), all on the conditions' device, fp32."""
+    prediction, target), all on the conditions' device, fp32 (prediction and target: the clip's)."""
     fl = cfg.flow
+    on_refs = cfg.conditioning.target_layout == "sequence" and cfg.conditioning.sequence.loss_on_references
     with activation_context(cfg.train.activation_offload):
-        model_pred = predict(model, noisy_model_input, 1000 * sigma, c, c.text_BLD, dtype)
+        model_pred, ref_pred = predict(model, noisy_model_input, 1000 * sigma, c, c.text_BLD, dtype,
+                                       with_references=True)
     model_pred, target = prediction_and_target(fl, model_pred, noisy_model_input, sigma, c.latents_BCTHW, noise)
-    per_sample = per_sample_mse(model_pred, target)
+    if on_refs and ref_pred is not None:  # a clean slot's velocity target is 0: x0 = x_t - sigma v stays the slot
+        per_sample = per_sample_mse(torch.cat([model_pred, ref_pred], 2),
+                                    torch.cat([target, torch.zeros_like(ref_pred)], 2))
+    else:
+        per_sample = per_sample_mse(model_pred, target)
     return (loss_weighting(sigma, fl.weighting) * per_sample).mean(), per_sample, model_pred, target
 
 
