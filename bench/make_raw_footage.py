@@ -193,6 +193,137 @@ def write_photo_footage(out: Path, height: int = 96, width: int = 128, fps: floa
     return {"cuts": [shot_frames, 2 * shot_frames], "motion": ["still", "pan", "zoom"]}
 
 
+def _cutout(image: np.ndarray, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """An elliptical cut-out of a photograph, `height` pixels tall: (rgb_hw3, alpha_hw bool)."""
+    ph, pw = image.shape[:2]
+    alpha = np.zeros((ph, pw), np.uint8)
+    cv2.ellipse(alpha, (pw // 2, ph // 2), (pw // 2 - 2, ph // 2 - 2), 0, 0, 360, 1, -1)
+    w = max(4, int(pw * height / ph))
+    return (cv2.resize(image, (w, height), interpolation=cv2.INTER_AREA),
+            cv2.resize(alpha, (w, height), interpolation=cv2.INTER_NEAREST).astype(bool))
+
+
+def _view(big: np.ndarray, height: int, width: int, t: float, motion: str) -> np.ndarray:
+    """The camera's view at time t in [0, 1] of a photograph resized to twice the frame: still,
+    panning right over 40% of the frame width, or zooming in by 15%."""
+    if motion == "pan":
+        x0 = int(round(t * width * 0.4))
+        return cv2.resize(big[:height * 3 // 2, x0:x0 + width * 3 // 2], (width, height), interpolation=cv2.INTER_AREA)
+    z = 1.5 - (0.15 * 1.5 * t if motion == "zoom" else 0.0)
+    ch, cw = int(round(height * z)), int(round(width * z))
+    y0, x0 = (height * 2 - ch) // 2, (width * 2 - cw) // 2
+    return cv2.resize(big[y0:y0 + ch, x0:x0 + cw], (width, height), interpolation=cv2.INTER_AREA)
+
+
+def _shot(photo, subjects, height, width, frames, motion="still", still_until=0.0, phase=0.0):
+    """frames_FHW3, clean backgrounds FHW3, and per subject its masks FHW (subjects: (rgb, alpha,
+    row, speed)). A subject bounces across the frame; until `still_until` (share of the shot) the
+    first one stands still where it starts."""
+    out, clean, masks = [], [], [[] for _ in subjects]
+    big = cv2.resize(photo, (width * 2, height * 2), interpolation=cv2.INTER_AREA)
+    for f in range(frames):
+        t = f / max(1, frames - 1)
+        bg = _view(big, height, width, t, motion)
+        frame = bg.copy()
+        for k, (rgb, alpha, row, speed) in enumerate(subjects):
+            sh, sw = alpha.shape
+            moving_t = max(0.0, t - still_until) if k == 0 else t
+            tri = abs(((moving_t * frames * speed / 30 + phase + 0.37 * k) % 2) - 1)
+            x = int(tri * (width - sw))
+            y = min(height - sh, row)
+            frame[y:y + sh, x:x + sw][alpha] = rgb[alpha]
+            m = np.zeros((height, width), bool)
+            m[y:y + sh, x:x + sw] = alpha
+            masks[k].append(m)
+        out.append(frame)
+        clean.append(bg)
+    return np.stack(out), np.stack(clean), [np.stack(m) for m in masks]
+
+
+def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float = 16.0, shot_frames: int = 64) -> dict:
+    """Footage a preparer gets wrong in ways a user cannot see, made from scikit-image's photographs
+    (nothing downloaded), with the truth to check it against:
+
+    - pan_zoom.mp4: a pan over the coffee photo, a hard cut, a zoom into the cat photo;
+    - still_then_moving.mp4: the subject stands still for the first half, then moves (still camera);
+    - two_subjects.mp4: a large and a small subject (different photos) crossing one scene;
+    - dissolve.mp4: two shots with different subjects joined by a 12-frame cross-fade;
+    - similar_cut.mp4: a hard cut between two textures of similar colour statistics (grass, gravel),
+      a different subject in each shot;
+    - portrait.mp4: the still shot filmed upright (width and height swapped).
+
+    Writes OUT/<name>.mp4, OUT/truth_hard.json (per video: cuts, dissolves as [first, last] frames,
+    shots, orientation) and OUT/truth/<name>.npz: `subject` (the main subject's masks, FHW bool),
+    `subject_id` (which subject it is, per frame: a shot's subject differs from the next's),
+    `other` (every other subject's pixels, FHW bool) and `background` (the clean frames, FHW3)."""
+    from skimage import data
+
+    (out / "truth").mkdir(parents=True, exist_ok=True)
+    astronaut = data.astronaut()[20:300, 120:360]
+    cup = data.coffee()[60:330, 170:450]
+    rocket = data.rocket()[40:420, 250:420]
+    def grey(img, tint):
+        return np.clip(np.repeat(img[..., None], 3, axis=2) * np.array(tint), 0, 255).astype(np.uint8)
+    grass, gravel = grey(data.grass(), (1.0, 1.05, 0.9)), grey(data.gravel(), (1.0, 1.05, 0.9))
+    big = int(height * 0.55)
+    truth = {}
+
+    def write(name, shots, dissolve=0, portrait=False):
+        frames, clean, subj, sid, other, cuts, dissolves, ranges = [], [], [], [], [], [], [], []
+        for k, (f, c, m, who) in enumerate(shots):
+            if k and dissolve:  # a cross-fade: the last `dissolve` frames of the previous shot blend into this one
+                a0 = len(frames) - dissolve
+                w = np.linspace(0, 1, dissolve + 2)[1:-1, None, None, None]
+                prev = np.stack(frames[a0:])
+                frames[a0:] = list((prev * (1 - w) + f[:dissolve] * w).round().astype(np.uint8))
+                clean[a0:] = list((np.stack(clean[a0:]) * (1 - w) + c[:dissolve] * w).round().astype(np.uint8))
+                dissolves.append([a0, a0 + dissolve - 1])
+                ranges[-1][1] = a0
+                f, c, m = f[dissolve:], c[dissolve:], [x[dissolve:] for x in m]
+                start = len(frames)
+            else:
+                start = len(frames)
+                if k:
+                    cuts.append(start)
+            ranges.append([start, start + len(f)])
+            frames += list(f)
+            clean += list(c)
+            subj += list(m[0])
+            sid += [who] * len(f)
+            other += list(np.logical_or.reduce(m[1:]) if len(m) > 1 else np.zeros_like(m[0]))
+        frames, clean = np.stack(frames), np.stack(clean)
+        subj, other = np.stack(subj), np.stack(other)
+        if portrait:
+            frames, clean = frames.transpose(0, 2, 1, 3)[:, ::-1], clean.transpose(0, 2, 1, 3)[:, ::-1]
+            subj, other = subj.transpose(0, 2, 1)[:, ::-1], other.transpose(0, 2, 1)[:, ::-1]
+        write_h264(out / f"{name}.mp4", np.ascontiguousarray(frames), fps, crf=12)
+        np.savez(out / "truth" / f"{name}.npz", subject=subj, subject_id=np.array(sid), other=other,
+                            background=clean)
+        truth[name] = {"cuts": cuts, "dissolves": dissolves, "shots": ranges, "fps": fps,
+                       "orientation": "portrait" if portrait else "landscape"}
+
+    n = shot_frames
+    a, b, r = _cutout(astronaut, big), _cutout(cup, big), _cutout(rocket, int(height * 0.3))
+    top = height - big - 3  # the subject stands clear of the frame edge: an edge flag means a crop cut it
+    f, c, m = _shot(data.coffee(), [(*a, top, 1.0)], height, width, n, "pan")
+    f2, c2, m2 = _shot(data.chelsea(), [(*b, top, 1.0)], height, width, n, "zoom", phase=0.5)
+    write("pan_zoom", [(f, c, m, 0), (f2, c2, m2, 1)])
+    f, c, m = _shot(data.chelsea(), [(*a, top, 1.0)], height, width, 2 * n, still_until=0.5)
+    write("still_then_moving", [(f, c, m, 0)])
+    f, c, m = _shot(data.coffee(), [(*a, top, 1.0), (*r, 4, 1.6)], height, width, n + n // 2)
+    write("two_subjects", [(f, c, m, 0)])
+    f, c, m = _shot(data.chelsea(), [(*a, top, 1.0)], height, width, n + 6)
+    f2, c2, m2 = _shot(data.coffee(), [(*b, top, 1.0)], height, width, n + 6, phase=0.7)
+    write("dissolve", [(f, c, m, 0), (f2, c2, m2, 1)], dissolve=12)
+    f, c, m = _shot(grass, [(*a, top, 1.0)], height, width, n)
+    f2, c2, m2 = _shot(gravel, [(*b, top, 1.0)], height, width, n, phase=0.5)
+    write("similar_cut", [(f, c, m, 0), (f2, c2, m2, 1)])
+    f, c, m = _shot(data.chelsea(), [(*a, top, 1.0)], height, width, n, phase=0.2)
+    write("portrait", [(f, c, m, 0)], portrait=True)
+    (out / "truth_hard.json").write_text(json.dumps(truth, indent=1))
+    return truth
+
+
 def generate(out: Path, videos: int = 4, shots: int = 3, shot_seconds: float = 4.5, height: int = 96,
              width: int = 128, fps: float = 16.0, seed: int = 0) -> dict:
     (out / "truth").mkdir(parents=True, exist_ok=True)

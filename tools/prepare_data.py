@@ -7,6 +7,8 @@
 Each rank takes every world-th source video (no communication until the end). Resumable: a
 finished video (its record under DATASET_DIR/.prepare/records/) is never redone; an interrupted
 run redoes only the video it was in. docs/preparing_data.md explains the stages and the outputs.
+Exit codes: 0 samples written and checked, 1 the dataset check failed, 2 a config or input error,
+3 no sample was written (the summary says why, with the keys to change).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    if summary is not None and summary.get("no_samples"):
+        print(f"error: {summary['no_samples']}", file=sys.stderr)
+        return 3
     return 0 if summary is None or summary.get("check_exit_code", 0) == 0 else 1
 
 

@@ -15,9 +15,10 @@ data.max_image_pixels: error), tiny references (a warning), empty captions and c
 not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root). Then
 this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
 data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
-cropping), element image mode, duplicate captions and captions over the text encoder's 512
+cropping), element image mode, duplicate captions (one warning per shared caption) and captions over the text encoder's 512
 tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
-orphan files that belong to no sample, duplicate ids (two videos of one id: error; a repeated
+orphan files that belong to no sample (tools/prepare_data.py's manifest and summary
+aside), duplicate ids (two videos of one id: error; a repeated
 CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
 weight, as training counts it) against micro_batch_size x world size. Prints a summary table and
 one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
@@ -48,6 +49,7 @@ from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
 from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats  # noqa: E402
 from e2v.data.elements import discover, orphan_files  # noqa: E402
+from e2v.data.prepare.manifest import PREPARE_FILES  # noqa: E402
 from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
 from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
 from e2v.eval.validation import hold_out_problem  # noqa: E402
@@ -200,10 +202,12 @@ def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int
     for s in samples:
         if s.prompt.strip():
             by_prompt.setdefault((s.dataset, s.prompt.strip().lower()), []).append(s)
-    for group in by_prompt.values():
-        for s in group[1:]:
-            problems.append(Problem(s.id, s.prompt_source, f"duplicate caption (same as {group[0].id})",
-                                    "describe what differs between the clips", "duplicate_caption", "warning"))
+    for group in by_prompt.values():  # one warning per shared caption: clips cut from one video share theirs
+        if len(group) > 1:
+            ids = ", ".join(s.id for s in group[:3]) + (", ..." if len(group) > 3 else "")
+            problems.append(Problem(group[1].id, group[1].prompt_source, f"duplicate caption: {len(group)} samples "
+                                    f"share it ({ids})", "describe what differs between the clips",
+                                    "duplicate_caption", "warning"))
     fps = [r["fps"] for r in results if r.get("fps")]
     if cfg.data.fps is not None:  # frames by time: a faster clip loses frames evenly, a slower one repeats them
         for r in results:
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if ds.dataset_type == "e2v":
             problems += [Problem("-", str(f), "orphan file: belongs to no sample id", "rename it to ID<suffix> of an "
                                  "existing video, or remove it", "orphan_file", "warning")
-                         for f in orphan_files(ds, cfg.data.elements)]
+                         for f in orphan_files(ds, cfg.data.elements) if f.name not in PREPARE_FILES]
         else:
             seen: dict[Path, str] = {}
             for s in found:

@@ -1,14 +1,26 @@
-"""The classical backend (no weights): for a static camera the background is the per-pixel
-temporal median of the shot, the moving foreground (the subject) is what differs from it, and a
-static object is what stands out of the median background against its own smoothed self.
+"""The classical backend (no weights): the background is the per-pixel temporal median of the shot,
+the moving foreground (the subject) is what differs from it.
 
-Costs and limits: a moving camera breaks the median (the background smears and the difference
-marks most of the frame; the foreground-share filter then drops the background), and a subject
-that stands still through the shot is part of the median. Holes the median cannot fill (pixels the
-subject covers in most frames) and the object's area are painted by the shared fill
-(e2v.data.prepare.fill.fill_background, OpenCV's Telea inpainting).
+A camera that pans, zooms or turns a little (the halves' medians differ over more than
+classical.max_camera_motion of the frame) is registered (register_shot): every frame is mapped
+into the shot's middle frame by a similarity transform (ORB features matched to the middle frame,
+RANSAC), the median and the differences are taken in that frame, and the masks are mapped back. A
+shot whose registration fails (too few matching features) or leaves much of the frame differing
+(parallax: a near and a far plane move differently; handheld shake with rolling shutter) is
+skipped (shots_moving_camera): the median of frames that do not line up is no background.
 
-Legend: F track frames, H/W target height/width; frames_FHW3 uint8, masks_FHW bool.
+Objects need evidence: a second moving region present in classical.min_object_presence of the
+frames; with classical.static_objects a still region that stands out of the median background
+against its own smoothed self (flat-coloured props; on photographs it finds a cat's eye or a cup
+rim, so it is off by default). No evidence: no object, and nothing is painted out for one.
+
+Costs and limits: a subject that stands still for much of the shot is part of the median (the
+gates catch what it leaves: a mask that vanishes, the subject left in the background reference).
+Holes the median cannot fill (pixels the subject covers in most frames, the area no frame of a pan
+saw) are painted by the shared fill (e2v.data.prepare.fill.fill_background, OpenCV's Telea inpainting).
+
+Legend: F track frames, H/W target height/width; frames_FHW3 uint8, masks_FHW bool, to_ref_F33
+float64 homographies (frame -> reference frame).
 """
 
 from __future__ import annotations
@@ -20,6 +32,10 @@ from .config import Elements
 from .fill import fill_background, foreground_share
 from .masks import ShotMasks, clean, largest_components
 
+REGISTER_SIDE = 320  # frames are matched at least this long-side size: ORB needs texture at a scale
+MIN_INLIERS = 12  # RANSAC inliers below this: the frame cannot be registered
+STILL_PX = 0.5  # a homography moving no frame corner further than this is the identity
+
 
 def temporal_median(frames_FHW3: np.ndarray, max_frames: int) -> np.ndarray:
     """Per-pixel median over at most max_frames evenly spaced frames: background_HW3 uint8."""
@@ -27,9 +43,79 @@ def temporal_median(frames_FHW3: np.ndarray, max_frames: int) -> np.ndarray:
     return np.median(frames_FHW3[pick], axis=0).round().astype(np.uint8)
 
 
+def masked_median(frames_FHW3: np.ndarray, valid_FHW: np.ndarray, max_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """The median over the frames where each pixel is valid (registered frames cover part of the
+    reference): (background_HW3 uint8, seen_HW bool: some frame saw the pixel)."""
+    pick = np.unique(np.linspace(0, len(frames_FHW3) - 1, min(max_frames, len(frames_FHW3))).round().astype(int))
+    x = frames_FHW3[pick].astype(np.float32)
+    x[~valid_FHW[pick]] = np.nan
+    seen_HW = valid_FHW[pick].any(axis=0)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pixels: nobody saw them
+            med = np.nanmedian(x, axis=0)
+    return np.nan_to_num(med).round().astype(np.uint8), seen_HW
+
+
 def difference(frames_FHW3: np.ndarray, background_HW3: np.ndarray) -> np.ndarray:
     """Largest per-channel |frame - background| in levels: diff_FHW."""
     return np.abs(frames_FHW3.astype(np.int16) - background_HW3.astype(np.int16)).max(axis=-1)
+
+
+def register_shot(frames_FHW3: np.ndarray) -> tuple[np.ndarray | None, dict]:
+    """Homographies mapping every frame into the middle frame (to_ref_F33), or None when the camera
+    is still (every homography near the identity) or a frame cannot be registered; and what was
+    measured (camera: still / registered / unregistrable, the worst frame's inliers, the largest
+    corner shift in pixels)."""
+    f, h, w = frames_FHW3.shape[:3]
+    up = max(1.0, REGISTER_SIDE / max(h, w))
+    orb = cv2.ORB_create(nfeatures=800, edgeThreshold=15, patchSize=15, fastThreshold=8)
+
+    def features(frame):
+        grey = cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2GRAY)
+        if up > 1:
+            grey = cv2.resize(grey, None, fx=up, fy=up, interpolation=cv2.INTER_CUBIC)
+        return orb.detectAndCompute(grey, None)
+
+    ref = f // 2
+    kr, dr = features(frames_FHW3[ref])
+    if dr is None or len(kr) < MIN_INLIERS:
+        return None, {"camera": "untextured"}
+    matcher = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
+    scale = np.diag([up, up, 1.0])
+    corners = np.array([[0, 0], [w, 0], [0, h], [w, h]], np.float64)
+    to_ref, worst, shift = np.repeat(np.eye(3)[None], f, axis=0), 10 ** 9, 0.0
+    for i in range(f):
+        if i == ref:
+            continue
+        k, d = features(frames_FHW3[i])
+        matches = matcher.match(d, dr) if d is not None else []
+        if len(matches) < MIN_INLIERS:
+            return None, {"camera": "unregistrable", "frame": i, "inliers": len(matches)}
+        src = np.float32([k[m.queryIdx].pt for m in matches])
+        dst = np.float32([kr[m.trainIdx].pt for m in matches])
+        # a pan, zoom or small turn is a similarity transform (4 parameters): far steadier on small
+        # frames than a full homography's 8, whose perspective terms fit the noise
+        sim, inl = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=2.0 * up)
+        if sim is None or int(inl.sum()) < MIN_INLIERS:
+            return None, {"camera": "unregistrable", "frame": i, "inliers": 0 if inl is None else int(inl.sum())}
+        to_ref[i] = np.linalg.inv(scale) @ np.vstack([sim, [0, 0, 1]]) @ scale
+        worst = min(worst, int(inl.sum()))
+        moved = cv2.perspectiveTransform(corners[None], to_ref[i])[0]
+        shift = max(shift, float(np.abs(moved - corners).max()))
+    info = {"camera": "still" if shift < STILL_PX else "registered", "min_inliers": worst, "max_shift_px": round(shift, 1)}
+    return (None if shift < STILL_PX else to_ref), info
+
+
+def warp(images, to_ref_F33: np.ndarray, size_hw: tuple[int, int], inverse: bool = False, nearest: bool = False):
+    """Each image warped by its homography (or its inverse) to size_hw: a list of arrays."""
+    flags = cv2.INTER_NEAREST if nearest else cv2.INTER_LINEAR
+    if inverse:
+        flags |= cv2.WARP_INVERSE_MAP
+    return [cv2.warpPerspective(np.ascontiguousarray(im), m, (size_hw[1], size_hw[0]), flags=flags,
+                                borderMode=cv2.BORDER_CONSTANT, borderValue=0) for im, m in zip(images, to_ref_F33)]
 
 
 class ClassicalBackend:
@@ -38,7 +124,7 @@ class ClassicalBackend:
     def __init__(self, cfg: Elements):
         self.cfg, self.c = cfg, cfg.classical
 
-    def object_masks(self, background_HW3: np.ndarray, count: int) -> list[np.ndarray]:
+    def static_object_masks(self, background_HW3: np.ndarray, count: int) -> list[np.ndarray]:
         """Static objects: pixels of the median background far from its large-window median
         filter (the window is over twice an object's width, so the filter keeps the surround),
         the `count` largest components."""
@@ -48,44 +134,102 @@ class ClassicalBackend:
         stands_out = difference(background_HW3[None], smooth_HW3)[0] > self.c.object_threshold
         return largest_components(clean(stands_out, self.c.open_px + 1, self.c.close_px), count)
 
-    def camera_moves(self, frames_FHW3: np.ndarray) -> float:
+    def camera_moves(self, frames_FHW3: np.ndarray, valid_FHW: np.ndarray | None = None) -> float:
         """Share of the frame where the medians of the shot's first and second halves differ: near
-        the subject's share for a still camera, most of the frame for a pan or zoom."""
+        the subject's share for a still (or well registered) camera, most of the frame for a pan or
+        zoom left unregistered, or parallax."""
         half = len(frames_FHW3) // 2
-        a_HW3 = temporal_median(frames_FHW3[:half], self.c.median_frames)
-        b_HW3 = temporal_median(frames_FHW3[half:], self.c.median_frames)
-        return float((difference(a_HW3[None], b_HW3)[0] > self.c.diff_threshold).mean())
+        if valid_FHW is None:
+            a_HW3 = temporal_median(frames_FHW3[:half], self.c.median_frames)
+            b_HW3 = temporal_median(frames_FHW3[half:], self.c.median_frames)
+            return float((difference(a_HW3[None], b_HW3)[0] > self.c.diff_threshold).mean())
+        a_HW3, seen_a = masked_median(frames_FHW3[:half], valid_FHW[:half], self.c.median_frames)
+        b_HW3, seen_b = masked_median(frames_FHW3[half:], valid_FHW[half:], self.c.median_frames)
+        both = seen_a & seen_b
+        return float((difference(a_HW3[None], b_HW3)[0] > self.c.diff_threshold)[both].mean()) if both.any() else 1.0
 
     def analyse(self, frames_FHW3: np.ndarray, subject: str, objects: list[str]) -> ShotMasks:
-        if self.camera_moves(frames_FHW3) > self.c.max_camera_motion:
-            return ShotMasks(subject=subject, backend=self.name, problem="moving_camera")
-        background_HW3 = temporal_median(frames_FHW3, self.c.median_frames)
-        moving_FHW = difference(frames_FHW3, background_HW3) > self.c.diff_threshold
-        out = ShotMasks(subject=subject, backend=self.name, models=[])
+        f, h, w = frames_FHW3.shape[:3]
+        motion = self.camera_moves(frames_FHW3)
+        to_ref, camera = None, {"camera": "still", "motion": round(motion, 4)}
+        work_FHW3, valid_FHW = frames_FHW3, None
+        if motion > self.c.max_camera_motion:  # only then registered: a still shot keeps the exact median
+            if not self.c.register:
+                return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
+            to_ref, camera = register_shot(frames_FHW3)
+            camera["motion"] = round(motion, 4)
+            if to_ref is None:
+                return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
+            work_FHW3 = np.stack(warp(frames_FHW3, to_ref, (h, w)))
+            valid_FHW = np.stack(warp(np.ones((f, h, w), np.uint8), to_ref, (h, w), nearest=True)).astype(bool)
+            residual = self.camera_moves(work_FHW3, valid_FHW)
+            camera["residual_motion"] = round(residual, 4)
+            if residual > self.c.max_camera_motion:  # parallax or shake the similarity cannot follow
+                return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
+        if valid_FHW is None:
+            background_HW3 = temporal_median(work_FHW3, self.c.median_frames)
+            moving_FHW = difference(work_FHW3, background_HW3) > self.c.diff_threshold
+        else:
+            background_HW3, _ = masked_median(work_FHW3, valid_FHW, self.c.median_frames)
+            moving_FHW = (difference(work_FHW3, background_HW3) > self.c.diff_threshold) & valid_FHW
+        out = ShotMasks(subject=subject, backend=self.name, models=[], to_reference=to_ref, camera=camera)
+        keep = 1 + len(objects)
+        parts_F = [largest_components(clean(m, self.c.open_px, self.c.close_px), max(keep, self.c.max_components))
+                   for m in moving_FHW]
         subject_FHW = np.zeros_like(moving_FHW)
-        for f, m in enumerate(moving_FHW):
-            parts = largest_components(clean(m, self.c.open_px, self.c.close_px), self.c.max_components)
+        for i, parts in enumerate(parts_F):
             if parts:
-                subject_FHW[f] = np.logical_or.reduce(parts)
-        out.masks[subject] = subject_FHW
-        out.scores[subject] = subject_FHW.any(axis=(1, 2)).astype(np.float32)  # no confidence: found or not
-        found = self.object_masks(background_HW3, len(objects))
-        for i, name in enumerate(objects):
-            m_HW = found[i] if i < len(found) else np.zeros(background_HW3.shape[:2], bool)
-            out.masks[name] = np.broadcast_to(m_HW, moving_FHW.shape)
-            out.scores[name] = np.full(len(frames_FHW3), float(m_HW.any()), np.float32)
+                subject_FHW[i] = np.logical_or.reduce(parts[:self.c.max_components])
+        found = self._objects(parts_F, background_HW3, len(objects), (f, h, w))
+        masks = {subject: subject_FHW, **{name: found[i] for i, name in enumerate(objects) if i < len(found)}}
+        for name in objects:
+            masks.setdefault(name, np.zeros_like(moving_FHW))
+        for name, m_FHW in masks.items():
+            if to_ref is not None:  # back from the reference frame to each frame's own view
+                m_FHW = np.stack(warp(m_FHW.astype(np.uint8), to_ref, (h, w), inverse=True, nearest=True)).astype(bool)
+            out.masks[name] = m_FHW
+            out.scores[name] = m_FHW.any(axis=(1, 2)).astype(np.float32)  # no confidence: found or not
         return out
 
-    def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int]) -> tuple[np.ndarray, float]:
-        """The clean background from the track frames at `positions`: their median, with the pixels
-        the foreground covers in most of them (the median shows foreground there) and the static
-        objects filled. Returns (background_HW3, foreground share: the mean share of the frame the
+    def _objects(self, parts_F: list[list[np.ndarray]], background_HW3: np.ndarray, count: int, shape) -> list[np.ndarray]:
+        """Each object with evidence (module docstring) as masks_FHW, largest first."""
+        if not count:
+            return []
+        n = self.c.max_components
+        second_FHW = np.zeros(shape, bool)
+        for i, parts in enumerate(parts_F):
+            big = [p for p in parts[n:n + 1] if p.mean() >= self.cfg.min_area_share]
+            if big:
+                second_FHW[i] = big[0]
+        found = []
+        if second_FHW.any(axis=(1, 2)).mean() >= self.c.min_object_presence:
+            found.append(second_FHW)
+        if self.c.static_objects and len(found) < count:
+            found += [np.broadcast_to(m, shape) for m in self.static_object_masks(background_HW3, count - len(found))]
+        return found
+
+    def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int], emitted: list[str],
+                   view: int) -> tuple[np.ndarray, float]:
+        """The clean background from the track frames at `positions`, as the camera sees it at track
+        frame `view`: their median, with the pixels the foreground covers in most of them (the
+        median shows foreground there), the emitted objects and (a moving camera) what no frame saw
+        filled. Returns (background_HW3, foreground share: the mean share of the frame the
         foreground covers in those frames, the OpenS2V filter's measure)."""
-        frames = frames_FHW3[positions]
-        median_HW3 = temporal_median(frames, self.c.median_frames)
-        fg_FHW = shot.foreground()[positions]
-        hole_HW = fg_FHW.mean(axis=0) > 0.5
-        statics = [m[0] for name, m in shot.masks.items() if name != shot.subject]
-        hole_HW = np.logical_or.reduce([hole_HW, *statics])
+        h, w = frames_FHW3.shape[1:3]
+        fg_FHW = np.logical_or.reduce([shot.masks[n] for n in emitted])[positions]
         share = float(np.mean([foreground_share(m) for m in fg_FHW]))
-        return fill_background(median_HW3, hole_HW), share
+        if shot.to_reference is None:
+            median_HW3 = temporal_median(frames_FHW3[positions], self.c.median_frames)
+            hole_HW = fg_FHW.mean(axis=0) > 0.5
+            statics = [shot.masks[n][0] for n in emitted if n != shot.subject and np.all(shot.masks[n] == shot.masks[n][0])]
+            return fill_background(median_HW3, np.logical_or.reduce([hole_HW, *statics])), share
+        homs = shot.to_reference[positions]
+        frames = np.stack(warp(frames_FHW3[positions], homs, (h, w)))
+        valid = np.stack(warp(np.ones((len(positions), h, w), np.uint8), homs, (h, w), nearest=True)).astype(bool)
+        fg = np.stack(warp(fg_FHW.astype(np.uint8), homs, (h, w), nearest=True)).astype(bool)
+        median_HW3, seen_HW = masked_median(frames, valid & ~fg, self.c.median_frames)
+        plate_HW3 = fill_background(median_HW3, ~seen_HW)
+        back = shot.to_reference[view:view + 1]
+        view_HW3 = warp([plate_HW3], back, (h, w), inverse=True)[0]
+        covered = warp([np.ones((h, w), np.uint8)], back, (h, w), inverse=True, nearest=True)[0].astype(bool)
+        return fill_background(view_HW3, ~covered), share

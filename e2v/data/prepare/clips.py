@@ -42,6 +42,55 @@ def windows(track_len: int, num_frames: int, limit: int) -> list[tuple[int, int]
     return [(s0, s0 + num_frames) for s0 in starts]
 
 
+def orientation_sizes(resolution: list[int], orientations: list[str]) -> dict[str, tuple[int, int]]:
+    """The target [H, W] per allowed orientation, each at clips.resolution's pixel count: landscape
+    the wide one, portrait its transpose, square the side nearest sqrt(H x W) in multiples of 16."""
+    h, w = sorted(resolution)
+    side = max(16, round((h * w) ** 0.5 / 16) * 16)
+    sizes = {"landscape": (h, w), "portrait": (w, h), "square": (side, side)}
+    return {o: sizes[o] for o in orientations}
+
+
+def choose_target(height: int, width: int, sizes: dict[str, tuple[int, int]]) -> tuple[str, tuple[int, int]]:
+    """The orientation whose aspect is nearest the source's, in log space (the trainer's
+    resolution_buckets rule, e2v/data/buckets.py): (name, (H, W))."""
+    aspect = np.log(width / height)
+    name = min(sizes, key=lambda o: abs(np.log(sizes[o][1] / sizes[o][0]) - aspect))
+    return name, sizes[name]
+
+
+def cover_size(height: int, width: int, target_hw: tuple[int, int]) -> tuple[int, int]:
+    """The source resized, aspect kept, to just cover the target: (H, W), one side the target's."""
+    th, tw = target_hw
+    scale = max(th / height, tw / width)
+    return max(th, round(height * scale)), max(tw, round(width * scale))
+
+
+def to_cover(frames_FHW3: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray:
+    """Frames resized (aspect kept, antialiased bicubic: the trainer's e2v.data.media.frames_to_video)
+    to cover the target; the crop inside them is chosen later (best_crop): uint8 frames_FHW3."""
+    ch, cw = cover_size(*frames_FHW3.shape[1:3], target_hw)
+    video_CFHW = frames_to_video(np.ascontiguousarray(frames_FHW3), ch, cw, "resize", "bicubic")
+    return video_CFHW.permute(1, 2, 3, 0).numpy()
+
+
+def best_crop(keep_FHW: np.ndarray, target_hw: tuple[int, int]) -> tuple[int, int]:
+    """The target-sized crop (y0, x0) of cover-sized frames that keeps the most of `keep` (the
+    subject's and objects' pixels over the shot's frames); the centre when nothing is kept or it
+    fits anywhere. Only the axis the cover overhangs moves."""
+    ch, cw = keep_FHW.shape[1:]
+    th, tw = target_hw
+    centre = ((ch - th) // 2, (cw - tw) // 2)
+    if not keep_FHW.any() or (ch, cw) == (th, tw):
+        return centre
+    axis, side, length = (2, cw, tw) if cw > tw else (1, ch, th)
+    profile = keep_FHW.sum(axis=(0, 3 - axis)).astype(np.float64)  # kept pixels per column (or row)
+    sums = np.convolve(profile, np.ones(length), "valid")  # kept pixels per crop offset
+    ties = np.flatnonzero(sums >= sums.max() - 1e-9)
+    offset = int(ties[np.argmin(np.abs(ties - centre[axis - 1]))])  # of the best, the nearest the centre
+    return (offset, centre[1]) if axis == 1 else (centre[0], offset)
+
+
 def crop_share(height: int, width: int, target_hw: tuple[int, int]) -> float:
     """Share of an H x W frame the centre crop to the target's aspect cuts away."""
     th, tw = target_hw
@@ -69,10 +118,20 @@ def to_target(frames_FHW3: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray
     return video_CFHW.permute(1, 2, 3, 0).numpy()
 
 
-def masks_to_target(masks_FHW: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray:
-    """The same crop and resize for masks (truth masks in evaluation), thresholded at half."""
+def masks_to_target(masks_FHW: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None = None) -> np.ndarray:
+    """The same crop and resize for masks (truth masks in evaluation), thresholded at half: the
+    centre crop, or the cover resize and the manifest's crop (y0, x0)."""
     grey_FHW3 = np.repeat((masks_FHW.astype(np.uint8) * 255)[..., None], 3, axis=-1)
-    return to_target(grey_FHW3, target_hw)[..., 0] >= 128
+    return frames_to_crop(grey_FHW3, target_hw, crop)[..., 0] >= 128
+
+
+def frames_to_crop(frames_FHW3: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None) -> np.ndarray:
+    """Source frames as a sample shows them: the centre crop (crop None), or resized to cover the
+    target and cropped at (y0, x0) (the manifest's `crop`)."""
+    if crop is None:
+        return to_target(frames_FHW3, target_hw)
+    (y0, x0), (th, tw) = crop, target_hw
+    return to_cover(frames_FHW3, target_hw)[:, y0:y0 + th, x0:x0 + tw]
 
 
 def write_h264(path: Path, frames_FHW3: np.ndarray, fps: float, crf: int = 18) -> None:

@@ -31,6 +31,17 @@ class Shots:
     # footage. Raise it if fast motion gives false cuts.
     threshold: float = 20.0
     min_shot_frames: int = 2  # the detector's min_scene_len: cuts closer than this are merged
+    # The second opinion, PySceneDetect's AdaptiveDetector: a frame's change over its neighbours'
+    # mean (its default 3), counted only above adaptive_min_content levels (its default 15 missed a
+    # cut between two textured photos of similar colours; shots.py).
+    adaptive_threshold: float = 3.0
+    adaptive_min_content: float = 8.0
+    # Dissolves and fades (shots.py): the span's ends differ by at least dissolve_min_change levels,
+    # correlate below dissolve_max_similarity, and blend into its middle within dissolve_max_residual.
+    dissolves: bool = True
+    dissolve_min_change: float = 10.0
+    dissolve_max_similarity: float = 0.5
+    dissolve_max_residual: float = 0.3
 
 
 @dataclass
@@ -43,6 +54,11 @@ class Clips:
     max_crop: float = 0.5  # share of the frame the centre crop may cut (aspect filter)
     max_shot_seconds: float = 30.0  # a longer shot is analysed over its first this many seconds
     crf: int = 18  # H.264 quality of the written clips (0 lossless, 23 ffmpeg's default)
+    # Each source keeps its own orientation: the allowed orientation nearest its aspect, at
+    # resolution's pixel count (landscape [H, W], portrait [W, H], square); train with
+    # data.resolution_buckets listing the same sizes (the summary prints them).
+    orientations: list[str] = field(default_factory=lambda: ["landscape", "portrait"])
+    crop: str = "subject"  # subject: the crop that keeps the subject and objects inside; centre
 
 
 @dataclass
@@ -66,6 +82,7 @@ class Element:
 
 
 ROLES = ("subject", "object", "background")
+ORIENTATIONS = ("landscape", "portrait", "square")
 
 
 @dataclass
@@ -80,6 +97,15 @@ class Classical:
     # The median needs a still camera: the medians of the shot's two halves differ over more than
     # this share of the frame when it pans or zooms, and the shot is skipped (shots_moving_camera).
     max_camera_motion: float = 0.25
+    # A camera that pans, zooms or turns a little is registered to the shot's middle frame
+    # (ORB features, a RANSAC homography per frame) and the median taken there; a shot whose
+    # registration leaves more than max_camera_motion of the frame differing is still skipped.
+    register: bool = True
+    # Objects need evidence: a second moving region present in min_object_presence of the frames,
+    # or (static_objects) a still region standing out of its smoothed surround, for footage whose
+    # props are flat-coloured (tools/make_raw_footage.py's); on photographs that finds eyes and rims.
+    min_object_presence: float = 0.5
+    static_objects: bool = False
 
 
 @dataclass
@@ -108,6 +134,31 @@ class Elements:
 
 
 @dataclass
+class Identity:
+    check: bool = True  # every reference is compared with its element in the clip's window (identity.py)
+    model: Optional[str] = None  # local vision-model folder (CLIP / SigLIP / DINOv2); null: the colour/texture statistic
+    # The statistic's histogram intersection: 0.87-1.0 for one subject across its shot, 0.64 for two
+    # photographed subjects, 0.40-0.71 for a subject against the background it stood on
+    # (tools/make_raw_footage.py's hard footage).
+    statistic_threshold: float = 0.75
+    model_threshold: float = 0.7  # the embedding's cosine similarity; calibrate on your footage
+
+
+@dataclass
+class Gates:
+    """Quality gates on every sample (run.py's quality): a failing sample is dropped, or written
+    and flagged in the manifest (action: flag); never written unmarked."""
+    action: str = "drop"  # drop | flag
+    # share of the window's frames in which the subject's mask covers elements.min_area_share: a
+    # subject absorbed into the background shows as a mask that vanishes in most frames
+    min_presence: float = 0.8
+    # share of the window's background pixels (outside every mask) that differ from the background
+    # reference by more than classical.diff_threshold levels: a subject left in the plate, a wrong
+    # registration (good plates of the photographed test footage: 0.00-0.10; a failed pan 0.69)
+    max_background_residue: float = 0.15
+
+
+@dataclass
 class Check:
     run: bool = True  # run tools/check_dataset.py on the output
     set: list[str] = field(default_factory=list)  # extra --set overrides for the check (e.g. train.micro_batch_size=1)
@@ -121,6 +172,8 @@ class PrepareConfig:
     clips: Clips = field(default_factory=Clips)
     captions: Captions = field(default_factory=Captions)
     elements: Elements = field(default_factory=Elements)
+    identity: Identity = field(default_factory=Identity)
+    gates: Gates = field(default_factory=Gates)
     check: Check = field(default_factory=Check)
 
 
@@ -132,6 +185,13 @@ def _check(cfg: PrepareConfig) -> None:
         raise PrepareConfigError(f"clips.resolution: {c.resolution} must be [H, W], each a positive multiple of 16")
     if c.fps <= 0 or c.windows_per_shot < 1 or not 0 <= c.max_crop < 1:
         raise PrepareConfigError("clips: fps > 0, windows_per_shot >= 1 and 0 <= max_crop < 1 are required")
+    bad = [o for o in c.orientations if o not in ORIENTATIONS]
+    if bad or not c.orientations:
+        raise PrepareConfigError(f"clips.orientations: {c.orientations} must list one or more of {', '.join(ORIENTATIONS)}")
+    if c.crop not in ("subject", "centre"):
+        raise PrepareConfigError(f"clips.crop: {c.crop!r} is not one of subject, centre")
+    if cfg.gates.action not in ("drop", "flag"):
+        raise PrepareConfigError(f"gates.action: {cfg.gates.action!r} is not one of drop, flag")
     if cfg.captions.mode not in ("auto", "sidecar", "model", "filename"):
         raise PrepareConfigError(f"captions.mode: {cfg.captions.mode!r} is not one of auto, sidecar, model, filename")
     if cfg.captions.mode == "model" and not cfg.captions.model:

@@ -110,9 +110,11 @@ class LearnedBackend:
             out.scores[name] = presence_NF[i] * found[name][1][best[name]]
         return out
 
-    def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int]) -> tuple[np.ndarray, float]:
-        """The frame at `positions` the foreground covers least, its foreground filled; and that share."""
-        fg_FHW = shot.foreground()
+    def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int], emitted: list[str],
+                   view: int) -> tuple[np.ndarray, float]:
+        """The frame at `positions` the emitted elements cover least, them filled; and that share
+        (`view` is the classical backend's, for a moving camera: a detector's frame is its own view)."""
+        fg_FHW = np.logical_or.reduce([shot.masks[n] for n in emitted])
         shares = [foreground_share(fg_FHW[p]) for p in positions]
         best = positions[int(np.argmin(shares))]
         return fill_background(frames_FHW3[best], fg_FHW[best]), float(min(shares))

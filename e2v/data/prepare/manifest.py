@@ -14,6 +14,9 @@ import unicodedata
 from pathlib import Path
 
 STATE = ".prepare"
+MANIFEST, SUMMARY = "prepare_manifest.jsonl", "prepare_summary.json"
+# The preparer's own files beside the samples: the dataset check counts them as no sample's orphans.
+PREPARE_FILES = (MANIFEST, SUMMARY)
 
 
 def video_key(rel: str) -> str:
@@ -68,7 +71,7 @@ def remove_partial(out: Path, rel: str) -> int:
 
 def write_manifest(out: Path, records: list[dict]) -> int:
     rows = [s for r in records for s in r.get("samples", [])]
-    tmp = out / "prepare_manifest.jsonl.part"
+    tmp = out / (MANIFEST + ".part")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in rows), encoding="utf-8")
-    os.replace(tmp, out / "prepare_manifest.jsonl")
+    os.replace(tmp, out / MANIFEST)
     return len(rows)

@@ -22,6 +22,10 @@ class ShotMasks:
     backend: str = ""
     models: list[str] = field(default_factory=list)
     problem: str = ""  # set when the backend cannot use the shot (the summary counts shots_<problem>)
+    # classical backend on a moving camera: per frame the homography into the shot's reference
+    # frame (F x 3 x 3) and how well it fits; None for a still camera
+    to_reference: np.ndarray | None = None
+    camera: dict = field(default_factory=dict)
 
     def foreground(self) -> np.ndarray:
         """The union of every element's mask: masks_FHW."""

@@ -29,6 +29,7 @@ class Choice:
     score: float = 0.0
     sharpness: float = 0.0
     dropped_by: str = ""  # the filter that removed the last candidate, when none is left
+    at_edge: bool = False  # the mask touches the frame's edge (the element may be cut off)
 
 
 def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) -> list[int]:
@@ -38,39 +39,42 @@ def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) 
 
 
 def choose(frames_FHW3: np.ndarray, masks_FHW: np.ndarray, scores_F: np.ndarray, window: tuple[int, int],
-           gap_frames: int, cfg: Elements) -> Choice:
-    """The frame to cut an element from: outside the window, or inside only when the shot has no
-    frame outside (too short for the gap; the manifest says so). Among the frames passing the
-    filters (size, score, sharpness), the largest mask that does not touch the frame's edge (a
-    subject cut by the edge is half a subject), then the largest. None passing: the element is
-    dropped, never taken from inside instead (that would be the copy-paste the gap prevents)."""
+           gap_frames: int, cfg: Elements) -> list[Choice]:
+    """The frames to cut an element from, best first: outside the window, or inside only when the
+    shot has no frame outside (too short for the gap; the manifest says so). Among the frames
+    passing the filters (size, score, sharpness), the largest masks that do not touch the frame's
+    edge (a subject cut by the edge is half a subject) come first, then the largest. None passing:
+    one Choice with position None naming the filter that removed the last candidate; never a frame
+    from inside instead (that would be the copy-paste the gap prevents). The identity check takes
+    the first that shows the clip's element."""
     outside = outside_positions(len(frames_FHW3), window, gap_frames)
-    pools = [(outside, True)] if outside else [(list(range(*window)), False)]
-    h, w = masks_FHW.shape[1:]
+    pool, is_outside = (outside, True) if outside else (list(range(*window)), False)
     last_drop = "no_detection"
-    for pool, is_outside in pools:
-        passing = []
-        for p in pool:
-            m = masks_FHW[p]
-            area = float(m.mean())
-            if area == 0:
-                continue
-            if area < cfg.min_area_share:
-                last_drop = "min_area"
-                continue
-            if scores_F[p] < cfg.min_score:
-                last_drop = "min_score"
-                continue
-            sharp = sharpness(frames_FHW3[p], m)
-            if sharp < cfg.min_sharpness:
-                last_drop = "blur"
-                continue
-            edge = bool(m[0].any() or m[-1].any() or m[:, 0].any() or m[:, -1].any())
-            passing.append((not edge, area, p, float(scores_F[p]), sharp))
-        if passing:
-            _, area, p, score, sharp = max(passing)
-            return Choice(p, is_outside, area, score, sharp)
-    return Choice(None, False, dropped_by=last_drop)
+    passing = []
+    for p in pool:
+        m = masks_FHW[p]
+        area = float(m.mean())
+        if area == 0:
+            continue
+        if area < cfg.min_area_share:
+            last_drop = "min_area"
+            continue
+        if scores_F[p] < cfg.min_score:
+            last_drop = "min_score"
+            continue
+        sharp = sharpness(frames_FHW3[p], m)
+        if sharp < cfg.min_sharpness:
+            last_drop = "blur"
+            continue
+        passing.append((not touches_edge(m), area, p, float(scores_F[p]), sharp))
+    if not passing:
+        return [Choice(None, False, dropped_by=last_drop)]
+    return [Choice(p, is_outside, area, score, sharp, at_edge=not inside)
+            for inside, area, p, score, sharp in sorted(passing, reverse=True)]
+
+
+def touches_edge(mask_HW: np.ndarray) -> bool:
+    return bool(mask_HW[0].any() or mask_HW[-1].any() or mask_HW[:, 0].any() or mask_HW[:, -1].any())
 
 
 def cutout_rgba(frame_HW3: np.ndarray, mask_HW: np.ndarray, margin: int) -> np.ndarray:

@@ -18,26 +18,31 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from e2v.data.media import MediaError, variable_rate
+from e2v.data.media import variable_rate
 
 from . import captions as cap
-from .clips import size_problem, to_target, track, windows, write_h264
+from . import shots
+from .clips import best_crop, choose_target, cover_size, orientation_sizes, size_problem, to_cover, track, windows, write_h264
 from .config import PrepareConfig, as_dict, config_key
-from .manifest import (STATE, all_records, read_record, record_path, remove_partial, sample_prefix,
-                       write_json_atomic, write_manifest)
+from .identity import make_identity, window_score
+from .manifest import (MANIFEST, STATE, SUMMARY, all_records, read_record, record_path, remove_partial,
+                       sample_prefix, write_json_atomic, write_manifest)
 from .masks import bbox
-from .references import choose, crop_on_white, cutout_rgba, outside_positions
+from .quality import gate_failures, quality
+from .references import Choice, choose, crop_on_white, cutout_rgba, outside_positions
 from .sheet import write_sheet
-from .shots import detect_cuts, shot_ranges
+from .summary import print_summary, summarize
 
 # Files in the input folder that are never sources: sidecars, tables, images, our own state.
 NOT_VIDEO = {".txt", ".csv", ".jsonl", ".json", ".png", ".jpg", ".jpeg", ".npz", ".npy", ".md", ".part", ".yaml"}
 MIN_MEDIAN_FRAMES = 8  # a background median from fewer outside-window frames keeps too much foreground
+MAX_IDENTITY_TRIES = 6  # reference candidates the identity check tries, best first, before the sample is dropped
 DECODE_CHUNK_PIXELS = 64 * 1920 * 1080  # frames decoded at once: bounds memory on 4K sources
 
 
@@ -91,11 +96,12 @@ def probe(path: Path):
 
 
 def decode(vr, indices: list[int], target_hw: tuple[int, int]) -> np.ndarray:
-    """The source frames at `indices`, centre-cropped and resized to the target: frames_FHW3."""
+    """The source frames at `indices`, resized (aspect kept) to cover the target: frames_FHW3; the
+    crop inside them is chosen per shot (clips.best_crop)."""
     h, w = vr[0].shape[:2]
     chunk = max(1, DECODE_CHUNK_PIXELS // (h * w))
-    parts = [to_target(vr.get_batch(indices[i:i + chunk]).asnumpy(), target_hw) for i in range(0, len(indices), chunk)]
-    return np.concatenate(parts) if parts else np.zeros((0, *target_hw, 3), np.uint8)
+    parts = [to_cover(vr.get_batch(indices[i:i + chunk]).asnumpy(), target_hw) for i in range(0, len(indices), chunk)]
+    return np.concatenate(parts) if parts else np.zeros((0, *cover_size(h, w, target_hw), 3), np.uint8)
 
 
 def make_backend(cfg: PrepareConfig, device: str):
@@ -126,8 +132,9 @@ class Preparer:
 
     def __init__(self, cfg: PrepareConfig, input_dir: Path, out: Path, device: str = "cpu"):
         self.cfg, self.input_dir, self.out = cfg, input_dir, out
-        self.target_hw = tuple(cfg.clips.resolution)
+        self.sizes = orientation_sizes(cfg.clips.resolution, cfg.clips.orientations)
         self.backend = make_backend(cfg, device)
+        self.identity, self.identity_threshold = make_identity(cfg.identity, device)
         mode = self.caption_mode = cfg.captions.mode
         self.table = cap.load_table(input_dir, cfg.captions) if mode in ("auto", "sidecar") else {}
         want_model = mode == "model" or (mode == "auto" and cfg.captions.model)
@@ -173,42 +180,49 @@ class Preparer:
         if len(intervals) > 2 and variable_rate(intervals):
             record["notes"].append(f"variable frame rate (frame intervals {intervals.min() * 1000:.0f}-"
                                    f"{intervals.max() * 1000:.0f} ms): sampled by time at {self.cfg.clips.fps:g} fps")
-        if h > w:
-            record["notes"].append(f"portrait {w}x{h}: centre-cropped to {self.target_hw[1]}x{self.target_hw[0]}")
+        orientation, target_hw = choose_target(h, w, self.sizes)
+        record["orientation"], record["target_hw"] = orientation, list(target_hw)
+        if h > w and orientation != "landscape":
+            record["notes"].append(f"portrait {w}x{h}: kept {orientation} at {target_hw[1]}x{target_hw[0]}")
         if max(h, w) >= 2160:
-            record["notes"].append(f"{w}x{h}: decoded in chunks and downscaled to {self.target_hw[1]}x{self.target_hw[0]}")
+            record["notes"].append(f"{w}x{h}: decoded in chunks and downscaled to {target_hw[1]}x{target_hw[0]}")
         prefix = sample_prefix(rel)
         if not prefix.startswith(Path(rel).stem + "_"):
             record["notes"].append(f"sample ids use the ASCII name {prefix}")
-        problem = size_problem(h, w, self.target_hw, self.cfg.clips.min_scale, self.cfg.clips.max_crop)
+        problem = size_problem(h, w, target_hw, self.cfg.clips.min_scale, self.cfg.clips.max_crop)
         counts["seconds_probe"] += time.perf_counter() - t0
         if problem:
-            what = {"too_small": f"{w}x{h} is smaller than the target {self.target_hw[1]}x{self.target_hw[0]} "
+            what = {"too_small": f"{w}x{h} is smaller than the target {target_hw[1]}x{target_hw[0]} "
                                  f"(clips.min_scale {self.cfg.clips.min_scale:g})",
-                    "aspect": f"{w}x{h}: the centre crop to {self.target_hw[1]}x{self.target_hw[0]} would cut more "
-                              f"than clips.max_crop {self.cfg.clips.max_crop:g} of the frame"}[problem]
+                    "aspect": f"{w}x{h}: the crop to {target_hw[1]}x{target_hw[0]} would cut more than clips.max_crop "
+                              f"{self.cfg.clips.max_crop:g} of the frame; allow another shape in clips.orientations"}[problem]
             counts[f"videos_dropped_{problem}"] += 1
             record.update(status="skipped", kind=problem, what=what, counts=dict(counts))
             return record
         t0 = time.perf_counter()
         try:
-            cuts = detect_cuts(source, self.cfg.shots.threshold, self.cfg.shots.min_shot_frames)
-        except MediaError as e:
-            record.update(status="bad", kind="shot_detection", what=str(e), counts=dict(counts))
+            found = shots.detect(vr, float(vr.get_avg_fps()) or self.cfg.clips.fps, self.cfg.shots)
+        except Exception as e:  # a decoder failure mid-video: the video is named, the run goes on
+            record.update(status="bad", kind="shot_detection", what=f"{type(e).__name__}: {str(e)[:200]}",
+                          counts=dict(counts))
             return record
-        shots = shot_ranges(cuts, len(times))
-        record["cuts"] = cuts
+        ranges = found.shot_ranges(len(times))
+        record["cuts"] = [c["frame"] for c in found.cuts]
+        record["boundaries"] = {"cuts": found.cuts, "dissolves": found.dissolves}
         counts["seconds_shots"] += time.perf_counter() - t0
-        counts["shots"] += len(shots)
-        for k, (first, last) in enumerate(shots):
+        counts["shots"] += len(ranges)
+        counts["dissolves"] += len(found.dissolves)
+        record["shot_seconds"] = [round(float(times[b - 1] - times[a]), 3) for a, b in ranges]
+        for k, (first, last) in enumerate(ranges):
             t0 = time.perf_counter()
             positions = track(times, first, last, self.cfg.clips.fps, self.cfg.clips.max_shot_seconds)
             wins = windows(len(positions), self.cfg.clips.num_frames, self.cfg.clips.windows_per_shot)
             if not wins:
                 counts["shots_too_short"] += 1
+                record.setdefault("track_frames_short", []).append(len(positions))
                 continue
             try:
-                frames_FHW3 = decode(vr, positions, self.target_hw)
+                frames_FHW3 = decode(vr, positions, target_hw)
             except Exception as e:  # a corrupt stretch: the shot is lost, the video goes on
                 record["notes"].append(f"shot {k}: cannot decode ({str(e)[:120]}); shot skipped")
                 counts["shots_undecodable"] += 1
@@ -220,60 +234,95 @@ class Preparer:
             if masks.problem:
                 counts[f"shots_{masks.problem}"] += 1
                 continue
+            if masks.camera.get("camera") == "registered":
+                counts["shots_registered"] += 1
+            keep_FHW = masks.foreground() if self.cfg.clips.crop == "subject" else np.zeros((1, 1, 1), bool)
+            crop = best_crop(keep_FHW, target_hw) if keep_FHW.size > 1 else \
+                best_crop(np.zeros((1, *frames_FHW3.shape[1:3]), bool), target_hw)
+            shot = Shot(k, positions, frames_FHW3, masks, crop, target_hw, orientation)
             for j, window in enumerate(wins):
-                sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", k, window, positions, times, frames_FHW3,
-                                     masks, counts)
+                sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", shot, window, times, counts)
                 if sample:
                     record["samples"].append(sample)
         record["counts"] = dict(counts)
         return record
 
-    def sample(self, source, rel, sid, shot, window, positions, times, frames_FHW3, masks, counts) -> dict | None:
+    def sample(self, source, rel, sid, shot: "Shot", window, times, counts) -> dict | None:
+        """One window's sample: references checked against the window, gates, then the files."""
         cfg = self.cfg.elements
         t0 = time.perf_counter()
+        frames_FHW3, masks, positions = shot.frames, shot.masks, shot.positions
         gap = int(np.ceil(cfg.reference_gap_seconds * self.cfg.clips.fps))
-        subject = choose(frames_FHW3, masks.masks[self.subject], masks.scores[self.subject], window, gap, cfg)
-        if subject.position is None:
-            counts[f"clips_dropped_subject_{subject.dropped_by}"] += 1
-            counts["seconds_elements"] += time.perf_counter() - t0
-            return None
-        refs: dict[str, np.ndarray] = {}
-        info: dict[str, dict] = {}
 
         def time_of(p: int) -> float:  # seconds into the source video
             return round(float(times[positions[p]]), 4)
 
+        def done(reason: str | None) -> None:
+            counts["seconds_elements"] += time.perf_counter() - t0
+            if reason:
+                counts[reason] += 1
+
+        subject = self.checked(choose(frames_FHW3, masks.masks[self.subject], masks.scores[self.subject], window, gap, cfg),
+                               frames_FHW3, masks.masks[self.subject], window)
+        if subject.position is None:
+            return done(f"clips_dropped_subject_{subject.dropped_by}")
+        refs: dict[str, np.ndarray] = {}
+        info: dict[str, dict] = {}
+        flags = []
+
+        def describe(c, m) -> dict:
+            return {"time_s": time_of(c.position), "source_frame": positions[c.position],
+                    "box": [int(v) for v in bbox(m, cfg.margin_px)], "outside_window": c.outside,
+                    "at_edge": c.at_edge, "area_share": round(c.area_share, 4), "score": round(c.score, 4),
+                    "sharpness": round(c.sharpness, 1), "identity": c.identity}
+
         m = masks.masks[self.subject][subject.position]
         refs[self.subject] = cutout_rgba(frames_FHW3[subject.position], m, cfg.margin_px)
-        info[self.subject] = {"time_s": time_of(subject.position), "source_frame": positions[subject.position],
-                              "box": [int(v) for v in bbox(m, cfg.margin_px)],
-                              "outside_window": subject.outside,
-                              "area_share": round(subject.area_share, 4), "score": round(subject.score, 4),
-                              "sharpness": round(subject.sharpness, 1)}
+        info[self.subject] = describe(subject, m)
+        emitted = [self.subject]
         for name in self.objects:
             # what the subject hides of the object is not the object: the least hidden frame wins
             visible_FHW = masks.masks[name] & ~masks.masks[self.subject]
-            c = choose(frames_FHW3, visible_FHW, masks.scores[name], window, gap, cfg)
+            if not visible_FHW.any():
+                counts[f"elements_none_{name}"] += 1  # no evidence of one: the sample has no object
+                continue
+            c = self.checked(choose(frames_FHW3, visible_FHW, masks.scores[name], window, gap, cfg), frames_FHW3,
+                             visible_FHW, window)
             if c.position is None:
                 counts[f"elements_dropped_{name}_{c.dropped_by}"] += 1
                 continue
             refs[name] = crop_on_white(frames_FHW3[c.position], visible_FHW[c.position], cfg.margin_px)
-            info[name] = {"time_s": time_of(c.position), "source_frame": positions[c.position],
-                          "box": [int(v) for v in bbox(visible_FHW[c.position], cfg.margin_px)], "outside_window": c.outside,
-                          "area_share": round(c.area_share, 4), "score": round(c.score, 4),
-                          "sharpness": round(c.sharpness, 1)}
+            info[name] = describe(c, visible_FHW[c.position])
+            emitted.append(name)
+        crop = shot.crop_slices()
+        background_HW3 = None
         if self.background:
             outside = outside_positions(len(frames_FHW3), window, gap)
             pool = outside if len(outside) >= MIN_MEDIAN_FRAMES else list(range(len(frames_FHW3)))
-            background_HW3, share = self.backend.background(frames_FHW3, masks, pool)
+            view = (window[0] + window[1]) // 2
+            plate_HW3, share = self.backend.background(frames_FHW3, masks, pool, emitted, view)
             if share > cfg.max_foreground_share:
                 counts[f"elements_dropped_{self.background}_foreground_share"] += 1
             else:
-                refs[self.background] = background_HW3
-                info[self.background] = {"times_s": [time_of(pool[0]), time_of(pool[-1])],
+                background_HW3 = refs[self.background] = np.ascontiguousarray(plate_HW3[crop])
+                info[self.background] = {"times_s": [time_of(pool[0]), time_of(pool[-1])], "view_frame": positions[view],
                                          "outside_window": pool is outside, "foreground_share": round(share, 4)}
-        counts["seconds_elements"] += time.perf_counter() - t0
-        clip_FHW3 = frames_FHW3[window[0]:window[1]]
+        clip_FHW3 = frames_FHW3[window[0]:window[1]][(slice(None), *crop)]
+        fg_FHW = np.logical_or.reduce([masks.masks[n] for n in emitted])[window[0]:window[1]][(slice(None), *crop)]
+        subject_FHW = masks.masks[self.subject][window[0]:window[1]][(slice(None), *crop)]
+        q = quality(clip_FHW3, subject_FHW, fg_FHW, background_HW3, cfg.min_area_share,
+                    cfg.classical.diff_threshold)
+        failed = gate_failures(q, self.cfg.gates)
+        if failed and self.cfg.gates.action == "drop":
+            return done(f"clips_dropped_gate_{failed[0]}")
+        flags += [f"gate_{g}" for g in failed]
+        flags += [f"{n}_reference_inside_window" for n, v in info.items() if v.get("outside_window") is False]
+        flags += [f"{n}_reference_at_edge" for n, v in info.items() if v.get("at_edge")]
+        if q["subject_at_edge"] > 0.5:
+            flags.append("subject_clipped_at_frame_edge")
+        for f in flags:
+            counts[f"flagged_{f}"] += 1
+        done(None)
         caption, caption_from = self.caption(source, clip_FHW3, counts)
         counts[f"captions_{caption_from.split(':')[0]}"] += 1
         t0 = time.perf_counter()
@@ -282,62 +331,64 @@ class Preparer:
             counts[f"elements_{name}"] += 1
         _write_text(self.out / f"{sid}.txt", caption)
         if self.cfg.check.contact_sheets:
-            write_sheet(self.out / "contact_sheets" / f"{sid}.png", clip_FHW3, refs)
+            write_sheet(self.out / "contact_sheets" / f"{sid}.png", clip_FHW3, refs,
+                        title=f"{sid}  {rel} shot {shot.index} {time_of(window[0]):.2f}-{time_of(window[1] - 1):.2f} s"
+                              + (f"  FLAGS: {', '.join(flags)}" if flags else ""))
         write_h264(self.out / f"{sid}.mp4", clip_FHW3, self.cfg.clips.fps, self.cfg.clips.crf)  # last: the sample exists
         counts["seconds_write"] += time.perf_counter() - t0
         counts["clips"] += 1
         src = [positions[p] for p in range(*window)]
-        return {"id": sid, "source": rel, "shot": shot, "window": {
+        return {"id": sid, "source": rel, "shot": shot.index, "window": {
                     "start_s": round(float(times[src[0]]), 4), "end_s": round(float(times[src[-1]]), 4),
                     "source_frames": src},
-                "references": info,
+                "crop": {"orientation": shot.orientation, "cover_hw": list(frames_FHW3.shape[1:3]),
+                         "y0": shot.crop[0], "x0": shot.crop[1], "hw": list(shot.target_hw)},
+                "camera": masks.camera, "references": info, "quality": q, "flags": flags,
                 "mask_areas": {n: [round(float(a), 4) for a in masks.masks[n][window[0]:window[1]].mean(axis=(1, 2))]
-                               for n in masks.masks},
+                               for n in emitted},
                 "caption": caption, "caption_from": caption_from, "backend": masks.backend, "models": masks.models,
-                "config": self.config_dict}
+                "identity_measure": getattr(self.identity, "name", None), "config": self.config_dict}
+
+    def checked(self, choices: list[Choice], frames_FHW3, masks_FHW, window) -> Choice:
+        """The first candidate whose cut-out shows the element the window shows (identity.py); a
+        Choice with position None (dropped_by identity) when none does."""
+        if choices[0].position is None or self.identity is None:
+            return choices[0]
+        for c in choices[:MAX_IDENTITY_TRIES]:
+            score = window_score(self.identity, frames_FHW3, masks_FHW, window,
+                                 (frames_FHW3[c.position], masks_FHW[c.position]))
+            if score is None or score >= self.identity_threshold:  # None: the window never shows it
+                c.identity = None if score is None else round(score, 4)
+                return c
+        return Choice(None, False, dropped_by="identity")
 
 
-def summarize(records: list[dict]) -> dict:
-    totals: Counter = Counter()
-    for r in records:
-        totals.update(r.get("counts", {}))
-        totals[f"videos_{r['status']}"] += 1
-    minutes = totals["footage_seconds"] / 60 or float("nan")
-    per_minute = {k[len("seconds_"):]: round(v / minutes, 2) for k, v in totals.items() if k.startswith("seconds_")}
-    named = [{"source": r["source"], "status": r["status"], "kind": r.get("kind", ""), "what": r.get("what", ""),
-              "notes": r.get("notes", [])}
-             for r in records if r["status"] != "done" or r.get("notes")]
-    outside = [v["outside_window"] for r in records for s in r["samples"] for v in s["references"].values()]
-    return {"counts": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in sorted(totals.items())
-                       if not k.startswith("seconds_")},
-            "seconds_per_footage_minute": per_minute,
-            "references_outside_window": f"{sum(outside)}/{len(outside)}",
-            "inputs": named}
+@dataclass
+class Shot:
+    """One analysed shot: its track (source frame per position), frames at the cover size, the
+    backend's masks, and the crop (y0, x0) every sample of it is cut to."""
+    index: int
+    positions: list[int]
+    frames: np.ndarray
+    masks: object
+    crop: tuple[int, int]
+    target_hw: tuple[int, int]
+    orientation: str
 
-
-def print_summary(summary: dict) -> None:
-    print("[prepare] counts:")
-    for k, v in summary["counts"].items():
-        print(f"  {k:<48} {v}")
-    print(f"[prepare] references outside their window: {summary['references_outside_window']}")
-    print("[prepare] seconds per minute of footage: " +
-          ", ".join(f"{k} {v}" for k, v in summary["seconds_per_footage_minute"].items()))
-    for n in summary["inputs"]:
-        line = f"  {n['status'].upper():<8} {n['source']}" + (f" [{n['kind']}]" if n.get("kind") else "")
-        if n["what"]:
-            line += f": {n['what']}"
-        if n["notes"]:
-            line += f" ({'; '.join(n['notes'])})"
-        print(line)
+    def crop_slices(self) -> tuple[slice, slice]:
+        (y0, x0), (th, tw) = self.crop, self.target_hw
+        return slice(y0, y0 + th), slice(x0, x0 + tw)
 
 
 def check_argv(cfg: PrepareConfig, out: Path) -> list[str]:
     """tools/check_dataset.py's arguments for the output, with the clip shape it was cut to."""
     res = cfg.clips.resolution
+    sizes = orientation_sizes(res, cfg.clips.orientations)
+    buckets = ["--set", f"data.resolution_buckets={[list(v) for v in sizes.values()]}"] if len(sizes) > 1 else []
     return ["--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
             "--json", str(out / STATE / "check_report.json"),
             "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
-            "--set", f"data.fps={cfg.clips.fps}"] + [a for extra in cfg.check.set for a in ("--set", extra)]
+            "--set", f"data.fps={cfg.clips.fps}", *buckets] + [a for extra in cfg.check.set for a in ("--set", extra)]
 
 
 def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool = False, rank: int = 0,
@@ -379,13 +430,13 @@ def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool 
         return None
     records = all_records(out)
     n = write_manifest(out, records)
-    summary = summarize(records)
-    write_json_atomic(out / "prepare_summary.json", summary)
+    summary = summarize(records, cfg)
+    write_json_atomic(out / SUMMARY, summary)
     print_summary(summary)
-    print(f"[prepare] {n} samples -> {out}; manifest {out / 'prepare_manifest.jsonl'}")
-    if cfg.check.run and check is not None:
+    print(f"[prepare] {n} samples -> {out}; manifest {out / MANIFEST}")
+    if cfg.check.run and check is not None and not summary.get("no_samples"):
         argv = check_argv(cfg, out)
         print("[prepare] check: tools/check_dataset.py " + " ".join(argv))
         summary["check_exit_code"] = check(argv)
-        write_json_atomic(out / "prepare_summary.json", summary)
+        write_json_atomic(out / SUMMARY, summary)
     return summary

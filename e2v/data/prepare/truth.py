@@ -63,3 +63,65 @@ def score(raw: Path, out: Path, target_hw: tuple[int, int]) -> dict:
             "background_mae_max": round(float(np.max(maes)), 3) if maes else None,
             "backgrounds": len(maes),
             "references_outside_window": round(float(np.mean(outside)), 4) if outside else None}
+
+
+def _reference_mask(out: Path, sample: dict, name: str, cover_hw: tuple[int, int]) -> np.ndarray:
+    """A cut-out reference's alpha placed back in its frame at the cover size: mask_HW."""
+    y0, y1, x0, x1 = sample["references"][name]["box"]
+    alpha = np.asarray(Image.open(out / f"{sample['id']}_{name}.png"))[..., 3] > 127
+    got_HW = np.zeros(cover_hw, bool)
+    got_HW[y0:y1, x0:x1] = alpha
+    return got_HW
+
+
+def score_hard(raw: Path, out: Path) -> dict:
+    """tools/make_raw_footage.py write_hard_footage's cases, per video: cuts and dissolves found,
+    samples kept, subject IoU of the reference, whether the reference shows the clip's subject
+    (the truth's subject id at the reference frame against the window's), the background's mean
+    error against the clean frame the reference shows, and what was dropped or flagged and why."""
+    from .clips import to_cover
+
+    truth = json.loads((raw / "truth_hard.json").read_text())
+    records = {r["source"]: r for r in all_records(out)}
+    cases = {}
+    for name, t in truth.items():
+        r = records.get(f"{name}.mp4", {})
+        found = r.get("cuts", [])
+        dissolves = r.get("boundaries", {}).get("dissolves", [])
+        case = {"cuts": len(t["cuts"]), "cuts_within_1_frame": sum(any(abs(f - c) <= 1 for f in found) for c in t["cuts"]),
+                "cuts_extra": sum(all(abs(f - c) > 1 for c in t["cuts"]) for f in found),
+                "dissolves": len(t["dissolves"]),
+                "dissolves_found": sum(any(d["start"] <= e and d["end"] >= s for d in dissolves) for s, e in t["dissolves"]),
+                "samples": len(r.get("samples", [])), "orientation": r.get("orientation"),
+                "dropped_or_flagged": {k: v for k, v in r.get("counts", {}).items()
+                                       if k.startswith(("clips_dropped", "shots_moving", "shots_too", "flagged_gate"))},
+                "ious": [], "wrong_subject": 0, "background_mae": [], "orientations": []}
+        if not r.get("samples"):
+            cases[name] = case
+            continue
+        m = np.load(raw / "truth" / f"{name}.npz")
+        for s in r["samples"]:
+            crop = s["crop"]
+            hw, cover = tuple(crop["hw"]), tuple(crop["cover_hw"])
+            case["orientations"].append("portrait" if hw[0] > hw[1] else "landscape")
+            ref = s["references"]["person"]
+            f = ref["source_frame"]
+            true_HW = to_cover(np.repeat(m["subject"][f][None, ..., None].astype(np.uint8) * 255, 3, -1), hw)[0, ..., 0] >= 128
+            got_HW = _reference_mask(out, s, "person", cover)
+            case["ious"].append(iou(got_HW, true_HW))
+            window_ids = m["subject_id"][s["window"]["source_frames"]]
+            if m["subject_id"][f] != np.bincount(window_ids).argmax() or case["ious"][-1] < 0.5:
+                case["wrong_subject"] += 1  # another subject, or not the subject at all
+            if (out / f"{s['id']}_background.png").exists():
+                view = s["references"]["background"].get("view_frame", s["window"]["source_frames"][len(s["window"]["source_frames"]) // 2])
+                clean_HW3 = to_cover(m["background"][view][None], hw)[0][crop["y0"]:crop["y0"] + hw[0], crop["x0"]:crop["x0"] + hw[1]]
+                got = np.asarray(Image.open(out / f"{s['id']}_background.png").convert("RGB"))
+                case["background_mae"].append(float(np.abs(got.astype(np.int16) - clean_HW3).mean()))
+        cases[name] = case
+    for case in cases.values():
+        for key in ("ious", "background_mae"):
+            v = case.pop(key)
+            base = "subject_iou" if key == "ious" else "background_mae"
+            case[f"{base}_min" if key == "ious" else f"{base}_max"] = round(min(v) if key == "ious" else max(v), 3) if v else None
+            case[f"{base}_mean"] = round(float(np.mean(v)), 3) if v else None
+    return cases
