@@ -46,7 +46,9 @@ import pytest
 if __name__ != "conftest":  # a second copy would run a second warm server with state of its own
     raise ImportError(f"tests/conftest.py imported as {__name__}: import it as `from conftest import ...`")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The tests import e2v from this checkout (pyproject.toml: pythonpath), and so do the commands they
+# start (tools/, bench/, the launcher's ranks), installed or not.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -60,12 +62,6 @@ from e2v.runtime.launch import free_port as _free_port, read_scalars, train_comm
 
 TRAIN_HELPERS = {"run_train", "launch_train", "train_command", "launch_python"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "train: starts `deepspeed train_e2v.py` (set automatically: tests/conftest.py)")
-    config.addinivalue_line("markers", "slow: a tool's whole end-to-end run at tiny sizes (minutes on 2 cores); "
-                            "`make test-slow` runs them, `make test` does not")
 
 
 def _calls_training(fn) -> bool:
