@@ -26,6 +26,10 @@ NOT_NAMES = {"yaml", "yml", "json", "jsonl", "md", "py", "txt", "log", "csv", "p
 DOTTED = re.compile(r"(?<![\w/.-])e2v(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w/.-])((?:e2v|tools|bench|tests|docs|configs|ds_configs)/[\w./-]*\w\.(?:py|md|yaml|json|toml)"
                   r"|train_e2v\.py)(?![\w*<>])")
+# In backticks, a path inside e2v/ without its first part (`train.step.draw_flow`), or a name of
+# train_e2v.py (`train_e2v.main`); a config key (`train.max_steps`) names no module and is passed.
+STAGE_PATH = re.compile(r"`((?:runtime|config|data|models|conditioning|train|eval)(?:\.\w+)+)`")
+SCRIPT_NAME = re.compile(r"`train_e2v\.(\w+)`")
 NAMES_AFTER_FILE = re.compile(r"(?<![\w/.-])((?:e2v|tools|bench|tests)/[\w/]+\.py|train_e2v\.py)(?::|'s) "
                               r"((?:`\w+(?:\(\))?`(?:, | and | or )?)+)")
 
@@ -115,6 +119,13 @@ def located_problems(text: str) -> list[tuple[int, str]]:
     out = [(line(m), f"{m.group(0)}: {why}") for m in DOTTED.finditer(text) if (why := dotted_problem(m.group(0)))]
     out += [(line(m), f"{m.group(1)}: no such file") for m in PATH.finditer(text)
             if m.group(1) not in WRITTEN_BY_COMMANDS and not (ROOT / m.group(1)).exists()]
+    for m in STAGE_PATH.finditer(text):
+        stage, module = m.group(1).split(".")[:2]
+        if (ROOT / "e2v" / stage / f"{module}.py").is_file() or (ROOT / "e2v" / stage / module).is_dir():
+            if why := dotted_problem("e2v." + m.group(1)):
+                out.append((line(m), f"{m.group(1)}: {why}"))
+    out += [(line(m), f"train_e2v.{m.group(1)}: train_e2v.py defines no {m.group(1)}") for m in SCRIPT_NAME.finditer(text)
+            if m.group(1) not in NOT_NAMES and m.group(1) not in defined(ROOT / "train_e2v.py")[0]]
     for m in NAMES_AFTER_FILE.finditer(text):
         path = ROOT / m.group(1)
         if path.is_file():
@@ -142,3 +153,6 @@ def test_a_renamed_function_or_moved_file_is_caught():
     assert problems("e2v.media.supported_frames") == ["e2v.media.supported_frames: e2v defines no media"]
     assert problems("tools/bench.py") == ["tools/bench.py: no such file"]
     assert problems("e2v/train/loop.py's `train_step` and `log_step`") == ["e2v/train/loop.py: defines no log_step"]
+    assert problems("`train.loop.train_step`, `train.max_steps`, `train_e2v.main`") == []
+    assert problems("`train.loop.draw_flows`") == ["train.loop.draw_flows: e2v.train.loop defines no draw_flows"]
+    assert problems("`train_e2v.train_step`") == ["train_e2v.train_step: train_e2v.py defines no train_step"]
