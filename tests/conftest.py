@@ -53,7 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Workers share the cores: one intra-op thread each (set before torch is imported), or their
-    # OpenMP threads spin against each other. test-fast on 2 cores: 80 s instead of 118 s.
+    # OpenMP threads spin against each other (bench/RESULTS.md, section 7: `test_fast_threads`).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One home for the launch command, free ports and the run's scalars, shared with bench/
