@@ -149,7 +149,7 @@ def shared_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:
     """8 demo samples, made once per session by whichever worker comes first."""
-    from tools.make_demo_dataset import main
+    from e2v.data.demo import main
 
     out = shared_root(tmp_path_factory) / "demo" / "data"
     out.parent.mkdir(exist_ok=True)
