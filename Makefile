@@ -24,14 +24,17 @@ MASTER_PORT ?= $(shell $(PY) -c 'import socket; s = socket.socket(); s.bind(("",
 TRAIN_ARGS ?=
 DEEPSPEED = $(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) --master_port $(MASTER_PORT)
 
-.PHONY: install demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check
+.PHONY: install lint demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check
 
-$(VENV)/.installed: requirements.txt
+# The package is installed editable (pyproject.toml): the commands read configs/ and ds_configs/ from
+# this checkout, and `e2v-check-dataset` & co. run the files in tools/ as they are.
+$(VENV)/.installed: requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV) || python3 -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null && echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)') (kept)" \
 		|| $(PY) -m pip install -q torch==$(TORCH_PIN)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
 install: $(VENV)/.installed
@@ -59,8 +62,12 @@ demo-prep: install
 
 # The whole suite, training runs through the launcher included, on TEST_WORKERS pytest-xdist workers
 # (a test file each at a time; each training launch runs one intra-op thread).
-test: install
+test: install lint
 	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not slow" tests
+
+# ruff (pyproject.toml: pyflakes, pycodestyle errors, import order); `make lint FIX=--fix` sorts imports.
+lint: install
+	$(VENV)/bin/ruff check $(FIX) .
 
 # The GPU check's sections end to end at tiny sizes on CPU (bench/gpu_check.py --allow-cpu): ~3 min.
 test-slow: install

@@ -44,10 +44,15 @@ from e2v.models.trainable import describe_trained
 from e2v.config.shapes import check_base
 from e2v.config.seed_formats import map_seed_flags
 from e2v.train import loop
+from e2v.runtime.log import get_logger
 from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
 from e2v.train.preflight_deps import check_later_phases
 
+
+# rank 0's messages, tagged [e2v], [e2v config], ... (e2v/runtime/log.py)
+logger, config_logger, data_logger, dry_run_logger = (
+    get_logger(name) for name in ("e2v", "e2v.config", "e2v.data", "e2v.dry run"))
 
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,7 +68,7 @@ def parse_args(argv: list[str] | None = None):
     except ConfigError as e:
         p.error(str(e))
     for note in notes:
-        print(f"[e2v config] {note}")
+        config_logger.info(note)
     args.config, args.set = args.config or config, sets + args.set  # explicit --set wins
     if args.config is None:
         p.error("--config is required: a YAML config (configs/e2v.yaml) or a seed JSON dataset config")
@@ -76,14 +81,14 @@ def dry_run(cfg) -> None:
     A data folder that does not exist yet is reported, not fatal: the plan is still worth reading."""
     missing = [d.data_root for d in cfg.data.datasets if not Path(d.data_root).exists()]
     for root in missing:
-        print(f"[e2v dry run] WARNING: data_root {root} does not exist: not indexed (training would stop here; "
+        dry_run_logger.warning(f"WARNING: data_root {root} does not exist: not indexed (training would stop here; "
               f"set it with --set data.datasets.0.data_root=...)")
     cfg.data.datasets = [d for d in cfg.data.datasets if d.data_root not in missing]
     excluded = []  # the same check as training's start; here listed, never fatal
     try:
         samples = index_samples(cfg, excluded=excluded, stop_on_bad=False) if cfg.data.datasets else []
     except BadSampleError as e:  # none usable: the plan is still worth reading
-        print(f"[e2v dry run] {e}")
+        dry_run_logger.info(str(e))
         samples = []
     held_out = hold_out_problem(cfg, len({(s.dataset, s.id) for s in samples})) if samples else None
     if held_out:  # training would stop here (split_held_out): so does the dry run
@@ -92,13 +97,12 @@ def dry_run(cfg) -> None:
     comfy_check(transformer)
     ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
     usable = len({(s.dataset, s.id) for s in samples})
-    print(f"[e2v dry run] config OK; {usable} usable samples in "
+    dry_run_logger.info(f"config OK; {usable} usable samples in "
           f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}"
           + (f"; {len({p.sample for p in excluded})} unusable (listed above): training stops at start with "
              f"data.on_bad_sample: {cfg.data.on_bad_sample}" if excluded and cfg.data.on_bad_sample == "error"
              else f"; {len({p.sample for p in excluded})} unusable, left out (listed above)" if excluded else ""))
-    for line in describe_plan(transformer, cfg, ds_config, full_names).splitlines():
-        print(f"[e2v dry run] {line}")
+    dry_run_logger.info(describe_plan(transformer, cfg, ds_config, full_names))
 
 
 def comfy_check(transformer) -> None:
@@ -107,8 +111,7 @@ def comfy_check(transformer) -> None:
     try:
         check_comfy_mappable(lora_module_names(transformer))
     except ValueError as e:
-        if os.environ.get("RANK", "0") == "0":  # before init_distributed: the launcher's rank variable
-            print(f"[e2v] note: {e}. The export will skip {export.COMFY_FILE}.")
+        logger.info(f"note: {e}. The export will skip {export.COMFY_FILE}.")
 
 
 def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
@@ -121,9 +124,9 @@ def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
     if resume in resuming.MODES:
         run, why = resuming.run_to_resume(root, stem)
         if run is not None:
-            print(f"[e2v] --resume {resume}: {why}")
+            logger.info(f"--resume {resume}: {why}")
             return run
-        print(f"[e2v] {resuming.nothing_to_resume(resume, None, f'{why}; no run_id set')} in a new run folder")
+        logger.info(f"{resuming.nothing_to_resume(resume, None, f'{why}; no run_id set')} in a new run folder")
     return root / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -142,8 +145,8 @@ def checked_config(args):
     error, notes = missing_weights(cfg)  # one line before any loader retries (docs/weights.md)
     if error:
         raise SystemExit(f"weights: {error}")
-    for note in notes if os.environ.get("RANK", "0") == "0" else []:
-        print(f"[e2v] note: {note}")
+    for note in notes:
+        logger.info(f"note: {note}")
     try:
         if knows_shape_offline(cfg):
             comfy_check(preflight(cfg)[0])
@@ -185,9 +188,9 @@ def start_run(cfg, args):
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-        print(f"[e2v] {malloc}" + (f"\n[e2v] {threads}" if threads else ""))
+        logger.info(malloc + (f"\n{threads}" if threads else ""))
         if lay.enabled:
-            print(f"[e2v] context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
+            logger.info(f"context parallel: {world} processes = {lay.dp_size} data-parallel group(s) x "
                   f"{lay.ulysses} Ulysses x {lay.ring} ring ranks sharing each sample's tokens")
     seed_process(cfg, lay.dp_rank)  # a context-parallel group draws as its data-parallel rank
     return rank, world, lay, device, run_dir, lock
@@ -214,16 +217,16 @@ def build_model(cfg, run_dir: Path, rank: int, data_parallel: int, device):
 def announce(cfg, run_dir: Path, ds_config: dict, parts, full_names: list[str], samples: list, cuda: bool) -> None:
     """Rank 0's start-up lines: the optimizer, the run folder, the model and what trains."""
     (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
-    print(f"[e2v] optimizer: {adam_choice(cfg, ds_config, cuda)[1]}")
+    logger.info(f"optimizer: {adam_choice(cfg, ds_config, cuda)[1]}")
     encoders = [n for n in ("vae", "text_encoder", "image_encoder") if getattr(parts, n) is not None]
-    print(f"[e2v] run folder {run_dir}\n[e2v] {len(samples)} samples; transformer "
+    logger.info(f"run folder {run_dir}\n{len(samples)} samples; transformer "
           f"{count_params(parts.transformer) / 1e6:.2f}M params, "
           f"{count_params(parts.transformer, trainable_only=True) / 1e6:.3f}M trainable "
-          f"({describe_trained(cfg, full_names)})\n[e2v] frozen encoders loaded: "
+          f"({describe_trained(cfg, full_names)})\nfrozen encoders loaded: "
           f"{', '.join(encoders) or 'none'}")
     bf16_trained = trained_fp32_kept(parts.transformer) if cfg.train.mixed_precision == "bf16" else []
     if bf16_trained:
-        print(f"[e2v] note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
+        logger.info(f"note: {len(bf16_trained)} trained tensors belong to modules diffusers keeps in fp32 "
               f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
 
 
@@ -235,8 +238,7 @@ def resume(args, run_dir: Path, engine, rng, gen, rank: int) -> tuple[int, int, 
         return 0, 0, None
     state = ckpt.load_checkpoint(engine, resume_from)
     ckpt.set_rng_state(state["rng"], rng, gen)
-    if rank == 0:
-        print(f"[e2v] run {run_dir}: resumed from {resume_from} at step {state['global_step']}")
+    logger.info(f"run {run_dir}: resumed from {resume_from} at step {state['global_step']}")
     return state["global_step"], state["samples_seen"], resume_from
 
 
@@ -258,8 +260,8 @@ def main(argv: list[str] | None = None):
         raise SystemExit(f"data error: {e}")
     except ConfigError as e:  # a hold-out that leaves nothing to train: before any weight loads
         raise SystemExit(f"config error: {e}")
-    if rank == 0 and val_samples:
-        print(f"[e2v data] {len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} held "
+    if val_samples:
+        data_logger.info(f"{len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} held "
               f"out for validation (validation.num_samples; never trained on)")
     parts, full_names, ds_config = build_model(cfg, run_dir, rank, lay.dp_size, device)
     if rank == 0:
@@ -307,8 +309,7 @@ def main(argv: list[str] | None = None):
                 save(global_step)
                 last_save, saved_step = time.time(), global_step
             if stopping:
-                if rank == 0:
-                    print(f"\n[e2v] stop signal: checkpoint saved at step {global_step}; resume with --resume latest")
+                logger.info(f"\nstop signal: checkpoint saved at step {global_step}; resume with --resume latest")
                 break
     except FloatingPointError:  # non-finite loss / gradient norm: the weights are suspect, save nothing
         raise
@@ -316,8 +317,8 @@ def main(argv: list[str] | None = None):
         # One process: nothing else waits on a collective, so the weights of the last finished step
         # are saved before the error propagates (several ranks rely on the periodic checkpoints).
         if world == 1 and global_step > saved_step:
-            print(f"\n[e2v] error in step {global_step + 1}: saving step {global_step} first "
-                  f"(resume with --resume latest)", file=sys.stderr, flush=True)
+            logger.error(f"\nerror in step {global_step + 1}: saving step {global_step} first "
+                      f"(resume with --resume latest)")
             save(global_step, *step_start)
         if isinstance(e, BadSampleError):  # named in its message: no traceback
             raise SystemExit(f"data error in step {global_step + 1}: {e}") from None
@@ -334,13 +335,13 @@ def main(argv: list[str] | None = None):
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
-        if rank == 0:
+        if rank == 0:  # the export's outputs are rank 0's
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
-            print(f"[e2v] done: {global_step} steps. Outputs in {run_dir}:\n"
-                  + "\n".join(f"[e2v]   {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
-                  + (f"\n[e2v] skipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
-                  + (f"\n[e2v] left out {len({p.sample for p in excluded})} bad sample(s) at the start "
-                     "(listed there)" if excluded else ""))
+            logger.info(f"done: {global_step} steps. Outputs in {run_dir}:\n"
+                     + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
+                     + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
+                     + (f"\nleft out {len({p.sample for p in excluded})} bad sample(s) at the start "
+                        "(listed there)" if excluded else ""))
 
 
 if __name__ == "__main__":

@@ -54,10 +54,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from bench.benchlib.common import (BENCH_DIR, MODEL_OVERRIDES, PRESETS, TINY_CONFIG, cache_dir,  # noqa: E402
-                                   config_sets, load1)
+from bench.benchlib.common import BENCH_DIR, MODEL_OVERRIDES, PRESETS, TINY_CONFIG, cache_dir, config_sets, load1  # noqa: E402
 from bench.benchlib.report import render  # noqa: E402
-
 
 # --- parent: run the children, write JSON and RESULTS.md ---------------------------------------
 

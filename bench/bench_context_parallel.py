@@ -55,8 +55,8 @@ def measure(rank: int, world: int, port: int, ulysses: int, ring: int, checkpoin
     import torch
     from diffusers import WanTransformer3DModel
 
-    from e2v.models import context_parallel
     from e2v.config.load import load_config
+    from e2v.models import context_parallel
     from e2v.runtime.distributed import init_distributed
 
     init_distributed()

@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
         from e2v.config.load import load_config
         from e2v.data import preflight
         from e2v.data.dataset import index_samples
-        from tools.make_demo_dataset import main as make_demo
+        from e2v.data.demo import main as make_demo
 
         make_demo([str(tmp / "demo"), "--num-samples", "8"])
         data = tmp / "data"

@@ -46,12 +46,14 @@ import pytest
 if __name__ != "conftest":  # a second copy would run a second warm server with state of its own
     raise ImportError(f"tests/conftest.py imported as {__name__}: import it as `from conftest import ...`")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The tests import e2v from this checkout (pyproject.toml: pythonpath), and so do the commands they
+# start (tools/, bench/, the launcher's ranks), installed or not.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Workers share the cores: one intra-op thread each (set before torch is imported), or their
-    # OpenMP threads spin against each other. test-fast on 2 cores: 80 s instead of 118 s.
+    # OpenMP threads spin against each other (bench/RESULTS.md, section 7: `test_fast_threads`).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One home for the launch command, free ports and the run's scalars, shared with bench/
@@ -60,12 +62,6 @@ from e2v.runtime.launch import free_port as _free_port, read_scalars, train_comm
 
 TRAIN_HELPERS = {"run_train", "launch_train", "train_command", "launch_python"}
 _running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "train: starts `deepspeed train_e2v.py` (set automatically: tests/conftest.py)")
-    config.addinivalue_line("markers", "slow: a tool's whole end-to-end run at tiny sizes (minutes on 2 cores); "
-                            "`make test-slow` runs them, `make test` does not")
 
 
 def _calls_training(fn) -> bool:
@@ -153,7 +149,7 @@ def shared_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:
     """8 demo samples, made once per session by whichever worker comes first."""
-    from tools.make_demo_dataset import main
+    from e2v.data.demo import main
 
     out = shared_root(tmp_path_factory) / "demo" / "data"
     out.parent.mkdir(exist_ok=True)

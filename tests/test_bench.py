@@ -8,8 +8,8 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import Launch, early, launch_python, starts_early
+
 from bench.benchlib.common import STEP_PHASES
 
 # The bench check runs DeepSpeed engine steps in its child process: a training run, `make test` only.

@@ -14,14 +14,14 @@ import signal
 
 import pytest
 import torch
-
 from conftest import close_process_group, read_scalars
 
-# It runs train_e2v.py's training loop in this process: a training run, so `make test` only.
-pytestmark = pytest.mark.train
 from bench.benchlib.common import TINY_CONFIG, Phases, config_sets, make_config
 from bench.benchlib.step import init_single_rank
 from bench.benchlib.steps import setup
+
+# It runs train_e2v.py's training loop in this process: a training run, so `make test` only.
+pytestmark = pytest.mark.train
 
 STEPS = 2
 # The time embedder and the modulation tables frozen (e2v_tiny_lora.yaml trains them in full): modules

@@ -113,7 +113,7 @@ def make_mixed_dataset(root, n_square=4, n_wide=4, bad_element=False):
     and one with no person image at all (the required element: left out at indexing)."""
     from PIL import Image
 
-    from tools.make_demo_dataset import write_video
+    from e2v.data.demo import write_video
 
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

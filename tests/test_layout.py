@@ -67,7 +67,7 @@ def _graph() -> dict[str, dict[str, int]]:
     for name, path in mods.items():
         edges = {}
         for target, line in _imports(path):
-            while target and target not in mods:  # `from e2v.x import name` -> e2v.x
+            while target and target not in mods:  # `from e2v.data.media import load_image` -> e2v.data.media
                 target = target.rpartition(".")[0]
             if target.startswith("e2v.") and target != name:
                 edges.setdefault(target, line)

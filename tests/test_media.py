@@ -25,7 +25,7 @@ def test_npz_probe_reads_only_the_header_and_load_normalises(tmp_path):
 
 @pytest.mark.parametrize("width", [48, 64])
 def test_decord_width_bug_gives_a_clear_error(tmp_path, width):
-    from tools.make_demo_dataset import write_video
+    from e2v.data.demo import write_video
 
     frames = np.full((9, 32, width, 3), 120, np.uint8)
     write_video(tmp_path / "v.mp4", frames)

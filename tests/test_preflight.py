@@ -21,7 +21,7 @@ def bad_data(demo_data, tmp_path_factory) -> Path:
     """One shared copy: 001's mp4 cut in half, 002's caption empty, 003 a 9-frame clip (the tiny
     configs need 17)."""
     from e2v.data.media import load_video
-    from tools.make_demo_dataset import write_video
+    from e2v.data.demo import write_video
 
     out = tmp_path_factory.mktemp("bad") / "data"
     shutil.copytree(demo_data, out)

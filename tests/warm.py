@@ -58,11 +58,12 @@ def preload() -> None:
         importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
     importlib.import_module("train_e2v")
     import deepspeed.runtime.engine  # noqa: F401
+
+    # DeepSpeed's optimizer check imports its Muon optimizer, which calls torch.compile at import
+    # (loading inductor): seconds of every rank's start-up (bench/RESULTS.md, section 7: `muon_import`)
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     import deepspeed.runtime.zero.stage3  # noqa: F401
     import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
-    # DeepSpeed's optimizer check imports its Muon optimizer, which calls torch.compile at import
-    # (loading inductor): 2.4 s of every rank's start-up on this CPU
-    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     measure_tiny_vaes()
 
 

@@ -6,14 +6,9 @@ live in e2v/eval/dataset_check.py (the preparer runs the same check on its outpu
         [--json report.json] [--contact-sheet DIR] [--workers N]
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from e2v.eval.dataset_check import main  # noqa: E402
+from e2v.eval.dataset_check import main
 
 if __name__ == "__main__":
     sys.exit(main())

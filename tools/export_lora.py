@@ -17,10 +17,8 @@ and are read as data only (a file that would run code is refused).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.train.checkpoint import export_checkpoint, read_latest  # noqa: E402
 from e2v.runtime.integrity import UnsafeCheckpoint  # noqa: E402

@@ -23,7 +23,6 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402

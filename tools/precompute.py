@@ -16,11 +16,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.data.store import CacheStore, bad_entries_message
 from e2v.conditioning.cached import compute_entry, shared_entry  # noqa: E402

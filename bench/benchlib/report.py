@@ -184,6 +184,14 @@ def render_summary(steps: dict | None, data: dict | None) -> list[str]:
     return out + [""] if len(out) > 2 else []
 
 
+def render_measured(measured: dict) -> list[str]:
+    """Section 7: figures measured once by hand (bench/results/measured.json), which comments in the
+    code cite by their key instead of stating a number that goes stale."""
+    lines = ["## 7. Measured by hand", "", measured["about"], "", "| key | what | figure | how |", "|---|---|---|---|"]
+    lines += [f"| `{r['key']}` | {r['what']} | {r['figure']} | {r['how']} |" for r in measured["rows"]]
+    return lines + [""]
+
+
 def render(bench_dir: Path = BENCH_DIR) -> Path:
     # this benchmark's sections only (steps*, data): results/ also holds other tools' files
     # (smoke_real.json from bench/smoke_real.py, gpu.json from bench/gpu_check.py)
@@ -232,6 +240,8 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
                   "a model that does not fit twice.", ""]
     if (bench_dir / "results" / "prepare.json").exists():  # bench/bench_prepare.py's
         lines += render_prepare(json.loads((bench_dir / "results" / "prepare.json").read_text()))
+    if (bench_dir / "results" / "measured.json").exists():  # kept by hand: the figures code comments cite
+        lines += render_measured(json.loads((bench_dir / "results" / "measured.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

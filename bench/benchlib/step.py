@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import e2v.conditioning.encode as conditioning
+from bench.benchlib.common import PRESETS, Phases, timed_functions
 from e2v.models.load import load_parts
 from e2v.models.tiny import tiny_transformer_config
 from e2v.runtime.distributed import init_distributed
@@ -31,8 +32,6 @@ from e2v.train.ds_config import resolve_deepspeed_config
 from e2v.train.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.train.guard import NonFiniteGuard
 from e2v.train.runlog import Log
-
-from bench.benchlib.common import PRESETS, Phases, timed_functions
 
 
 def init_single_rank() -> None:

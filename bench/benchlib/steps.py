@@ -13,12 +13,11 @@ from pathlib import Path
 
 import torch
 
-from e2v.train.ds_config import resolve_deepspeed_config
-from e2v.data.dataset import index_samples, make_loader
-
 from bench.benchlib.common import BENCH_DIR, GOAL_RATIO, ROOT, Phases, make_config, stats, summarise_phases
 from bench.benchlib.memory import current_rss_mb, reading
 from bench.benchlib.step import BareLoop, StepRunner, build_parts, init_single_rank, make_engine
+from e2v.data.dataset import index_samples, make_loader
+from e2v.train.ds_config import resolve_deepspeed_config
 
 # DeepSpeed configurations measured beside the shipped one: what the ZeRO-2 machinery costs on one
 # rank, to say what a user with one GPU (or a small trainable set) could switch off.

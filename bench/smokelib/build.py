@@ -188,7 +188,7 @@ def build_data(root: Path, frames: int, size: int, samples: int = 4) -> dict[str
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers_t2v import make_csv_videos, make_npz_manifest
 
-    from tools.make_demo_dataset import main as make_demo
+    from e2v.data.demo import main as make_demo
 
     e2v, t2v, reg = root / f"e2v_{frames}x{size}", root / f"t2v_{frames}x{size}", root / f"reg_{frames}x{size}"
     make_demo([str(e2v), "--num-samples", str(samples), "--size", str(size), "--frames", str(frames)])

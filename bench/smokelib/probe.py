@@ -62,8 +62,8 @@ def check_export(t2v_folder: Path, lora_dir: Path, probe_path: Path, engine_out_
     """Reload the export into a fresh transformer from the T2V folder and compare on the probe."""
     from diffusers import WanTransformer3DModel
 
-    from e2v.models.expand import expand_from_export
     from e2v.eval.sampling import load_trained
+    from e2v.models.expand import expand_from_export
 
     dtype = torch.bfloat16
     probe = {k: v.to(dtype) if k != "timestep" else v for k, v in torch.load(probe_path).items()}

@@ -7,6 +7,9 @@ import numpy as np
 import torch
 
 from e2v.runtime.distributed import any_rank, is_distributed
+from e2v.runtime.log import get_logger
+
+log = get_logger()
 
 
 class NonFiniteGuard:
@@ -35,8 +38,7 @@ class NonFiniteGuard:
         where = "; ".join(f"rank {r}: {what} {v}, samples {ids}" for r, v, ids in reports if not np.isfinite(v))
         self.skipped, self.consecutive = self.skipped + 1, self.consecutive + 1
         if self.skip and self.consecutive <= self.MAX_CONSECUTIVE:
-            if self.rank == 0:
-                print(f"\n[e2v] step {step}: non-finite {what} skipped ({where}); {self.skipped} skipped so far")
+            log.info(f"\nstep {step}: non-finite {what} skipped ({where}); {self.skipped} skipped so far")
             return True
         why = (f"{self.consecutive} non-finite in a row with train.skip_nonfinite" if self.skip
                else "set train.skip_nonfinite: true to skip such steps")

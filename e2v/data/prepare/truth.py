@@ -1,7 +1,7 @@
 """Scoring a prepared dataset against the truth bench/make_raw_footage.py writes: cuts found within
 one frame, the subject reference's mask IoU, the background's mean absolute error against the
 clean background, and the share of references taken outside their clip's window. The test and the
-benchmark (bench/prepare.py) both call `score`, so they measure the same thing.
+benchmark (bench/bench_prepare.py) both call `score`, so they measure the same thing.
 
 Legend: H/W target height/width; masks_FHW / mask_HW bool, images HW3 uint8.
 """

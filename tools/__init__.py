@@ -1,0 +1,2 @@
+"""The user commands, each a thin command line over the e2v package (installed as e2v.tools: the
+`e2v-*` console scripts in pyproject.toml). The maintainers' harness is in bench/."""
