@@ -20,7 +20,8 @@ from e2v.models.parts import CLIP_VIT_H
 from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
 from e2v.config.shapes import check_base
 from e2v.models.tiny import tiny_transformer_config
-from e2v.models.trainable import describe_trained, setup_training
+from e2v.models.fp8 import quantize_base
+from e2v.models.trainable import describe_trained, full_patterns, setup_training
 
 
 # Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script; their
@@ -102,7 +103,14 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     transformer = build_meta_transformer(cfg)
     check_base(cfg, transformer.config, vae_config(cfg))
     check_heads(cfg, transformer.config.num_attention_heads)
-    full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
+    expanded = is_expanded(cfg)
+    if cfg.model.base_dtype == "fp8":  # the plan counts what the GPU holds: fp8 weights are buffers
+        quantize_base(transformer, full_patterns(cfg, expanded))
+        layers = transformer.config.num_layers
+        if cfg.model.fp8_blocks_on_host > layers:
+            raise ValueError(f"model.fp8_blocks_on_host={cfg.model.fp8_blocks_on_host}: this transformer has "
+                             f"{layers} blocks; use at most {layers}")
+    full_names = setup_training(transformer, cfg, expanded=expanded)
     return transformer, full_names
 
 
