@@ -73,7 +73,7 @@ from e2v.models.plan import (activation_bytes, activation_terms, build_meta_tran
                              per_token_time, tokens)
 from e2v.models.fp8 import Fp8Linear, quantize_base
 from e2v.models.trainable import full_patterns, setup_training
-from e2v.runtime.adam import ADAMW_8BIT, TORCH_ADAMW
+from e2v.runtime.adam import TORCH_ADAMW, optimizer_bytes
 
 GB = 2**30
 OVERHEAD_GB = 2.0
@@ -119,12 +119,6 @@ def count_model(cfg: Config) -> ModelCounts:
     return ModelCounts(trainable, total - trainable, largest, c.num_attention_heads * c.attention_head_dim,
                        c.ffn_dim, c.num_layers, fp8=sum(w.numel() for w in fp8), fp8_rows=sum(w.shape[0] for w in fp8),
                        fp8_largest=max((w.numel() for w in fp8), default=0))
-
-
-def optimizer_bytes(optimizer: str) -> float:
-    """Optimizer state per trained parameter beside ZeRO's fp32 master copy (4 B): AdamW's two fp32
-    moments (8 B), or AdamW8bit's two 8-bit moments with an fp32 absmax per 256 values (2 + 8/256 B)."""
-    return 4 + (2 + 8 / 256 if optimizer == ADAMW_8BIT else 8)
 
 
 def model_states(c: ModelCounts, ds_name: str, gpus_per_node: int, nodes: int, weight_bytes: int = 2,
@@ -391,3 +385,42 @@ def advise(config: str, sets: list[str], gpus: int, gpu_mem_gb: float, nodes: in
         if found:
             return found
     return dict(sets=None, row=None, host_short=host_short)
+
+
+def fit_verdict(cfg: Config, samples: list, precompute: str = "python tools/precompute.py --config <config>",
+                gpu_mem_gb: float | None = None, host_gb: float | None = None) -> list[str]:
+    """The dry run's answer for one GPU: the configured plan's training and validation peaks against
+    the GPU (this machine's first CUDA device, else `gpu_mem_gb`, else 24 GB), its host RAM against
+    this machine's (psutil) at load and in training, and, when the config reads the cache, whether
+    the cache holds the samples (an empty one is filled with tools/precompute.py first)."""
+    from e2v.data.store import CacheStore
+
+    if torch.cuda.is_available():
+        gpu_mem_gb, where = torch.cuda.get_device_properties(0).total_memory / GB, "this machine's GPU"
+    elif gpu_mem_gb is None:
+        gpu_mem_gb, where = 24.0, "no GPU here: judged for a 24 GB card"
+    else:
+        where = "given"
+    host_gb, host_source = host_memory_gb(host_gb)
+    r = estimate(cfg, 1, gpu_mem_gb)
+    row, e = r["configured"], 2 if cfg.train.mixed_precision == "bf16" else 4
+    val = f", validation {row['validation_gb']:.1f} GiB" if row["validation_gb"] else ", validation off"
+    verdict = "fits" if row["fits"] else "does NOT fit: tools/estimate_memory.py --config ... proposes a plan that does"
+    host = max(row["cpu_per_node_gb"], r["load_cpu_per_node_gb"]) + RUNTIME_GB
+    host_verdict = ("" if host_gb is None else
+                    f" -> {'fits' if host <= host_gb else 'does NOT fit'} {host_gb:.0f} GiB ({host_source})")
+    lines = [f"memory on one {gpu_mem_gb:.0f} GiB GPU ({where}; estimate): training {row['gpu_total_gb']:.1f} GiB"
+             f"{val} -> {verdict}",
+             f"host RAM (estimate): {r['load_cpu_per_node_gb']:.1f} GiB while the {'bf16' if e == 2 else 'fp32'} "
+             f"transformer loads, {row['cpu_per_node_gb']:.1f} GiB in training, + {RUNTIME_GB:.0f} GiB of runtime"
+             f"{host_verdict}; PCIe copies ~{row['pcie_per_step_gb']:.0f} GB per step"]
+    if cfg.cache.enabled and samples:
+        store = CacheStore(cfg)
+        missing = sum(not store.path(s).exists() for s in samples)
+        if missing == len(samples):
+            lines.append(f"the cache is empty (cache.enabled: true): fill it first with {precompute} "
+                         "(training stops at start without it)")
+        elif missing:
+            lines.append(f"the cache lacks {missing} of {len(samples)} samples: {precompute} adds them "
+                         "(valid entries are kept)")
+    return lines
