@@ -28,6 +28,7 @@ from e2v.config.load import load_config, save_config, to_dict
 from e2v.models.context_parallel import check_heads, layout
 from e2v.data.dataset import BadSampleError, index_samples, make_loader
 from e2v.train.comfy import check_comfy_mappable, lora_module_names
+from e2v.train.memory import fit_verdict
 from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
 from e2v.models.expand import expansion_modules, is_expanded
 from e2v.train.guard import NonFiniteGuard
@@ -75,10 +76,11 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def dry_run(cfg) -> None:
+def dry_run(cfg, args) -> None:
     """Validated config (load_config) -> indexed data -> the transformer on the meta device with its
-    LoRA and trained modules (no weights read, nothing downloaded) -> the plan. No DeepSpeed launch.
-    A data folder that does not exist yet is reported, not fatal: the plan is still worth reading."""
+    LoRA and trained modules (no weights read, nothing downloaded) -> the plan, and whether it fits
+    one GPU and this machine's RAM (e2v.train.memory.fit_verdict). No DeepSpeed launch. A data folder
+    that does not exist yet is reported, not fatal: the plan is still worth reading."""
     missing = [d.data_root for d in cfg.data.datasets if not Path(d.data_root).exists()]
     for root in missing:
         dry_run_logger.warning(f"WARNING: data_root {root} does not exist: not indexed (training would stop here; "
@@ -102,7 +104,9 @@ def dry_run(cfg) -> None:
           + (f"; {len({p.sample for p in excluded})} unusable (listed above): training stops at start with "
              f"data.on_bad_sample: {cfg.data.on_bad_sample}" if excluded and cfg.data.on_bad_sample == "error"
              else f"; {len({p.sample for p in excluded})} unusable, left out (listed above)" if excluded else ""))
-    dry_run_logger.info(describe_plan(transformer, cfg, ds_config, full_names))
+    precompute = f"python tools/precompute.py --config {args.config}" + "".join(f" --set {s}" for s in args.set)
+    dry_run_logger.info("\n".join([describe_plan(transformer, cfg, ds_config, full_names),
+                                    *fit_verdict(cfg, samples, precompute)]))
 
 
 def comfy_check(transformer) -> None:
@@ -139,7 +143,7 @@ def checked_config(args):
         raise SystemExit(f"config error: {e}")
     if args.dry_run:
         try:
-            return dry_run(cfg)
+            return dry_run(cfg, args)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
     error, notes = missing_weights(cfg)  # one line before any loader retries (docs/weights.md)

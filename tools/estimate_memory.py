@@ -32,12 +32,17 @@ def print_cpu(cfg: Config, procs: int) -> dict:
     return r
 
 
+def peak(row: dict) -> float:
+    """GB per GPU of a plan: the larger of the training step and the validation phase."""
+    return max(row["gpu_total_gb"], row["validation_gb"])
+
+
 def print_advice(args, config: str, host: tuple, counts: ModelCounts | None = None) -> None:
     host_gb, source = host
     a = advise(config, args.set, args.gpus, args.gpu_mem_gb, args.nodes, host_gb, counts)
     ram = f"{host_gb:.0f} GB host RAM ({source})" if host_gb is not None else f"host RAM {source}"
     for extra, row in a["host_short"][:1]:
-        print(f"note: {' '.join(plan_options(row) + extra)} fits the GPU ({row['gpu_total_gb']:.1f} GB) but needs "
+        print(f"note: {' '.join(plan_options(row) + extra)} fits the GPU ({peak(row):.1f} GB) but needs "
               f"~{row['cpu_per_node_gb']:.0f} GB host RAM per node; {ram}")
     if a["row"] is None:
         print(f"no plan fits {args.gpus} x {args.gpu_mem_gb:g} GB GPUs and {ram}, even with the cache, activation "
@@ -46,7 +51,7 @@ def print_advice(args, config: str, host: tuple, counts: ModelCounts | None = No
     extra, row = a["sets"], a["row"]
     launcher = f"deepspeed --num_gpus {args.gpus}" if args.gpus > 1 else "deepspeed"
     sets = " ".join(f"--set {x}" for x in args.set + plan_options(row) + extra)
-    print(f"plan that fits ({row['gpu_total_gb']:.1f} GB per GPU, ~{row['cpu_per_node_gb']:.0f} GB host RAM per node; "
+    print(f"plan that fits ({peak(row):.1f} GB per GPU, ~{row['cpu_per_node_gb']:.0f} GB host RAM per node; "
           f"{ram}):")
     if "cache.enabled=true" in extra:
         print(f"  python tools/precompute.py --config {config}" + "".join(f" --set {x}" for x in args.set if x))
@@ -83,23 +88,27 @@ def main() -> None:
         return
     h, w = cfg.data.resolution
     cp_note = f"(context parallel: {r['context_parallel']} ranks share each sample's tokens) " if r["context_parallel"] > 1 else ""
-    print(f"{args.config}: {(r['trainable'] + r['frozen']) / 1e9:.2f}B params ({r['trainable'] / 1e6:.1f}M trainable), "
+    fp8 = f", {r['fp8'] / 1e9:.2f}B of them fp8" if r["fp8"] else ""
+    print(f"{args.config}: {(r['trainable'] + r['frozen'] + r['fp8']) / 1e9:.2f}B params ({r['trainable'] / 1e6:.1f}M "
+          f"trainable{fp8}), "
           f"{h}x{w}x{cfg.data.num_frames}, micro batch {cfg.train.micro_batch_size}, {r['video_tokens']} video + "
           f"{r['context_tokens']} context tokens, {cfg.train.mixed_precision}; {args.nodes} node(s) x {args.gpus} GPU(s) "
           f"{cp_note}"
           f"of {args.gpu_mem_gb:g} GB. Estimates (GB per GPU; CPU per node):")
     print(f"  {'ds_config':20s} {'ckpt':5s} {'offl':5s} {'params':>7s} {'grads':>6s} {'optim':>6s} {'activ':>7s} "
-          f"{'bufs':>5s} {'encod':>6s} {'total':>7s} {'CPU':>7s}  fits")
+          f"{'bufs':>5s} {'encod':>6s} {'total':>7s} {'valid':>6s} {'CPU':>6s} {'PCIe':>5s}  fits")
     for x in r["rows"]:
         print(f"  {x['ds_config']:20s} {str(x['gradient_checkpointing'])[0]:5s} {str(x['activation_offload'])[0]:5s} "
               f"{x['params_gb']:7.2f} {x['grads_gb']:6.2f} {x['optimizer_gb']:6.2f} {x['activations_gb']:7.2f} "
-              f"{x['buffers_gb']:5.2f} {x['encoders_gb']:6.2f} {x['gpu_total_gb']:7.2f} {x['cpu_per_node_gb']:7.1f}  "
+              f"{x['buffers_gb']:5.2f} {x['encoders_gb']:6.2f} {x['gpu_total_gb']:7.2f} {x['validation_gb']:6.2f} "
+              f"{x['cpu_per_node_gb']:6.1f} {x['pcie_per_step_gb']:5.0f}  "
               f"{'yes' if x['fits'] else 'no'}")
     print("  encod: the frozen VAE, UMT5 and CLIP, resident when encoding online; 0 with cache.enabled "
-          "(tools/precompute.py, then --set cache.enabled=true)")
+          "(tools/precompute.py, then --set cache.enabled=true). valid: the validation phase's peak (0: off). "
+          "PCIe: host-device copies per step. fits: training and validation")
     c, b = r["configured"], r["best"]
     print(f"configured ({c['ds_config']}, checkpointing {cfg.train.gradient_checkpointing}): "
-          f"{c['gpu_total_gb']:.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")
+          f"{peak(c):.1f} GB per GPU -> {'fits' if c['fits'] else 'does NOT fit'}")
     print("first that fits the GPU: " + (" ".join(plan_options(b)) + f" (~{b['cpu_per_node_gb']:.0f} GB host RAM per "
                                          "node)" if b else "none with these shapes and encoders"))
     print_advice(args, args.config, host_memory_gb(args.cpu_mem_gb), counts)

@@ -256,6 +256,9 @@ def _validate_fp8_base(cfg: Config, zero_stage: int) -> None:
     frozen, and ZeRO-3 partitions parameters, not the fp8 buffers, so its offload would leave the fp8
     base whole on every GPU while promising otherwise."""
     if cfg.model.base_dtype != "fp8":
+        if cfg.model.fp8_blocks_on_host:
+            raise ConfigError("model.fp8_blocks_on_host keeps fp8 blocks in host RAM: set model.base_dtype: fp8, "
+                              "or remove the key")
         return
     if cfg.model.training_type != "lora":
         raise ConfigError("model.base_dtype: fp8 stores the frozen base; a full fine-tune trains every weight: "

@@ -275,6 +275,10 @@ class Model:
     # Linear layers of the blocks stored in float8 e4m3 with a per-channel scale, upcast per layer in
     # the forward (~1 byte per weight: 14B on a 24 GB card; LoRA only, ZeRO-2; docs/memory.md).
     base_dtype: Literal["train", "fp8"] = "train"
+    # With base_dtype fp8: the last N blocks' fp8 weights stay in host RAM and are copied to the GPU
+    # for each use of their block (forward, and its recompute under checkpointing): ~0.35 GB of GPU
+    # per 14B block saved, 2 x that of PCIe traffic per step (docs/memory.md).
+    fp8_blocks_on_host: int = bounded(0, min=0)
 
 
 @dataclass

@@ -136,3 +136,34 @@ def quantize_base(transformer: torch.nn.Module, full_patterns: list[str]) -> int
 def fp8_bytes(transformer: torch.nn.Module) -> int:
     """Bytes the fp8 weights and their scales take (1 per weight + 4 per output channel)."""
     return sum(m.weight_fp8.numel() + 4 * m.weight_scale.numel() for m in transformer.modules() if isinstance(m, Fp8Linear))
+
+
+def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device) -> int:
+    """Keep the fp8 weights of the last `n` transformer blocks in host RAM (pinned where CUDA is)
+    and copy them to `device` for each call of their block: the forward and, under gradient
+    checkpointing, its recompute in the backward. The GPU then holds the other blocks' fp8 weights
+    plus the one block that runs (its copy is freed once autograd no longer needs it). Costs
+    2 x n blocks' fp8 bytes of host-to-device copies per step with checkpointing (docs/memory.md).
+    Called after DeepSpeed has placed the model. Returns the bytes left on the host."""
+    on_host = 0
+    blocks = list(transformer.blocks)[len(transformer.blocks) - n:] if n else []
+    for block in blocks:
+        layers = [m for m in block.modules() if isinstance(m, Fp8Linear)]
+        host = {}
+        for m in layers:
+            w8 = m.weight_fp8.to("cpu")
+            host[m] = w8.pin_memory() if device.type == "cuda" else w8
+            m.weight_fp8 = host[m]  # the device copy DeepSpeed made is freed here
+            on_host += w8.numel()
+
+        def bring(module, args, layers=layers, host=host):
+            for m in layers:
+                m.weight_fp8 = host[m].to(device, non_blocking=True)
+
+        def release(module, args, output, layers=layers, host=host):
+            for m in layers:
+                m.weight_fp8 = host[m]
+
+        block.register_forward_pre_hook(bring)
+        block.register_forward_hook(release)
+    return on_host

@@ -20,7 +20,9 @@ from e2v.models.parts import CLIP_VIT_H
 from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
 from e2v.config.shapes import check_base
 from e2v.models.tiny import tiny_transformer_config
-from e2v.models.trainable import describe_trained, setup_training
+from e2v.models.fp8 import Fp8Linear, fp8_bytes, quantize_base
+from e2v.runtime.adam import optimizer_bytes
+from e2v.models.trainable import describe_trained, full_patterns, setup_training
 
 
 # Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script; their
@@ -102,7 +104,14 @@ def preflight(cfg: Config) -> tuple[WanTransformer3DModel, list[str]]:
     transformer = build_meta_transformer(cfg)
     check_base(cfg, transformer.config, vae_config(cfg))
     check_heads(cfg, transformer.config.num_attention_heads)
-    full_names = setup_training(transformer, cfg, expanded=is_expanded(cfg))
+    expanded = is_expanded(cfg)
+    if cfg.model.base_dtype == "fp8":  # the plan counts what the GPU holds: fp8 weights are buffers
+        quantize_base(transformer, full_patterns(cfg, expanded))
+        layers = transformer.config.num_layers
+        if cfg.model.fp8_blocks_on_host > layers:
+            raise ValueError(f"model.fp8_blocks_on_host={cfg.model.fp8_blocks_on_host}: this transformer has "
+                             f"{layers} blocks; use at most {layers}")
+    full_names = setup_training(transformer, cfg, expanded=expanded)
     return transformer, full_names
 
 
@@ -199,13 +208,13 @@ def count_params(module: torch.nn.Module, trainable_only: bool = False) -> int:
 def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
     """Bytes of the training state summed over all GPUs, before ZeRO partitioning and offload:
     weights in the training precision, gradients of the trained parameters in that precision,
-    and AdamW's fp32 master copy + two moments (12 bytes per trained parameter). Activations
+    and the optimizer's fp32 master copy + two moments (e2v.runtime.adam.optimizer_bytes). Activations
     depend on resolution and checkpointing: tools/estimate_memory.py."""
     params = count_params(transformer)
     trainable = count_params(transformer, trainable_only=True)
     width = 2 if cfg.train.mixed_precision == "bf16" else 4
     return {"params": params, "trainable_params": trainable, "weights_bytes": width * params,
-            "gradient_bytes": width * trainable, "optimizer_bytes": 12 * trainable}
+            "gradient_bytes": width * trainable, "optimizer_bytes": optimizer_bytes(cfg.deepspeed.optimizer) * trainable}
 
 
 def checkpoint_bytes(trainable: int, frozen: int, width: int, zero_stage: int) -> dict:
@@ -284,6 +293,11 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
     offload = [k.removeprefix("offload_") for k in ("offload_optimizer", "offload_param")
                if zero.get(k, {}).get("device") == "cpu"]
     c = transformer.config
+    fp8 = [m for m in transformer.modules() if isinstance(m, Fp8Linear)]
+    fp8_n, fp8_b = sum(m.weight_fp8.numel() for m in fp8), fp8_bytes(transformer)
+    fp8_line = ([f"fp8 base: {fp8_n / 1e9:.3f} B frozen weights in float8 e4m3 + per-channel scales, {fp8_b / gib:.2f} GiB"
+                 + (f" ({cfg.model.fp8_blocks_on_host} of {c.num_layers} blocks' in host RAM, on the GPU while their "
+                    "block runs)" if cfg.model.fp8_blocks_on_host else " on every GPU")] if fp8 else [])
     enc = encoder_bytes(cfg)
     encoders = (", ".join(f"{k} {v / gib:.2f}" for k, v in enc.items()) + f" GiB: {sum(enc.values()) / gib:.2f} GiB on "
                 "every GPU for the whole run" if enc else "none resident (cache.enabled)")
@@ -292,11 +306,13 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
         f"in_channels {c.in_channels}, image attention {'yes' if c.added_kv_proj_dim else 'no'}"
         f"{(' (expanded from a T2V base)' if cfg.model.base == 't2v' else ' (added, zero-initialised)') if is_expanded(cfg) else ''}",
         *([describe_experts(cfg)] if trained_experts(cfg) else []),
-        f"params {plan['params'] / 1e9:.3f} B, trainable {plan['trainable_params'] / 1e6:.2f} M "
+        f"params {(plan['params'] + fp8_n) / 1e9:.3f} B, trainable {plan['trainable_params'] / 1e6:.2f} M "
         f"({describe_trained(cfg, full_names)})",
-        f"weights   {plan['weights_bytes'] / gib:9.2f} GiB ({cfg.train.mixed_precision})",
+        f"weights   {plan['weights_bytes'] / gib:9.2f} GiB ({cfg.train.mixed_precision}{', beside the fp8 base' if fp8 else ''})",
+        *fp8_line,
         f"gradients {plan['gradient_bytes'] / gib:9.2f} GiB",
-        f"optimizer {plan['optimizer_bytes'] / gib:9.2f} GiB (fp32 master + AdamW moments, 12 B per trained param)",
+        f"optimizer {plan['optimizer_bytes'] / gib:9.2f} GiB (fp32 master + AdamW moments, "
+        f"{optimizer_bytes(cfg.deepspeed.optimizer):.4g} B per trained param; deepspeed.optimizer: {cfg.deepspeed.optimizer})",
         f"frozen encoders: {encoders}",
         f"weights, gradients and optimizer are totals over all GPUs, sharded by ZeRO-{zero.get('stage', 0)}"
         f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}",

@@ -144,6 +144,13 @@ def preflight_deepspeed_adam(offload: bool, cuda: bool, local_rank: int, gather)
                          f"(deepspeed.optimizer: {TORCH_ADAMW}, the default: no build, exact resume)")
 
 
+def optimizer_bytes(optimizer: str) -> float:
+    """Bytes per trained parameter of what the optimizer keeps: ZeRO's fp32 master copy (4) and
+    AdamW's two fp32 moments (8), or AdamW8bit's two 8-bit moments with an fp32 absmax per 256
+    values (2 + 8/256)."""
+    return 4 + (2 + 8 / 256 if optimizer == ADAMW_8BIT else 8)
+
+
 def adamw_8bit(params, lr: float, betas, eps: float, weight_decay: float):
     """bitsandbytes' AdamW8bit over `params` (module docstring). Every tensor of at least 4096 values
     gets 8-bit moments (bitsandbytes' own threshold); under ZeRO that is the flat partition."""

@@ -19,7 +19,7 @@ import torch
 from e2v.models import context_parallel
 from e2v.models.expand import is_expanded
 from e2v.models.precision import fp32_kept_params, restore_fp32_params
-from e2v.models.fp8 import quantize_base
+from e2v.models.fp8 import quantize_base, swap_blocks
 from e2v.models.trainable import full_patterns, setup_training
 from e2v.runtime.adam import ADAMW_8BIT, adamw_8bit
 
@@ -96,4 +96,6 @@ def initialize_engine(parts, cfg, ds_config: dict, layout: context_parallel.Layo
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
     )
     restore_fp32_params(parts.transformer, kept_fp32)
+    if cfg.model.fp8_blocks_on_host:  # after DeepSpeed placed the model: the blocks' device copies are freed
+        swap_blocks(parts.transformer, cfg.model.fp8_blocks_on_host, engine.device)
     return engine, scheduler

@@ -58,20 +58,30 @@ smoke peaked at 1.39x this estimate that way).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from e2v.config.load import load_config
+from e2v.config.bases import vae_config
 from e2v.config.schema import REPO_ROOT, Config, resolve_repo_path
 from e2v.models.context_parallel import check_heads, layout
 from e2v.models.expand import is_expanded
-from e2v.models.plan import (activation_bytes, build_meta_transformer, checkpoint_bytes, encoder_bytes, exchange_bytes,
+from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, checkpoint_bytes, encoder_bytes, exchange_bytes,
                              per_token_time, tokens)
-from e2v.models.trainable import setup_training
+from e2v.models.fp8 import Fp8Linear, quantize_base
+from e2v.models.trainable import full_patterns, setup_training
+from e2v.runtime.adam import TORCH_ADAMW, optimizer_bytes
 
 GB = 2**30
 OVERHEAD_GB = 2.0
 SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json"]
+# The VAE's tiled decode of one validation video (diffusers' 256 x 256 pixel tiles, 4 frames a
+# chunk, fp32): the decoder's widest feature maps of one tile plus the decoded clip. An allowance,
+# not a fitted term: the gpu-check section fp8_14b records the real peak.
+VAE_DECODE_TILED_GB = 1.5
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
 # Short names for the released Wan transformers (their configs: e2v.models.plan.KNOWN_WAN_CONFIGS).
@@ -82,40 +92,52 @@ KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-
 @dataclass
 class ModelCounts:
     trainable: int
-    frozen: int
+    frozen: int  # frozen parameters in the training dtype
     largest_layer: int
     width: int
     ffn: int
     layers: int
+    fp8: int = 0  # frozen weights stored in fp8 (model.base_dtype: fp8), not among `frozen`
+    fp8_rows: int = 0  # their output channels: one fp32 scale each
+    fp8_largest: int = 0  # the largest fp8 layer: the weight one forward or backward dequantises
 
 
 def count_model(cfg: Config) -> ModelCounts:
-    """Exact counts of the transformer as training builds it (expansion, LoRA, train.trainable),
-    on the meta device: no memory, nothing downloaded."""
+    """Exact counts of the transformer as training builds it (expansion, the fp8 base, LoRA,
+    train.trainable), on the meta device: no memory, nothing downloaded."""
     model = build_meta_transformer(cfg)
     check_heads(cfg, model.config.num_attention_heads)
-    setup_training(model, cfg, expanded=is_expanded(cfg))
+    expanded = is_expanded(cfg)
+    if cfg.model.base_dtype == "fp8":
+        quantize_base(model, full_patterns(cfg, expanded))
+    setup_training(model, cfg, expanded=expanded)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    fp8 = [m.weight_fp8 for m in model.modules() if isinstance(m, Fp8Linear)]
     c = model.config
     return ModelCounts(trainable, total - trainable, largest, c.num_attention_heads * c.attention_head_dim,
-                       c.ffn_dim, c.num_layers)
+                       c.ffn_dim, c.num_layers, fp8=sum(w.numel() for w in fp8), fp8_rows=sum(w.shape[0] for w in fp8),
+                       fp8_largest=max((w.numel() for w in fp8), default=0))
 
 
-def model_states(c: ModelCounts, ds_name: str, gpus_per_node: int, nodes: int, weight_bytes: int = 2) -> dict:
-    """Bytes per GPU (params, grads, optimizer) and per node in CPU RAM, after DeepSpeed's estimators."""
+def model_states(c: ModelCounts, ds_name: str, gpus_per_node: int, nodes: int, weight_bytes: int = 2,
+                 optimizer: str = TORCH_ADAMW) -> dict:
+    """Bytes per GPU (params, grads, optimizer) and per node in CPU RAM, after DeepSpeed's estimators;
+    an fp8 base adds 1 byte per fp8 weight and 4 per scale to the (ZeRO-2) params."""
     g = gpus_per_node * nodes
     pt, pf, big = c.trainable, c.frozen, c.largest_layer
-    w = weight_bytes
+    w, o = weight_bytes, optimizer_bytes(optimizer)
+    fp8 = c.fp8 + 4 * c.fp8_rows
     table = {
-        "zero2.json": dict(params=w * (pt + pf), grads=6 * pt / g, optimizer=12 * pt / g,
+        "zero2.json": dict(params=w * (pt + pf) + fp8, grads=6 * pt / g, optimizer=o * pt / g,
                            cpu=pt * 4 * gpus_per_node * 1.5),
-        "zero2_offload.json": dict(params=w * (pt + pf), grads=0, optimizer=0, cpu=pt * max(4 * g, 16) * 1.5),
-        "zero3.json": dict(params=4 * big + w * (pt + pf) / g, grads=4 * pt / g, optimizer=12 * pt / g,
+        "zero2_offload.json": dict(params=w * (pt + pf) + fp8, grads=0, optimizer=0,
+                                   cpu=pt * max(4 * g, 4 + o) * 1.5),
+        "zero3.json": dict(params=4 * big + w * (pt + pf) / g, grads=4 * pt / g, optimizer=o * pt / g,
                            cpu=(pt + pf) * 4 * gpus_per_node * 1.5),
         "zero3_offload.json": dict(params=4 * big, grads=0, optimizer=0,
-                                   cpu=(pt * max(4 * gpus_per_node, 18 / nodes) + w * pf / nodes) * 1.5),
+                                   cpu=(pt * max(4 * gpus_per_node, (6 + o) / nodes) + w * pf / nodes) * 1.5),
     }
     return table[ds_name]
 
@@ -127,8 +149,51 @@ def buffer_bytes(ds_name: str, elem_bytes: int) -> float:
     return elem_bytes * (z.get("reduce_bucket_size", 5e8) + gather)
 
 
+def fp8_on_host(cfg: Config, c: ModelCounts) -> tuple[float, float]:
+    """(fp8 bytes kept in host RAM by model.fp8_blocks_on_host, the GPU bytes of the blocks in flight:
+    the one that runs and the next one's copy). Blocks are equal in size."""
+    n = cfg.model.fp8_blocks_on_host
+    if not n or not c.fp8:
+        return 0.0, 0.0
+    per_block = c.fp8 / c.layers
+    return n * per_block, 2 * per_block
+
+
+def validation_bytes(cfg: Config, s: int, ctx: int, c: ModelCounts, e: int, cp: int) -> dict:
+    """What the validation phase adds on the GPU to the resident training state (weights, gradients,
+    optimizer, buffers): the transformer's inference activations (no grad: one block's working set
+    plus what lives outside the blocks, batch 1; the guidance's two passes run one after the other),
+    the VAE and its tiled decode, and, without the cache, the largest encoder (validation brings the
+    encoders one at a time, each only for its part). Zero parts when validation is off."""
+    v = cfg.validation
+    if not v.every_n_steps:
+        return {}
+    block, outside = activation_terms(s, ctx, c, cp=cp, per_token_time=per_token_time(cfg))
+    out = {"inference_activations": e * (block + outside)}
+    if v.num_videos or v.sets:
+        enc = encoder_bytes(cfg)
+        out["vae"] = enc.get("vae") or vae_weight_bytes(cfg)
+        out["vae_decode"] = VAE_DECODE_TILED_GB * GB
+        if len(enc) > 1:
+            out["largest_encoder"] = max(b for k, b in enc.items() if k != "vae")
+    return out
+
+
+def vae_weight_bytes(cfg: Config) -> int:
+    """The VAE's weights in model.vae_dtype, built on the meta device (a cached run has none resident)."""
+    from diffusers import AutoencoderKLWan
+
+    if cfg.model.preset is not None:
+        return 0  # the tiny VAE: a few kilobytes
+    with torch.device("meta"):
+        vae = AutoencoderKLWan.from_config(vae_config(cfg))
+    return (2 if cfg.model.vae_dtype == "bf16" else 4) * sum(p.numel() for p in vae.parameters())
+
+
 def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: ModelCounts | None = None) -> dict:
-    """`counts`: count_model(cfg) when the caller has it (it builds the model on the meta device)."""
+    """`counts`: count_model(cfg) when the caller has it (it builds the model on the meta device).
+    With an fp8 base only the ZeRO-2 rows exist (model.base_dtype: fp8 needs ZeRO-2). A row fits
+    when both the training step and the validation phase do."""
     counts = counts or count_model(cfg)
     s, ctx = tokens(cfg)
     e = 2 if cfg.train.mixed_precision == "bf16" else 4
@@ -136,19 +201,28 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
     u, r = lay.ulysses, lay.ring
     batch = cfg.train.micro_batch_size
     encoders = sum(encoder_bytes(cfg).values())  # resident on every GPU unless the cache replaces them
+    val = validation_bytes(cfg, s, ctx, counts, e, u * r)
+    host_fp8, in_flight = fp8_on_host(cfg, counts)
+    # One fp8 layer's weight is dequantised in the forward and again in the backward (e2v/models/fp8.py).
+    dequant = 2 * e * counts.fp8_largest
     rows = []
-    for ds_name in SHIPPED:
-        st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e)
+    for ds_name in SHIPPED[:2] if counts.fp8 else SHIPPED:
+        st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e, optimizer=cfg.deepspeed.optimizer)
+        params = st["params"] - host_fp8 + in_flight
         for ckpt, off in ((False, False), (True, False), (True, True)):
             act_gpu, act_cpu = activation_bytes(s, ctx, counts, batch, e, ckpt, off, cp=u * r,
                                                 per_token_time=per_token_time(cfg))
-            buffers = buffer_bytes(ds_name, e) + exchange_bytes(s, counts, batch, e, u, r)
-            gpu = st["params"] + st["grads"] + st["optimizer"] + act_gpu + buffers + encoders + OVERHEAD_GB * GB
+            buffers = buffer_bytes(ds_name, e) + exchange_bytes(s, counts, batch, e, u, r) + dequant
+            resident = params + st["grads"] + st["optimizer"] + buffers + OVERHEAD_GB * GB
+            gpu = resident + act_gpu + encoders
+            validation = resident + sum(val.values()) if val else 0.0
             rows.append(dict(ds_config=ds_name, gradient_checkpointing=ckpt, activation_offload=off,
-                             params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
+                             params_gb=params / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
                              activations_gb=act_gpu / GB, buffers_gb=buffers / GB, encoders_gb=encoders / GB,
-                             gpu_total_gb=gpu / GB,
-                             cpu_per_node_gb=(st["cpu"] + act_cpu * gpus) / GB, fits=gpu <= gpu_mem_gb * GB))
+                             gpu_total_gb=gpu / GB, validation_gb=validation / GB,
+                             cpu_per_node_gb=(st["cpu"] + act_cpu * gpus + host_fp8 * gpus) / GB,
+                             pcie_per_step_gb=pcie_bytes(host_fp8, ckpt, act_cpu, counts, ds_name, e) / GB,
+                             fits=max(gpu, validation) <= gpu_mem_gb * GB))
     configured = next(r for r in rows if r["ds_config"] == Path(cfg.deepspeed.config).name
                       and r["gradient_checkpointing"] == cfg.train.gradient_checkpointing
                       and r["activation_offload"] == (cfg.train.activation_offload and cfg.train.gradient_checkpointing))
@@ -156,10 +230,24 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
     best = next((r for r in rows if r["fits"]), None)
     stage = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())["zero_optimization"]["stage"]
     ckpt_bytes = checkpoint_bytes(counts.trainable, counts.frozen, e, stage)
-    return dict(trainable=counts.trainable, frozen=counts.frozen, largest_layer=counts.largest_layer,
-                checkpoint_gb={k: v / GB for k, v in ckpt_bytes.items()},
+    return dict(trainable=counts.trainable, frozen=counts.frozen, fp8=counts.fp8, largest_layer=counts.largest_layer,
+                checkpoint_gb={k: v / GB for k, v in ckpt_bytes.items()}, validation_parts_gb={k: v / GB for k, v in val.items()},
                 video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
-                load_cpu_per_node_gb=e * (counts.trainable + counts.frozen) * gpus / GB)  # read in the train dtype
+                # read in the train dtype; an fp8 base is quantised layer by layer from that copy
+                load_cpu_per_node_gb=e * (counts.trainable + counts.frozen + counts.fp8) * gpus / GB)
+
+
+def pcie_bytes(host_fp8: float, checkpointing: bool, act_cpu: float, c: ModelCounts, ds_name: str, e: int) -> float:
+    """Host-device copies per step (an estimate of the traffic, not of its time): fp8 blocks kept on
+    the host, once per forward and again for the recompute; offloaded activations out and back;
+    ZeRO-3 offload's parameters gathered in the forward and the recompute (e bytes each, frozen
+    ones included); optimizer offload's gradients down and updated weights up (e bytes each)."""
+    b = host_fp8 * (2 if checkpointing else 1) + 2 * act_cpu
+    if ds_name == "zero3_offload.json":
+        b += e * (c.trainable + c.frozen) * (2 if checkpointing else 1)
+    if ds_name in ("zero2_offload.json", "zero3_offload.json"):
+        b += 2 * e * c.trainable
+    return b
 
 
 def estimate_cpu(cfg: Config, procs: int) -> dict:
@@ -229,28 +317,110 @@ def plan_options(row: dict) -> list[str]:
             f"train.activation_offload={str(row['activation_offload']).lower()}"]
 
 
+# The plan for weights that do not fit in the training dtype, before any parameter offload: the
+# frozen base in fp8 and 8-bit AdamW moments (ZeRO-2; docs/memory.md).
+FP8_PLAN = ["model.base_dtype=fp8", "deepspeed.optimizer=adamw_8bit"]
+
+
 def advise(config: str, sets: list[str], gpus: int, gpu_mem_gb: float, nodes: int, host_gb: float | None,
            counts: ModelCounts | None = None) -> dict:
     """The first plan that fits both the GPUs and the host RAM: the configured shapes, then with the
-    cache (no encoders on the GPU), then smaller frames / resolution with the cache; within each,
-    the least offloading first (estimate's row order). Returns {sets, row, host_short: [plans
-    that fit the GPU but not the RAM]}."""
+    cache (no encoders on the GPU), then smaller frames / resolution with the cache. Within each:
+    the training dtype without parameter offload (least offloading first: estimate's row order),
+    then (LoRA) the fp8 base with 8-bit AdamW, with the fewest fp8 blocks kept on the host that
+    fit, then ZeRO-3's parameter offload. Returns {sets, row, host_short: [plans that fit the GPU
+    but not the RAM]}."""
     cfg = load_config(config, sets, check_paths=False)
     variants = [[]] + ([] if cfg.cache.enabled else [["cache.enabled=true"]])
     variants += [variants[-1] + shape for shape in smaller_shapes(cfg)]
     if cfg.train.trainable:  # last: LoRA alone trains less than the config asks, but needs ~10x less host RAM
         variants += [variants[len(variants) > 1] + ["train.trainable=[]"]]
-    host_short, counts = [], {False: counts}  # counts depend on what trains, not on the shapes: built once each
-    for extra in variants:
-        c = load_config(config, sets + extra, check_paths=False)
-        key = "train.trainable=[]" in extra
+    # counts depend on what trains and on the fp8 base, not on the shapes: built once each
+    host_short, counts = [], {(False, cfg.model.base_dtype == "fp8"): counts}
+    fp8_open = cfg.model.training_type == "lora" and cfg.model.base_dtype != "fp8"
+
+    def rows_of(extra: list[str], also: tuple = ()) -> tuple[ModelCounts, list[dict]]:
+        c = load_config(config, sets + extra + list(also), check_paths=False)
+        key = ("train.trainable=[]" in extra, c.model.base_dtype == "fp8")
         counts[key] = counts.get(key) or count_model(c)
-        r = estimate(c, gpus, gpu_mem_gb, nodes, counts=counts[key])
-        for row in r["rows"]:
+        return counts[key], estimate(c, gpus, gpu_mem_gb, nodes, counts=counts[key])["rows"]
+
+    def first(extra: list[str], rows: list[dict]) -> dict | None:
+        for row in rows:
             if not row["fits"]:
                 continue
             if host_gb is not None and row["cpu_per_node_gb"] > host_gb:
                 host_short.append((extra, row))
                 continue
             return dict(sets=extra, row=row, host_short=host_short)
+        return None
+
+    def with_fp8(extra: list[str]) -> dict | None:
+        plan = extra + FP8_PLAN
+        zero2 = ("deepspeed.config=ds_configs/zero2.json",)  # a valid config to count; the row names its own
+        c, rows = rows_of(plan, zero2)
+        found = first(plan, rows)
+        if found or not c.fp8:
+            return found
+        per_block = c.fp8 / c.layers / GB
+        for row in rows:  # the fewest blocks on the host that bring this row under the GPU size
+            over = max(row["gpu_total_gb"], row["validation_gb"]) - gpu_mem_gb
+            n = math.ceil((over + 2 * per_block) / per_block)  # + the two blocks in flight
+            if not row["gradient_checkpointing"] or n > c.layers:
+                continue
+            swapped = plan + [f"model.fp8_blocks_on_host={n}"]
+            same = [r for r in rows_of(swapped, (f"deepspeed.config=ds_configs/{row['ds_config']}",))[1]
+                    if (r["ds_config"], r["gradient_checkpointing"], r["activation_offload"])
+                    == (row["ds_config"], row["gradient_checkpointing"], row["activation_offload"])]
+            found = first(swapped, same)
+            if found:
+                return found
+        return None
+
+    for extra in variants:
+        _, rows = rows_of(extra)
+        param_offload = [r for r in rows if r["ds_config"] == "zero3_offload.json"]
+        found = (first(extra, [r for r in rows if r not in param_offload]) or (with_fp8(extra) if fp8_open else None)
+                 or first(extra, param_offload))
+        if found:
+            return found
     return dict(sets=None, row=None, host_short=host_short)
+
+
+def fit_verdict(cfg: Config, samples: list, precompute: str = "python tools/precompute.py --config <config>",
+                gpu_mem_gb: float | None = None, host_gb: float | None = None) -> list[str]:
+    """The dry run's answer for one GPU: the configured plan's training and validation peaks against
+    the GPU (this machine's first CUDA device, else `gpu_mem_gb`, else 24 GB), its host RAM against
+    this machine's (psutil) at load and in training, and, when the config reads the cache, whether
+    the cache holds the samples (an empty one is filled with tools/precompute.py first)."""
+    from e2v.data.store import CacheStore
+
+    if torch.cuda.is_available():
+        gpu_mem_gb, where = torch.cuda.get_device_properties(0).total_memory / GB, "this machine's GPU"
+    elif gpu_mem_gb is None:
+        gpu_mem_gb, where = 24.0, "no GPU here: judged for a 24 GB card"
+    else:
+        where = "given"
+    host_gb, host_source = host_memory_gb(host_gb)
+    r = estimate(cfg, 1, gpu_mem_gb)
+    row, e = r["configured"], 2 if cfg.train.mixed_precision == "bf16" else 4
+    val = f", validation {row['validation_gb']:.1f} GiB" if row["validation_gb"] else ", validation off"
+    verdict = "fits" if row["fits"] else "does NOT fit: tools/estimate_memory.py --config ... proposes a plan that does"
+    host = max(row["cpu_per_node_gb"], r["load_cpu_per_node_gb"]) + RUNTIME_GB
+    host_verdict = ("" if host_gb is None else
+                    f" -> {'fits' if host <= host_gb else 'does NOT fit'} {host_gb:.0f} GiB ({host_source})")
+    lines = [f"memory on one {gpu_mem_gb:.0f} GiB GPU ({where}; estimate): training {row['gpu_total_gb']:.1f} GiB"
+             f"{val} -> {verdict}",
+             f"host RAM (estimate): {r['load_cpu_per_node_gb']:.1f} GiB while the {'bf16' if e == 2 else 'fp32'} "
+             f"transformer loads, {row['cpu_per_node_gb']:.1f} GiB in training, + {RUNTIME_GB:.0f} GiB of runtime"
+             f"{host_verdict}; PCIe copies ~{row['pcie_per_step_gb']:.0f} GB per step"]
+    if cfg.cache.enabled and samples:
+        store = CacheStore(cfg)
+        missing = sum(not store.path(s).exists() for s in samples)
+        if missing == len(samples):
+            lines.append(f"the cache is empty (cache.enabled: true): fill it first with {precompute} "
+                         "(training stops at start without it)")
+        elif missing:
+            lines.append(f"the cache lacks {missing} of {len(samples)} samples: {precompute} adds them "
+                         "(valid entries are kept)")
+    return lines
