@@ -50,7 +50,7 @@ from e2v.config.seed_formats import map_seed_flags
 from e2v.train.step import add_step_stats, draw_flow, forward_loss, step_scalars
 from e2v.eval.validation import Validator, split_held_out
 from e2v.eval.viz import Visualizer
-from e2v.train.preflight_deps import check_later_phases
+from e2v.eval.preflight_deps import check_later_phases
 
 
 def parse_args():
