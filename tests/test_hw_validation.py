@@ -1,6 +1,7 @@
 """Validation that fits where training fits (e2v/eval/validation.py): a run from the cache
-validates from its cached conditions with no text or image encoder, the VAE visiting the device
-only for the decode, and gives what the encoding validation gives; the decode is tiled, and the
+validates from its cached conditions with no text encoder and nothing encoded, the VAE and then
+the CLIP visiting the device one at a time for their parts, and gives what the encoding
+validation gives; the decode is tiled, and the
 tiles' seams are measured against an untiled decode of the tiny VAE."""
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def _held_out(cfg):
 
 def test_from_the_cache_no_encoder_and_the_same_numbers(cached_setup, tmp_path, monkeypatch):
     """The oracle is the encoding validation of the same held-out samples (argmax posteriors:
-    both paths give the same conditions). The cached one never calls a text or image encoder
-    (they are made to raise), never encodes with the VAE, and decodes inside the VAE's visit to
-    the device, the VAE at home before and after."""
+    both paths give the same conditions). The cached one never encodes text, images or video
+    (those functions are made to raise), decodes inside the VAE's visit to the device, and runs
+    the CLIP (element similarity) in its own visit after the VAE went home."""
     import e2v.conditioning.encode as encode
     import e2v.eval.validation as validation
     from e2v.eval.validation import Validator
@@ -97,14 +98,17 @@ def test_from_the_cache_no_encoder_and_the_same_numbers(cached_setup, tmp_path, 
     torch.testing.assert_close(got_latents, want_latents, rtol=1e-4, atol=1e-5)
     assert events == []  # nothing decoded or encoded yet, nothing brought to the device
 
-    scalars = cached.maybe_run(model, 2)  # the whole validation: losses, videos, files
+    scalars = cached.maybe_run(model, 2)  # the whole validation: losses, videos, files, element similarity
     assert scalars["val/loss"] == pytest.approx(want["val/loss"], rel=1e-4)
+    assert "val/element_similarity" in scalars  # the CLIP came for its part
     decodes = [i for i, e in enumerate(events) if e[0] == "decode"]
     assert decodes and ("encode", "AutoencoderKLWan") not in events
-    visits = [(i, j) for i, e in enumerate(events) if e[0] == "visit"
-              for j in [next(j for j in range(i, len(events)) if events[j][0] == "home")]]
-    assert all(any(a < d < b for a, b in visits) for d in decodes), events  # every decode inside a visit
-    assert len(visits) == 1  # one visit: both videos decoded together
+    # one at a time: each visit ends before the next begins; the VAE's holds every decode, then the CLIP's
+    assert [e for e in events if e[0] in ("visit", "home")] == [
+        ("visit", "AutoencoderKLWan"), ("home", "AutoencoderKLWan"), ("visit", "CLIPVisionModel"),
+        ("home", "CLIPVisionModel")], events
+    vae_visit = (events.index(("visit", "AutoencoderKLWan")), events.index(("home", "AutoencoderKLWan")))
+    assert all(vae_visit[0] < d < vae_visit[1] for d in decodes), events
     assert sorted(p.name for p in (tmp_path / "cached/samples/step_000002").iterdir())[:2] == ["00.mp4", "00.txt"]
 
 

@@ -32,12 +32,13 @@ and with `validation.subject_colour` whether the subject's colour follows its ow
 
 Where the frozen parts are while it runs (what the memory estimate's validation peak models): a
 run from the cache (`reads_cache`) takes the held-out samples' text, reference and CLIP conditions
-from the cache and loads no text or image encoder; the VAE alone is kept on the host and visits the
-device for the decode. Other runs encode with the encoders they hold (an online run keeps them on
-the device for training anyway; a cached run with `validation.sets` or a non-empty negative prompt
-brings them for validation: models.load.with_encoders). The decode is tiled (diffusers'
-AutoencoderKLWan tiling: frames larger than a 256 px tile go in overlapping tiles, so its
-workspace is a tile's, not the frame's).
+from the cache, so no text encoder is loaded and nothing is encoded; the VAE and (rank 0) the CLIP
+are kept on the host and visit the device one at a time, each for its own part: the VAE for the
+decode, then the CLIP for the element similarity of the videos. Other runs encode with the
+encoders they hold (an online run keeps them on the device for training anyway; a cached run with
+`validation.sets` or a non-empty negative prompt brings them for validation:
+models.load.with_encoders). The decode is tiled (diffusers' AutoencoderKLWan tiling: frames larger
+than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's).
 
 Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
@@ -66,7 +67,7 @@ from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subj
 from e2v.train.flow import add_noise, per_sample_mse
 from e2v.config.experts import trains_sigma
 from e2v.data.media import load_image
-from e2v.models.load import load_vae, with_all_experts, with_encoders
+from e2v.models.load import load_clip, load_vae, with_all_experts, with_encoders
 from e2v.eval.sampling import decode, denoise, encode_conditions, generate, inference_config
 from e2v.train.step import predict, prediction_and_target
 from e2v.config.shapes import TEXT_LEN, vae_space_stride
@@ -365,6 +366,13 @@ class Validator:
         write_png(folder / "sheet.png", sheet)
         if self.tb is not None:
             self.tb.add_image("val/generated_sheet", sheet, step, dataformats="HWC")
+        if reads_cache(self.cfg) and self.cfg.uses_clip:  # the CLIP alone, on the host; it visits for the metric
+            if "clip" not in self.host:
+                self.host["clip"] = load_clip(self.cfg, "cpu")
+            encoder, processor = self.host["clip"]
+            with visiting(encoder, self.device):
+                return len(inputs), self.fidelity(videos, swapped, replace(parts, image_encoder=encoder,
+                                                                           image_processor=processor))
         return len(inputs), self.fidelity(videos, swapped, parts)
 
     # -- do the held-out videos follow their references (e2v/eval/fidelity.py) -------------------------

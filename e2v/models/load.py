@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -256,6 +257,26 @@ def load_vae(cfg: Config, device) -> AutoencoderKLWan:
                                            torch_dtype=torch.float32)
     setattr(vae, TF32_ATTR, cfg.model.vae_tf32)
     return vae.requires_grad_(False).eval().to(device)
+
+
+def load_clip(cfg: Config, device="cpu") -> tuple[Any, Any]:
+    """The frozen CLIP image encoder alone with its processor, on `device` (fp32, as A2 runs it):
+    what validation's element similarity needs in a run from the cache, without the text encoder.
+    (None, None) for a config without CLIP."""
+    if not cfg.uses_clip:
+        return None, None
+    if cfg.model.preset is not None:  # seeded together: the tiny CLIP equals the run's
+        tiny = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model), shape=cfg.model.tiny,
+                                informative_vae=cfg.model.tiny_vae == "informative", with_encoders=True)
+        encoder, processor = tiny.image_encoder, tiny.image_processor
+    else:
+        from transformers import CLIPVisionModel
+
+        clip_path, in_pipeline = clip_location(cfg)
+        encoder = CLIPVisionModel.from_pretrained(clip_path, subfolder="image_encoder" if in_pipeline else "",
+                                                  torch_dtype=torch.float32)
+        processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else "")
+    return encoder.requires_grad_(False).eval().to(device), processor
 
 
 @contextlib.contextmanager
