@@ -48,7 +48,7 @@ from e2v.train import loop
 from e2v.runtime.log import get_logger
 from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
-from e2v.train.preflight_deps import check_later_phases
+from e2v.eval.preflight_deps import check_later_phases
 
 
 # rank 0's messages, tagged [e2v], [e2v config], ... (e2v/runtime/log.py)

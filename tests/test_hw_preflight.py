@@ -1,4 +1,4 @@
-"""The start-up check of what later phases need (e2v/train/preflight_deps.py): a missing mp4 writer,
+"""The start-up check of what later phases need (e2v/eval/preflight_deps.py): a missing mp4 writer,
 an unloadable tokenizer or an unwritable folder stops every rank before any weight is read, with
 one line that names the fix."""
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from e2v.config.load import load_config
-from e2v.train import preflight_deps as pd
+from e2v.eval import preflight_deps as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 

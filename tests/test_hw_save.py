@@ -83,3 +83,32 @@ def test_base_modules_stream_one_tensor_at_a_time(tmp_path, monkeypatch):
     assert sorted(saved) == sorted(n.replace(".base_layer", "") for n in full_names)
     for n in full_names:
         assert torch.equal(saved[n.replace(".base_layer", "")], named[n].detach().float()), n
+
+
+@pytest.mark.parametrize("max_shard_bytes", [10**10, 40_000])
+def test_full_export_streams_what_save_pretrained_writes(tmp_path, max_shard_bytes):
+    """A full fine-tune's export, streamed, against the whole-dict path it replaces (save_full:
+    diffusers' save_pretrained and the ComfyUI file): diffusers loads the same weights in the same
+    dtypes from both, sharded with an index or in one file, and the ComfyUI files hold the same
+    tensors under the same names."""
+    from diffusers import WanTransformer3DModel
+
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.train.export import COMFY_CHECKPOINT_FILE, FULL_DIR, export_dtype, export_full, save_full
+
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    export_full(model, tmp_path / "ours" / FULL_DIR, max_shard_bytes=max_shard_bytes)
+    state = {n: p.detach().float().to(export_dtype(n)) for n, p in model.named_parameters()}
+    save_full(state, dict(model.config), tmp_path / "ref" / FULL_DIR)
+    files = sorted(p.name for p in (tmp_path / "ours" / FULL_DIR).iterdir())
+    if max_shard_bytes < 10**10:
+        assert "diffusion_pytorch_model.safetensors.index.json" in files and len(files) > 3, files
+    else:
+        assert files == ["config.json", "diffusion_pytorch_model.safetensors"]
+    ours = WanTransformer3DModel.from_pretrained(tmp_path / "ours" / FULL_DIR).state_dict()
+    ref = WanTransformer3DModel.from_pretrained(tmp_path / "ref" / FULL_DIR).state_dict()
+    assert ours.keys() == ref.keys()
+    for k in ref:
+        assert ours[k].dtype == ref[k].dtype and torch.equal(ours[k], ref[k]), k
+    a, b = (load_file(str(tmp_path / d / COMFY_CHECKPOINT_FILE)) for d in ("ours", "ref"))
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in b)

@@ -30,6 +30,16 @@ and with `validation.subject_colour` whether the subject's colour follows its ow
 (val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
 `samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
 
+Where the frozen parts are while it runs (what the memory estimate's validation peak models): a
+run from the cache (`reads_cache`) takes the held-out samples' text, reference and CLIP conditions
+from the cache, so no text encoder is loaded and nothing is encoded; the VAE and (rank 0) the CLIP
+are kept on the host and visit the device one at a time, each for its own part: the VAE for the
+decode, then the CLIP for the element similarity of the videos. Other runs encode with the
+encoders they hold (an online run keeps them on the device for training anyway; a cached run with
+`validation.sets` or a non-empty negative prompt brings them for validation:
+models.load.with_encoders). The decode is tiled (diffusers' AutoencoderKLWan tiling: frames larger
+than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's).
+
 Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
@@ -39,6 +49,7 @@ Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -49,16 +60,17 @@ import torch
 from e2v.conditioning.encode import Conditions
 from e2v.config.schema import ConfigError
 from e2v.data.dataset import E2VDataset, collate, element_inputs
+from e2v.data.store import CacheStore
 from e2v.runtime.device import randn, to_device
 from e2v.data.sample import element_paths
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.train.flow import add_noise, per_sample_mse
 from e2v.config.experts import trains_sigma
 from e2v.data.media import load_image
-from e2v.models.load import with_all_experts, with_encoders
-from e2v.eval.sampling import decode, encode_conditions, generate
+from e2v.models.load import load_clip, load_vae, with_all_experts, with_encoders
+from e2v.eval.sampling import decode, denoise, encode_conditions, generate
 from e2v.train.step import predict, prediction_and_target
-from e2v.config.shapes import vae_space_stride
+from e2v.config.shapes import TEXT_LEN, vae_space_stride
 from e2v.conditioning.layout import stack_conditions, with_references
 from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
 
@@ -98,6 +110,44 @@ def split_held_out(samples: list, cfg) -> tuple[list, list]:
     return train, val
 
 
+def reads_cache(cfg) -> bool:
+    """Whether validation takes every condition from the cache and loads no text or image encoder:
+    a run from the cache whose videos are held-out samples' (no `validation.sets`, whose prompts
+    and images the cache does not hold) and whose negative prompt, under CFG, is the empty one
+    the cache holds (its caption-dropout embedding)."""
+    v = cfg.validation
+    return cfg.cache.enabled and not v.sets and not (v.guidance_scale > 1 and v.negative_prompt)
+
+
+@contextlib.contextmanager
+def visiting(module: torch.nn.Module, device):
+    """`module` on `device` while the context is open, then back on the host (its memory freed)."""
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to("cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def tiled(vae):
+    """diffusers' AutoencoderKLWan tiling on while the context is open: a frame larger than a tile
+    (256 px by default) is decoded in overlapping tiles blended at the seams, so the decode's
+    workspace is a tile's (81 x 480 x 832: ~6 tiles); smaller frames decode whole, as before.
+    tests/test_hw_validation.py measures the seams against an untiled decode."""
+    if not hasattr(vae, "enable_tiling"):
+        yield vae
+        return
+    was = vae.use_tiling
+    vae.use_tiling = True  # enable_tiling() would also reset tile sizes set on the VAE
+    try:
+        yield vae
+    finally:
+        vae.use_tiling = was
+
+
 class Validator:
     """Holds the encoded held-out samples; `maybe_run` validates at step 0, every n steps and at
     the last step. Every rank runs the same work (ZeRO-3 forwards are collectives); rank 0 writes."""
@@ -110,6 +160,7 @@ class Validator:
         self.images: list[dict] | None = None  # held-out element images, loaded at the first validation
         self.refs: list[dict] | None = None  # the same, preprocessed as conditioning takes them
         self.host: dict = {}  # what validation reuses, read from disk once and kept on the host (models.load)
+        self.empty_text_BLD: torch.Tensor | None = None  # the cache's empty-prompt embedding (reads_cache)
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
 
@@ -123,7 +174,7 @@ class Validator:
         was_training = model.training
         model.eval()
         try:
-            with with_encoders(self.parts, self.cfg, self.device, self.host) as parts:  # a cached run: from the host
+            with self.frozen_parts() as parts:
                 scalars = self.losses(model, parts) if self.samples else {}
                 written, video_scalars = self.videos(model, step, parts)
                 scalars.update(video_scalars)
@@ -133,17 +184,41 @@ class Validator:
             print(f"\n[e2v] validation step {step}: {summary(scalars, written)}")
         return scalars
 
+    @contextlib.contextmanager
+    def frozen_parts(self):
+        """The parts validation runs with: from the cache (reads_cache), the run's parts with the
+        VAE kept on the host (read once); else with_encoders' (an online run's own encoders)."""
+        if not reads_cache(self.cfg):
+            with with_encoders(self.parts, self.cfg, self.device, self.host) as parts:  # a cached run: from the host
+                yield parts
+            return
+        if "vae" not in self.host:
+            self.host["vae"] = load_vae(self.cfg, "cpu")
+        yield replace(self.parts, vae=self.host["vae"], text_encoder=None, image_encoder=None)
+
     # -- loss and reference gaps ------------------------------------------------------------------
 
     def encode(self, parts=None) -> list[Conditions]:
-        """Each held-out sample encoded alone (B=1), once: no padding depends on batching."""
+        """Each held-out sample's conditions alone (B=1), once: no padding depends on batching.
+        Encoded by the frozen encoders, or (reads_cache) assembled from its cache entry as a
+        training step assembles it, without dropout or a random element choice."""
         if self.conds is None:
-            ds = E2VDataset(self.cfg, self.samples)
-            gen = torch.Generator().manual_seed(self.cfg.validation.seed)
+            parts, cfg = parts or self.parts, self.cfg
+            gen = torch.Generator().manual_seed(cfg.validation.seed)
+            cache = CacheStore(cfg) if reads_cache(cfg) else None
+            if cache is not None:
+                cache.verify_all(self.samples)  # a held-out sample precompute did not cover: named here
+            ds = E2VDataset(cfg, self.samples, cache)
+            self.conds = []
             with torch.no_grad():
-                self.conds = [encode_conditions(parts or self.parts, self.cfg, to_device(collate([ds[i]]), self.device),
-                                                gen)
-                              for i in range(len(ds))]
+                for i in range(len(ds)):
+                    batch = to_device(collate([ds[i]]), self.device)
+                    self.conds.append(encode_conditions(parts, cfg, batch, gen))  # encoded, or the cache's entries
+                    if cache is None:
+                        continue
+                    empty = batch["shared"][0]["empty_text"]  # [L, D]: encode_text([""]) before its zero padding
+                    self.empty_text_BLD = torch.zeros(1, TEXT_LEN, empty.shape[-1], device=empty.device)
+                    self.empty_text_BLD[0, : empty.shape[0]] = empty
         return self.conds
 
     @torch.no_grad()
@@ -219,6 +294,32 @@ class Validator:
                         num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
                         negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
 
+    def generate_from_cache(self, model, parts, partners: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What `generate` makes for the first `validation.num_videos` held-out samples, from their
+        cached conditions (reads_cache): the noise of `validation.seed` drawn first, as generate
+        draws it; the negative prompt is the empty one. With `partners`, also each sample with its
+        partner's references (same prompt, same noise). Returns (latents, swapped or None)."""
+        v = self.cfg.validation
+        conds = self.encode(parts)
+        k = min(v.num_videos, len(conds))
+        c = stack_conditions(conds[:k])
+        noise = randn(c.latents_BCTHW.shape, torch.Generator().manual_seed(v.seed), c.latents_BCTHW.device)
+        negative = self.empty_text_BLD if v.guidance_scale > 1 else None
+        run = dict(num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
+                   dtype=self.dtype)
+        latents = denoise(model, c, negative, noise, **run)
+        swapped = None
+        if partners:
+            others = stack_conditions([conds[self.partner(i)] for i in range(k)])
+            swapped = denoise(model, with_references(c, others), negative, noise, **run)
+        return latents, swapped
+
+    def decode(self, latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
+        """uint8 videos of the latents, tiled; a VAE kept on the host (reads_cache) visits the
+        device for it."""
+        with visiting(vae, self.device) if reads_cache(self.cfg) else contextlib.nullcontext(), tiled(vae):
+            return decode(latents_BCTHW, vae)
+
     def videos(self, model, step: int, parts=None) -> tuple[int, dict]:
         """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip; for held-out videos
         also the sheet (references | frames, and the swapped generation beside it) and the
@@ -228,14 +329,17 @@ class Validator:
         if not inputs:
             return 0, {}
         with with_all_experts(model, parts, self.cfg, self.device, self.dtype, self.host) as full:  # Wan2.2
-            latents = self.generate(full, parts, inputs)
-            swapped = None
-            if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
-                images = self.held_out_images()
-                swapped = self.generate(full, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
+            if reads_cache(self.cfg):
+                latents, swapped = self.generate_from_cache(full, parts, partners=v.subject_colour is not None)
+            else:
+                latents = self.generate(full, parts, inputs)
+                swapped = None
+                if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
+                    images = self.held_out_images()
+                    swapped = self.generate(full, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
         if self.rank != 0:
             return len(inputs), {}
-        videos = decode(latents, parts.vae)
+        videos = self.decode(latents, parts.vae)
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         for k, ((prompt, images), video) in enumerate(zip(inputs, videos)):
@@ -247,11 +351,18 @@ class Validator:
                 self.tb.add_image(f"val/video_{k:02d}", strip, step, dataformats="HWC")
         if v.sets:  # prompts and images without held-out peers: nothing to compare with
             return len(inputs), {}
-        swapped = None if swapped is None else decode(swapped, parts.vae)
+        swapped = None if swapped is None else self.decode(swapped, parts.vae)
         sheet = self.generated_sheet(videos, swapped)
         write_png(folder / "sheet.png", sheet)
         if self.tb is not None:
             self.tb.add_image("val/generated_sheet", sheet, step, dataformats="HWC")
+        if reads_cache(self.cfg) and self.cfg.uses_clip:  # the CLIP alone, on the host; it visits for the metric
+            if "clip" not in self.host:
+                self.host["clip"] = load_clip(self.cfg, "cpu")
+            encoder, processor = self.host["clip"]
+            with visiting(encoder, self.device):
+                return len(inputs), self.fidelity(videos, swapped, replace(parts, image_encoder=encoder,
+                                                                           image_processor=processor))
         return len(inputs), self.fidelity(videos, swapped, parts)
 
     # -- do the held-out videos follow their references (e2v/eval/fidelity.py) -------------------------

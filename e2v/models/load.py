@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -73,28 +74,33 @@ def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dic
 
 
 def load_pretrained_parts(cfg: Config, with_encoders: bool = True, with_transformer: bool = True,
-                          ds_config: dict | None = None, experts: tuple[str, ...] = ()) -> Parts:
+                          ds_config: dict | None = None, experts: tuple[str, ...] = (), device="cpu") -> Parts:
     """Wan diffusers folders: transformer/ vae/ text_encoder/ tokenizer/ (+ image_encoder/,
     image_processor/ for Wan2.1 I2V; + transformer_2/ for Wan2.2's two experts: `experts` names
     those to load, held by a TwoExperts). VAE and CLIP stay fp32 as in A2's inference; UMT5 in
     weight_dtype. Under a ZeRO-3 `ds_config` the transformer is partitioned at load
     (load_transformer_zero3). Without `with_transformer` it is built on the meta device from its
-    config (tools that only read its shape, such as precompute)."""
+    config (tools that only read its shape, such as precompute). UMT5 and CLIP are read straight
+    onto `device` (`device_map`: each tensor goes from the file's mapped pages to the device, so a
+    rank never holds a host copy: ~11 GiB of UMT5 and 2.5 GiB of CLIP per rank before, ~110 GB on
+    an 8-GPU node)."""
     from transformers import AutoTokenizer, CLIPVisionModel, UMT5EncoderModel
 
     path = resolve_pretrained(cfg.model.pretrained)
     wdtype = torch.bfloat16 if cfg.model.weight_dtype == "bf16" else torch.float32
+    straight = {"device_map": {"": str(torch.device(device))}}  # transformers' loader: file -> device
     parts = Parts(transformer=None)  # the encoders first: expansion needs the CLIP's width
     if with_encoders:
         # The target video always goes through the VAE, whatever e2v_type.
         parts.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
         parts.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-        parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype)
+        parts.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=wdtype,
+                                                              **straight)
         if cfg.uses_clip:
             clip_path, in_pipeline = clip_location(cfg)
             # A plain folder is subfolder "": transformers 5 fails on subfolder=None.
             parts.image_encoder = CLIPVisionModel.from_pretrained(
-                clip_path, subfolder="image_encoder" if in_pipeline else "", torch_dtype=torch.float32)
+                clip_path, subfolder="image_encoder" if in_pipeline else "", torch_dtype=torch.float32, **straight)
             parts.image_processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else "")
     if not with_transformer:
         return parts  # load_parts puts the meta-device model here
@@ -127,7 +133,7 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
         if with_transformer:
             parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
     else:
-        parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts)
+        parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts, device)
     if parts.vae is not None and cfg.model.vae_dtype == "bf16":  # loaded fp32 (A2's dtype); model.vae_dtype
         parts.vae.to(torch.bfloat16)
     place_encoders(parts, device)
@@ -256,6 +262,26 @@ def load_vae(cfg: Config, device) -> AutoencoderKLWan:
                                            torch_dtype=torch.float32)
     setattr(vae, TF32_ATTR, cfg.model.vae_tf32)
     return vae.requires_grad_(False).eval().to(device)
+
+
+def load_clip(cfg: Config, device="cpu") -> tuple[Any, Any]:
+    """The frozen CLIP image encoder alone with its processor, on `device` (fp32, as A2 runs it):
+    what validation's element similarity needs in a run from the cache, without the text encoder.
+    (None, None) for a config without CLIP."""
+    if not cfg.uses_clip:
+        return None, None
+    if cfg.model.preset is not None:  # seeded together: the tiny CLIP equals the run's
+        tiny = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model), shape=cfg.model.tiny,
+                                informative_vae=cfg.model.tiny_vae == "informative", with_encoders=True)
+        encoder, processor = tiny.image_encoder, tiny.image_processor
+    else:
+        from transformers import CLIPVisionModel
+
+        clip_path, in_pipeline = clip_location(cfg)
+        encoder = CLIPVisionModel.from_pretrained(clip_path, subfolder="image_encoder" if in_pipeline else "",
+                                                  torch_dtype=torch.float32)
+        processor = clip_image_processor(clip_path, "image_processor" if in_pipeline else "")
+    return encoder.requires_grad_(False).eval().to(device), processor
 
 
 @contextlib.contextmanager

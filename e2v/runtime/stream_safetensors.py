@@ -23,6 +23,11 @@ DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
                torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 
 
+def nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of this dtype and shape in the file."""
+    return prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
 class StreamedSafetensors:
     """`layout` (name -> (dtype, shape)) fixes the header and the order; `write(name, tensor)`
     appends each tensor in that order, `close()` checks every one came. Use as a context manager."""
@@ -36,7 +41,7 @@ class StreamedSafetensors:
         for name, (dtype, shape) in self.layout.items():
             if dtype not in DTYPE_NAMES:
                 raise ValueError(f"{path}: {name} has dtype {dtype}, which safetensors cannot store")
-            size = prod(shape) * torch.empty((), dtype=dtype).element_size()
+            size = nbytes(dtype, shape)
             header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()

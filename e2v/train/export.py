@@ -20,7 +20,7 @@ from e2v.train.comfy import (check_comfy_mappable, comfy_diffs, comfy_lora, comf
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
 from e2v.runtime.integrity import usual_permissions
 from e2v.runtime.files import replacing
-from e2v.runtime.stream_safetensors import StreamedSafetensors
+from e2v.runtime.stream_safetensors import StreamedSafetensors, nbytes
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
@@ -228,20 +228,69 @@ def export_dtype(name: str) -> torch.dtype:
     return torch.float32 if kept_in_fp32(name) else torch.bfloat16
 
 
-def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0) -> Path:
-    """The whole transformer in bf16 (fp32 where diffusers keeps fp32), diffusers layout.
-    Parameters are gathered one at a time, so no rank holds more than one full parameter beyond
-    rank 0's copy of the model."""
-    state = {}
-    for name, p in transformer.named_parameters():
-        value = _full_fp32(p, keep=rank == 0)
+def export_full(transformer: torch.nn.Module, out_dir: Path, rank: int = 0, max_shard_bytes: int = 10**10) -> Path:
+    """The whole transformer in bf16 (fp32 where diffusers keeps fp32), diffusers layout (config,
+    safetensors shards of at most `max_shard_bytes` as save_pretrained's default "10GB" cuts them,
+    and their index), and beside it the ComfyUI file under Wan's names. Streamed
+    (runtime.stream_safetensors): each parameter is gathered (a collective under ZeRO-3), cast and
+    written to its shard and the ComfyUI file by rank 0, which holds one parameter at a time
+    instead of the whole model (28 GiB of bf16 for 14B)."""
+    from diffusers import WanTransformer3DModel
+
+    out_dir = Path(out_dir)
+    named = list(transformer.named_parameters())
+    layout = {n: (export_dtype(n), full_shape(p)) for n, p in named}
+    with contextlib.ExitStack() as stack:
+        shard_of, comfy = {}, None
         if rank == 0:
-            state[name] = value.to(export_dtype(name))
+            config = {k: v for k, v in dict(transformer.config).items() if not k.startswith("_")}
+            with torch.device("meta"):
+                model = WanTransformer3DModel.from_config(config)
+            missing = sorted(set(model.state_dict()) - set(layout))  # rope tables: non-persistent, rebuilt at load
+            if missing:
+                raise KeyError(f"full export: no weights for {missing[:5]}")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            model.save_config(str(out_dir))
+            shards = _shards({n: layout[n] for n in model.state_dict()}, max_shard_bytes)
+            for file, names in shards.items():
+                tmp = stack.enter_context(replacing(out_dir / file))
+                writer = stack.enter_context(StreamedSafetensors(tmp, {n: layout[n] for n in names}, {"format": "pt"}))
+                shard_of.update({n: writer for n in names})
+            if len(shards) > 1:
+                total = sum(nbytes(*layout[n]) for n in shard_of)
+                index = {"metadata": {"total_size": total},
+                         "weight_map": {n: f for f, names in shards.items() for n in names}}
+                (out_dir / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            tmp = stack.enter_context(replacing(out_dir.parent / COMFY_CHECKPOINT_FILE))
+            comfy = stack.enter_context(StreamedSafetensors(
+                tmp, {wan_original_key(n): layout[n] for n in shard_of}, {"format": "pt"}))
+        for name, p in named:
+            value = _full_fp32(p, keep=rank == 0)  # every rank takes part in the gather
+            if name in shard_of:
+                value = value.to(export_dtype(name))
+                shard_of[name].write(name, value)
+                comfy.write(wan_original_key(name), value)
+            del value
     if rank == 0:
-        for name, b in transformer.named_buffers():
-            state[name] = b.detach().cpu()
-        save_full(state, dict(transformer.config), out_dir)
+        usual_permissions(*out_dir.iterdir(), out_dir.parent / COMFY_CHECKPOINT_FILE)
     return out_dir
+
+
+def _shards(layout: dict, max_bytes: int) -> dict[str, list[str]]:
+    """File name -> tensor names, in order, each file under `max_bytes` (one tensor larger than that
+    gets a file of its own), named as diffusers' save_pretrained names its shards."""
+    groups, size = [[]], 0
+    for name, (dtype, shape) in layout.items():
+        b = nbytes(dtype, shape)
+        if groups[-1] and size + b > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += b
+    if len(groups) == 1:
+        return {"diffusion_pytorch_model.safetensors": groups[0]}
+    n = len(groups)
+    return {f"diffusion_pytorch_model-{i + 1:05d}-of-{n:05d}.safetensors": g for i, g in enumerate(groups)}
 
 
 def save_full(state: dict, config: dict, out_dir: Path) -> None:

@@ -37,10 +37,9 @@ def writes_mp4(cfg) -> bool:
 def encodes_prompts(cfg) -> bool:
     """Whether the run needs the prompt tokenizer at run time: it encodes online, or it validates
     with prompts the cache does not hold (`validation.sets`, a non-empty negative prompt under CFG)."""
-    if not cfg.cache.enabled:
-        return True
-    v = cfg.validation
-    return v.every_n_steps > 0 and (bool(v.sets) or (v.guidance_scale > 1 and bool(v.negative_prompt)))
+    from e2v.eval.validation import reads_cache
+
+    return not cfg.cache.enabled or (cfg.validation.every_n_steps > 0 and not reads_cache(cfg))
 
 
 def mp4_writer_problem(folder: Path) -> str | None:

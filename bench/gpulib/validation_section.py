@@ -1,0 +1,49 @@
+"""The GPU check's validation section: configs/e2v_t2v_1.3b_24gb.yaml trained from its cache for 2
+steps under the 24 GiB cap WITH validation on (step 0 and the last step: losses at a sigma, one
+generated video, decoded tiled), the run the other 24 GB section turns validation off for. What it
+shows on a GPU: validation from the cache brings no text encoder, and the VAE and the CLIP visit the
+device one at a time (e2v/eval/validation.py), so the validation phase fits where training fits.
+
+Registered in tools/gpulib/sections.py's SECTIONS as
+    Section("validation_24gb", 90, section_validation, "Validation of a 24 GB config under a 24 GiB cap")
+"""
+
+from __future__ import annotations
+
+from tools.gpulib.common import LIMIT_GIB, REAL, Ctx, dataset, gpu_estimate, model_folders, precompute, run_sets, train
+
+CONFIG = "configs/e2v_t2v_1.3b_24gb.yaml"
+
+
+def validation_sets(steps: int) -> list[str]:
+    """Validation at step 0 and the last step on 2 held-out samples: one sigma, one video of 2
+    denoising steps (CFG on, as the config samples), enough to put every phase on the device."""
+    return [f"validation.every_n_steps={steps}", "validation.num_samples=2", "validation.num_videos=1",
+            "validation.num_inference_steps=2", "validation.sigmas=[0.5]"]
+
+
+def section_validation(ctx: Ctx) -> dict:
+    """2 steps of the 1.3B 24 GB config from its cache with validation, capped at 24 GiB: passed
+    when it ran, logged validation losses at steps 0 and 2, and wrote the video."""
+    from tools.gpulib.sections import verdict_24gb
+
+    steps, name = 2, "validation_24gb"
+    data = dataset(ctx, "data_validation", samples=4)  # 2 held out, 2 to train on
+    folders = model_folders(ctx, "1.3b")
+    sets = [f"model.pretrained={folders['t2v']}", f"model.image_encoder={folders['clip']}"]
+    sets += [s for s in run_sets(ctx, name, data, steps, ctx.sizes.frames) if not s.startswith("validation.")]
+    sets += validation_sets(steps) + [f"cache.dir={ctx.work / ('cache_' + name)}"]
+    out = {"limit_gib": LIMIT_GIB, "precompute": precompute(ctx, CONFIG, sets)}
+    out["estimate"] = gpu_estimate(CONFIG, sets)
+    if out["precompute"]["rc"] != 0:
+        return {**out, "passed": False}
+    run = train(ctx, name, CONFIG, sets, fraction_gib=LIMIT_GIB)
+    out["run"] = run
+    out.update(verdict_24gb(run))
+    video = ctx.work / "runs" / name / "samples" / f"step_{steps:06d}" / "00.mp4"
+    out["validated_steps"] = sorted(run.get("val_loss", {}))
+    out["video_written"] = video.is_file() and video.stat().st_size > 0
+    out["frames"], out["resolution"] = ctx.sizes.frames, list(ctx.sizes.resolution)
+    out["real_size"] = ctx.sizes == REAL
+    out["passed"] = bool(out["passed"] and out["validated_steps"] == [0, steps] and out["video_written"])
+    return out
