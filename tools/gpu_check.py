@@ -88,6 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--allow-cpu", action="store_true", help="no CUDA: every section at tiny sizes on the CPU")
     p.add_argument("--out", type=Path, default=None, help="report folder (default bench/, with --allow-cpu bench/tmp/)")
     p.add_argument("--work", type=Path, default=None, help="data, runs and logs (default smoke_real/gpu[_cpu])")
+    p.add_argument("--wheels", type=Path, default=None,
+                   help="install what does not import from this folder only (pip --no-index; tools/gpulib/packages.py)")
+    p.add_argument("--no-install", action="store_true", help="install nothing: report what does not import")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     unknown = sorted(set(only) - set(NAMES))
@@ -107,12 +110,13 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    packages = prepare_packages(args.wheels, args.no_install)
     cuda = problem is None
     out_dir = args.out or (ROOT / "bench" if cuda else ROOT / "bench" / "tmp")
     work = args.work or ROOT / "smoke_real" / ("gpu" if cuda else "gpu_cpu")
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    ctx = Ctx(cuda=cuda, sizes=REAL if cuda else TINY, work=work, deadline=t_start + args.budget)
+    ctx = Ctx(cuda=cuda, sizes=REAL if cuda else TINY, work=work, deadline=t_start + args.budget, packages=packages)
     result = {"device": torch.cuda.get_device_name(0) if cuda else "CPU (--allow-cpu, tiny sizes)", "cuda": cuda,
               "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "argv": "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
@@ -121,8 +125,10 @@ def main(argv=None) -> int:
         if args.only and s.name not in args.only:
             continue
         left = ctx.left()
-        if s.budget_s > left:  # on a GPU; at tiny sizes on a CPU the budgets are not the times
-            r = {"skipped": f"needs ~{s.budget_s:.0f} s, {max(left, 0):.0f} s left", "passed": True}
+        if s.name != "environment" and packages["problems"]:  # each would fail on an import
+            r = {"skipped": "packages do not import (environment)"}
+        elif s.budget_s > left:  # on a GPU; at tiny sizes on a CPU the budgets are not the times
+            r = {"skipped": f"needs ~{s.budget_s:.0f} s, {max(left, 0):.0f} s left"}
         else:
             print(f"[gpu-check] {s.name} (budget {s.budget_s:.0f} s, {left:.0f} s left) ...", flush=True)
             t0 = time.monotonic()
@@ -134,12 +140,44 @@ def main(argv=None) -> int:
             print(f"[gpu-check] {s.name}: {_ok(r)} in {r['wall_s']:.0f} s", flush=True)
         result["sections"][s.name] = r
         result["elapsed_s"] = round(time.monotonic() - t_start, 1)
-        result["passed"] = all(x.get("passed") for x in result["sections"].values())
+        result["verdict"] = verdict(result["sections"])
+        result["passed"] = result["verdict"] == "PASSED"
         write_report(result, out_dir)
     result["finished"] = True
     md, js = write_report(result, out_dir)
-    print(f"[gpu-check] {'PASSED' if result['passed'] else 'FAILED'} in {result['elapsed_s']:.0f} s: {md}, {js}")
-    return 0 if result["passed"] else 1
+    print(f"[gpu-check] {result['verdict']} in {result['elapsed_s']:.0f} s: {md}, {js}")
+    return EXIT[result["verdict"]]
+
+
+EXIT = {"PASSED": 0, "FAILED": 1, "INCOMPLETE": 3}
+
+
+def verdict(sections: dict) -> str:
+    """FAILED when a section that ran failed; INCOMPLETE when none failed but a section, or a check
+    inside one (`skipped_checks`), was skipped; PASSED only when everything asked for ran and passed."""
+    if any("skipped" not in r and not r.get("passed") for r in sections.values()):
+        return "FAILED"
+    if any("skipped" in r or r.get("skipped_checks") for r in sections.values()):
+        return "INCOMPLETE"
+    return "PASSED"
+
+
+def prepare_packages(wheels: Path | None, no_install: bool) -> dict:
+    """Everything the check imports, importable before the first section: checked by importing it
+    (tools/gpulib/packages.py); what fails is installed from `wheels` only (no index), from the
+    index without it, or not at all with `no_install`. -> {"installed_from", "problems", "pip"}"""
+    import importlib
+
+    from tools.gpulib.packages import import_problems, install
+
+    problems = import_problems()
+    if problems and not no_install:
+        print(f"[gpu-check] cannot import {', '.join(problems)}: installing "
+              f"{'from ' + str(wheels) + ' (no index)' if wheels else 'from the package index'}", flush=True)
+        out = install(sys.executable, wheels, no_install, problems)
+        importlib.invalidate_caches()
+        return out
+    return {"installed_from": None, "problems": problems}
 
 
 if __name__ == "__main__":
