@@ -194,9 +194,10 @@ def resolve(python_version: str, torch_version: str, local: Path) -> list[tuple[
     return sorted((n, ver) for n, ver in found if _canonical(n) not in map(_canonical, MACHINE_HAS))
 
 
-def build_wheels(out: Path, python_version: str, torch_version: str) -> list[tuple[str, str]]:
+def build_wheels(out: Path, python_version: str, torch_version: str, list_only: bool = False) -> list[tuple[str, str]]:
     """The folder: deepspeed built from its source archive (pure Python, no op compiled), then every
-    other wheel of `resolve`'s list downloaded for the target; LIST.txt names them all."""
+    other wheel of `resolve`'s list downloaded for the target; LIST.txt names them all. With
+    `list_only`, the list alone (deepspeed's wheel is still built: pip resolves against it)."""
     out.mkdir(parents=True, exist_ok=True)
     specs = requirement_specs()
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
@@ -204,6 +205,8 @@ def build_wheels(out: Path, python_version: str, torch_version: str) -> list[tup
     if built.returncode:
         raise SystemExit(f"could not build the deepspeed wheel:\n{built.stderr[-2000:]}")
     wanted = resolve(python_version, torch_version, out)
+    if list_only:
+        return wanted
     rest = [f"{n}=={v}" for n, v in wanted if _canonical(n) != "deepspeed"]
     got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                           "--python-version", python_version, "--implementation", "cp", "-d", str(out),
@@ -273,6 +276,7 @@ def main(argv=None) -> int:
     w.add_argument("--out", type=Path, required=True)
     w.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
     w.add_argument("--torch", default="2.8.0", help="the GPU machine's torch version (it is not carried)")
+    w.add_argument("--list-only", action="store_true", help="print the list (docs/gpu.md), download nothing")
     v = sub.add_parser("venv-check", help="install a wheel folder into a clean venv with no index; check it")
     v.add_argument("--wheels", type=Path, required=True)
     v.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "e2v-gpu-wheels-venv")
@@ -283,8 +287,8 @@ def main(argv=None) -> int:
               "\n".join(f"cannot import {k}: {x}" for k, x in problems.items()) or "every module imports")
         return 1 if problems else 0
     if args.cmd == "wheels":
-        wanted = build_wheels(args.out, args.python_version, args.torch)
-        print(f"{len(wanted)} wheels in {args.out} (LIST.txt) for Python {args.python_version}, torch {args.torch} "
+        wanted = build_wheels(args.out, args.python_version, args.torch, args.list_only)
+        print(f"{len(wanted)} wheels {'listed' if args.list_only else f'in {args.out} (LIST.txt)'} for Python {args.python_version}, torch {args.torch} "
               f"and {', '.join(MACHINE_HAS)} already on the machine:")
         print("\n".join(f"    {n}=={ver}" for n, ver in wanted))
         return 0

@@ -104,7 +104,8 @@ def _render_main(r: dict) -> list[str]:
     return out + ["", f"Partitioned at load: {'yes' if r.get('partitioned_load') else 'NO'}; resumed from step "
                       f"{r.get('resumed', {}).get('from_step')}; export: {', '.join(r.get('export_files', [])) or 'none'}; "
                       f"sample: {_ok(s) if s else '-'} (shape {s.get('shape')}, pixel std {s.get('pixel_std')}, "
-                      f"mean frame-to-frame change {s.get('frame_to_frame_change')})"]
+                      f"mean frame-to-frame change {s.get('frame_to_frame_change')}, PSNR against the fp32 "
+                      f"reference {s.get('psnr_db_vs_fp32')} dB)"]
 
 
 def _render_24gb(r: dict) -> list[str]:
@@ -143,9 +144,18 @@ def _render_attention(r: dict) -> list[str]:
             "", "Device kernels under it: " + (", ".join(f"`{k}`" for k in r["attention_kernels"]) or "none")]
 
 
+def _render_offload_adam(r: dict) -> list[str]:
+    if "optimizer" not in r:
+        return []
+    return [f"{r['optimizer']} (fused: {r['fused']}) on a {r['partition_device']} partition of {r['partition_numel']} "
+            f"values (pinned: {r['pinned']}); losses {[round(x, 4) for x in r['losses']]}; largest difference from "
+            f"torch's reference AdamW per step {r['max_abs_diff']} (tolerance {r['atol']})"]
+
+
 RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae_dtype": _render_vae,
              "main_path": _render_main, "gpu_24gb": _render_24gb, "activation_offload": _render_offload,
-             "wan22": _render_wan22, "attention": _render_attention}
+             "wan22": _render_wan22, "attention": _render_attention,
+             "offload_adam": _render_offload_adam}
 
 
 def write_report(result: dict, out_dir: Path) -> tuple[Path, Path]:

@@ -199,30 +199,41 @@ def section_main_path(ctx: Ctx) -> dict:
     return out
 
 
+SAMPLE_PSNR_DB = 25.0  # bf16 against the fp32 reference, same seed: a broken kernel or cast lands far below
+
+
 def sample(ctx: Ctx, base: list[str], data: Path, lora: Path, frames: int) -> dict:
-    """tools/sample.py on the export, 2 denoising steps; the mp4 read back must not be constant."""
+    """tools/sample.py on the export, 2 denoising steps, with the transformer in bf16 (the GPU's
+    default) and, as the reference, in fp32, same seed: the bf16 video must not be constant and must
+    match the reference (PSNR over the decoded mp4s)."""
     import numpy as np
 
     h, w = ctx.sizes.resolution
-    mp4 = ctx.work / "main_path_sample.mp4"
-    mp4.unlink(missing_ok=True)
     cmd = [sys.executable, str(ROOT / "tools/sample.py"), "--config", "configs/e2v.yaml", "--lora", str(lora),
            "--element", f"subject={data / '000_person.png'}", "--element", f"object={data / '000_object.png'}",
            "--element", f"background={data / '000_background.png'}", "--prompt", "a shape moves",
-           "--out", str(mp4), "--steps", "2", "--frames", str(frames), "--height", str(h), "--width", str(w)]
+           "--steps", "2", "--frames", str(frames), "--height", str(h), "--width", str(w)]
     for s in base + [TORCH_ADAM]:
         cmd += ["--set", s]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(ctx.left(), 10))
-    out = {"rc": p.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
-    if p.returncode != 0 or not mp4.exists():
-        return {**out, "passed": False, "error": p.stdout[-800:] + p.stderr[-2000:]}
-    import imageio.v2 as imageio
+    out, videos = {}, {}
+    for dtype in ("bf16", "fp32"):
+        mp4 = ctx.work / f"main_path_sample_{dtype}.mp4"
+        mp4.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd + ["--out", str(mp4), "--dtype", dtype], cwd=ROOT, capture_output=True, text=True,
+                           timeout=max(ctx.left(), 10))
+        out[f"{dtype}_wall_s"] = round(time.perf_counter() - t0, 1)
+        if p.returncode != 0 or not mp4.exists():
+            return {**out, "rc": p.returncode, "passed": False, "error": f"--dtype {dtype}: " + p.stdout[-800:] + p.stderr[-2000:]}
+        import imageio.v2 as imageio
 
-    frames_FHWC = np.stack(imageio.mimread(str(mp4), memtest=False))
-    out.update(shape=list(frames_FHWC.shape), pixel_std=round(float(frames_FHWC.std()), 2),
-               frame_to_frame_change=round(float(np.abs(np.diff(frames_FHWC.astype(np.int16), axis=0)).mean()), 3))
-    out["passed"] = out["pixel_std"] > 1.0  # a constant (or blank) video has std 0
+        videos[dtype] = np.stack(imageio.mimread(str(mp4), memtest=False)).astype(np.float64)
+    frames_FHWC, ref_FHWC = videos["bf16"], videos["fp32"]
+    mse = float(((frames_FHWC - ref_FHWC) ** 2).mean())
+    out.update(rc=0, shape=list(frames_FHWC.shape), pixel_std=round(float(frames_FHWC.std()), 2),
+               frame_to_frame_change=round(float(np.abs(np.diff(frames_FHWC, axis=0)).mean()), 3),
+               psnr_db_vs_fp32=round(10 * np.log10(255.0**2 / mse), 2) if mse > 0 else float("inf"))
+    out["passed"] = out["pixel_std"] > 1.0 and out["psnr_db_vs_fp32"] >= SAMPLE_PSNR_DB  # std 0: a constant video
     return out
 
 
@@ -302,6 +313,26 @@ def compare_losses(a: dict, b: dict) -> dict:
         tol = LOSS_RTOL.get(s, LOSS_RTOL[2])
         out["steps"][s] = {"off": a[s], "on": b[s], "rel_diff": rel, "rtol": tol}
         out["passed"] &= rel <= tol
+    return out
+
+
+def section_offload_adam(ctx: Ctx) -> dict:
+    """torch's AdamW on the offloaded CPU partition, as training builds it (tools/gpulib/offload_adam.py,
+    its own process): on a CUDA build it must be the fused kernel on a pinned CPU partition, match
+    torch's reference AdamW step for step, and lower the loss."""
+    cmd = [sys.executable, str(ROOT / "tools/gpulib/offload_adam.py")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(ctx.left(), 10))
+    line = next((x for x in p.stdout.splitlines() if x.startswith("OFFLOAD_ADAM ")), None)
+    if p.returncode != 0 or line is None:
+        return {"passed": False, "error": p.stdout[-1000:] + p.stderr[-3000:]}
+    out = json.loads(line.split(" ", 1)[1])
+    out["matches_reference"] = max(out["max_abs_diff"]) <= out["atol"]
+    out["passed"] = (out["matches_reference"] and out["partition_device"] == "cpu" and loss_falls(out["losses"])["passed"])
+    if ctx.cuda:
+        out["passed"] &= out["fused"] and out["pinned"]
+    else:
+        out["skipped_checks"] = ["the fused kernel on a pinned partition (no CUDA: e2v fuses torch's AdamW only "
+                                 "under a CUDA build; this ran the unfused one)"]
     return out
 
 
@@ -398,6 +429,7 @@ SECTIONS = (
     Section("main_path", 110, section_main_path, "Main path at the I2V-14B widths (2 layers), ZeRO-3 offload"),
     Section("gpu_24gb", 120, section_24gb, "24 GB configs under a 24 GiB cap"),
     Section("activation_offload", 70, section_activation_offload, "train.activation_offload off / on"),
+    Section("offload_adam", 30, section_offload_adam, "torch's fused AdamW on the offloaded CPU partition"),
     Section("wan22", 40, section_wan22, "Wan2.2 tiny presets: training and validation"),
     Section("attention", 5, section_attention, "Attention kernel"),
 )
