@@ -28,7 +28,7 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
   activation_offload  train.activation_offload off and on at 33 x 480 x 832 (1.3B): equal losses, step
                       time, and the peak memory must drop
   offload_adam        torch's AdamW fused on ZeRO's offloaded CPU partition (the default of e2v.yaml, the
-                      24 GB config and A14B), as training builds it: fused, pinned, equal to torch's
+                      24 GB config and A14B), as training builds it: fused (pinned: reported), equal to torch's
                       reference AdamW step for step (tools/gpulib/offload_adam.py)
   wan22               the tiny Wan2.2 TI2V and two-expert presets through training and validation
   attention           which SDPA backend a bf16 Wan forward dispatches to (flash / efficient / cuDNN /
