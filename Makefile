@@ -24,7 +24,8 @@ MASTER_PORT ?= $(shell $(PY) -c 'import socket; s = socket.socket(); s.bind(("",
 TRAIN_ARGS ?=
 DEEPSPEED = $(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) --master_port $(MASTER_PORT)
 
-.PHONY: install lint demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check
+.PHONY: install lint demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check \
+	gpu-wheels gpu-wheels-check
 
 # The package is installed editable (pyproject.toml): the commands read configs/ and ds_configs/ from
 # this checkout, and `e2v-check-dataset` & co. run the files in tools/ as they are.
@@ -88,9 +89,24 @@ smoke-real: install
 
 # On a CUDA machine: what a GPU user decides by, in at most 8 minutes -> bench/RESULTS_GPU.md
 # (bench/gpu_check.py, docs/gpu.md); e.g. GPU_CHECK_ARGS="--budget 240" or "--only step_1.3b".
+# No venv is made and requirements.txt is not installed: it runs with the interpreter it is given
+# (PYTHON=..., else this checkout's .venv when there is one, else python3: the machine's CUDA torch),
+# which installs only what does not import: from WHEELS=folder alone (pip --no-index), or nothing
+# with NO_INSTALL=1. `make gpu-wheels` builds that folder (where there is network) for the GPU
+# machine's Python and torch; `make gpu-wheels-check` proves one complete in a clean venv here.
 GPU_CHECK_ARGS ?=
-gpu-check: install
-	$(PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
+GPU_PYTHON = $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PY)),$(PY),python3))
+WHEELS ?=
+GPU_PYTHON_VERSION ?= 3.12
+GPU_TORCH ?= 2.8.0
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(if $(NO_INSTALL),--no-install) $(GPU_CHECK_ARGS)
+
+gpu-wheels:
+	$(GPU_PYTHON) bench/gpulib/packages.py wheels --out $(or $(WHEELS),wheels) --python-version $(GPU_PYTHON_VERSION) --torch $(GPU_TORCH)
+
+gpu-wheels-check:
+	$(GPU_PYTHON) bench/gpulib/packages.py venv-check --wheels $(or $(WHEELS),wheels)
 
 CONFIG ?= configs/e2v_tiny.yaml
 check-data: install

@@ -51,7 +51,7 @@ FAKE = {
                       "cached": {"step_s": 2.7, "phases_s": {"forward_and_loss": 0.9, "backward": 1.8},
                                  "max_memory_allocated_gib": 21.0, "estimate_gib": 17.3, "latent_shape": [1, 16, 21, 60, 104]}},
         "vae_dtype": {"passed": False, "wall_s": 3, "error": "RuntimeError: boom"},
-        "main_path": {"skipped": "needs ~110 s, 29 s left", "passed": True},
+        "main_path": {"skipped": "needs ~110 s, 29 s left"},
     },
 }
 
@@ -64,6 +64,7 @@ def test_report_from_a_result_dict(tmp_path):
     assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3")
     assert "Overall: FAILED (so far)" in text and "301 s of a 480 s budget" in text
     assert "| main_path | skipped: needs ~110 s, 29 s left |" in text
+    assert "Not run, so not shown to work: main_path (needs ~110 s, 29 s left)." in text
     assert "| vae_dtype | FAILED | 3 |" in text and "RuntimeError: boom" in text
     assert "| online | 5.68 | 2.50 | - | - | 0.90 | 1.80 | 0.05 |" in text and "| 40.2 | 31.3 |" in text
     assert "9.0a (letters ...)" in text and "driver 570.1" in text
@@ -82,7 +83,7 @@ def test_the_budget_skips_what_cannot_finish_and_the_report_follows_every_sectio
                         or real_write(r, d))
     rc = gc.main(["--allow-cpu", "--budget", "20", "--only", "environment,step_1.3b,wan22",
                   "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
-    assert rc == 0
+    assert rc == 3, "skipped sections: INCOMPLETE, not PASSED"
     assert [list(w["sections"]) for w in writes[:3]] == [["environment"], ["environment", "step_1.3b"],
                                                           ["environment", "step_1.3b", "wan22"]]
     final = json.loads((tmp_path / "out/results/gpu.json").read_text())
@@ -90,6 +91,9 @@ def test_the_budget_skips_what_cannot_finish_and_the_report_follows_every_sectio
     assert final["sections"]["environment"]["passed"]
     assert final["sections"]["step_1.3b"]["skipped"].startswith("needs ~170 s")
     assert final["sections"]["wan22"]["skipped"].startswith("needs ~40 s")
+    assert final["verdict"] == "INCOMPLETE" and not final["passed"]
+    assert "passed" not in final["sections"]["wan22"], "a skipped section is not a passed one"
+    assert "Overall: INCOMPLETE." in (tmp_path / "out/RESULTS_GPU.md").read_text()
     assert not (tmp_path / "work" / "data_e2v").exists(), "a skipped section builds nothing"
 
 
@@ -128,13 +132,16 @@ def test_environment_vae_and_attention_sections_on_cpu(tmp_path):
     assert gc.main(["--allow-cpu", "--only", "environment,vae_dtype,attention", "--out", str(tmp_path / "out"),
                     "--work", str(tmp_path / "work")]) == 0
     s = json.loads((tmp_path / "out/results/gpu.json").read_text())["sections"]
+    assert s["environment"]["import_problems"] == {} and s["environment"]["installed_from"] is None
     assert s["environment"]["optimizer"]["default_gpu"].startswith("torch's AdamW")
     assert s["environment"]["optimizer"]["default_offload"].startswith("torch's AdamW")
     assert s["environment"]["versions"]["deepspeed"]
     v = s["vae_dtype"]
     assert (v["fp32"]["vae_param_dtype"], v["bf16"]["vae_param_dtype"]) == ("torch.float32", "torch.bfloat16")
     assert 0 < v["relative_latent_error"] < 1 and v["latent_shape"] == [1, 16, 5, 8, 8]
-    assert s["attention"]["passed"] and s["attention"]["attention_kernels"]
+    # this CPU's bf16 SDPA: the flash kernel for CPU, by the op torch dispatched to
+    assert s["attention"]["passed"] and s["attention"]["backends"] == ["flash (CPU)"], s["attention"]
+    assert s["attention"]["sdpa_ops"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
 
 
 @pytest.mark.train  # the bench's step processes run DeepSpeed steps
@@ -154,6 +161,9 @@ def test_step_section_on_tiny_folders(tmp_path):
     assert 0 < cached["estimate_gib"] <= on["estimate_gib"]  # no encoders resident (bytes, for the tiny ones)
     assert sum(on["phases_s"].values()) <= on["step_s"] * 1.05  # medians of parts within the step
     assert r["precompute_s"] > 0 and "--set deepspeed.optimizer=torch_adamw" in r["command"]
+    for mode in (on, cached):  # warmed-up lr, one timestep: the loss falls over the steps
+        losses = mode["loss_falls"]["losses"]
+        assert mode["loss_falls"]["passed"] and len(losses) == 3 and losses[-1] < losses[0], losses
 
 
 def warm_start_training(name, config, sets, script, extra, log_dir, timeout):
@@ -175,7 +185,7 @@ def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     from bench.gpulib import common
 
     monkeypatch.setattr(common, "start_training", warm_start_training)  # train() looks it up there
-    gc.main(["--allow-cpu", "--budget", "3000", "--only", "main_path,gpu_24gb,activation_offload,wan22",
+    gc.main(["--allow-cpu", "--budget", "3000", "--only", "main_path,gpu_24gb,activation_offload,wan22,offload_adam",
              "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     s = json.loads((tmp_path / "out/results/gpu.json").read_text())["sections"]
     failed = {k: v for k, v in s.items() if not v.get("passed")}
@@ -185,6 +195,7 @@ def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     assert m["partitioned_load"] and m["resumed"]["from_step"] == 2 and list(m["resumed"]["losses"]) == ["3"]
     assert "pytorch_lora_weights.safetensors" in m["export_files"]
     assert m["sample"]["shape"] == [9, 64, 64, 3] and m["sample"]["pixel_std"] > 1
+    assert m["sample"]["psnr_db_vs_fp32"] >= 25  # bf16 against the fp32 reference
 
     g = s["gpu_24gb"]
     for name in gc.CONFIGS_24GB:
@@ -194,9 +205,17 @@ def test_launching_sections_on_cpu(tmp_path, monkeypatch):
     a = s["activation_offload"]
     assert a["losses"]["passed"] and len(a["losses"]["steps"]) == 3
     assert all(x["rel_diff"] == 0 for x in a["losses"]["steps"].values())  # a no-op without CUDA: identical
+    assert a["skipped_checks"] and "peak_saved_gib" not in a  # no peak to compare on a CPU: said, not passed over
+    final = json.loads((tmp_path / "out/results/gpu.json").read_text())
+    assert final["verdict"] == "INCOMPLETE"  # every section ran and passed, but a check inside one could not
 
     for name in gc.WAN22_RUNS:
         assert s["wan22"][name]["val_loss"] and len(s["wan22"][name]["losses"]) == 2
+
+    o = s["offload_adam"]  # training's optimizer on the offloaded partition, against torch's reference AdamW
+    assert o["optimizer"] == "torch.optim.adamw.AdamW" and o["partition_device"] == "cpu" and o["matches_reference"]
+    assert len(o["max_abs_diff"]) == 3 and o["losses"][-1] < o["losses"][0]
+    assert o["skipped_checks"]  # not fused without CUDA: said
 
 
 def test_verdict_of_a_capped_run():

@@ -58,10 +58,11 @@ def child_steps(a) -> dict:
         a.preset, cfg, cuda, BENCH_DIR / "tmp" / f"log_{a.preset}_{a.mode}", keep_initial=cached and a.overhead_rounds)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    steps, kept = [], []
+    steps, kept, losses = [], [], []
     for i in range(a.warmup + a.steps):
         ph = Phases(cuda)
-        c, _ = runner.train_step(engine, batches, ph, scheduler)
+        c, loss = runner.train_step(engine, batches, ph, scheduler)
+        losses.append(loss)  # every step's, the untimed first ones too (tools/gpu_check.py: the loss falls)
         if i >= a.warmup:
             steps.append(ph.t)
         if len(kept) < a.cache_batches:
@@ -75,7 +76,7 @@ def child_steps(a) -> dict:
            "trainable_params_M": round(sum(p.numel() for p in parts.transformer.parameters() if p.requires_grad) / 1e6, 3),
            "phases_ms": summarise_phases(steps),
            "step_ms": stats([1e3 * sum(v for k, v in s.items() if "/" not in k) for s in steps]),
-           "memory": reading(rss_start, cuda)}
+           "memory": reading(rss_start, cuda), "losses": losses}
     if cached and a.overhead_rounds:
         out["overhead"] = overhead(cfg, runner, engine, scheduler, initial, kept, cuda, a)
     runner.close()

@@ -45,6 +45,7 @@ class Ctx:
     work: Path
     deadline: float  # time.monotonic() at which the call's budget ends
     folders: dict = dataclasses.field(default_factory=dict)
+    packages: dict = dataclasses.field(default_factory=lambda: {"installed_from": None, "problems": {}})
 
     def left(self) -> float:
         return self.deadline - time.monotonic()

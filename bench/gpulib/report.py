@@ -14,7 +14,11 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 def _ok(r: dict) -> str:
-    return "skipped" if "skipped" in r else ("ok" if r.get("passed") else "FAILED")
+    if "skipped" in r:
+        return "skipped"
+    if not r.get("passed"):
+        return "FAILED"
+    return "INCOMPLETE" if r.get("skipped_checks") else "ok"
 
 
 def render(result: dict) -> str:
@@ -22,8 +26,12 @@ def render(result: dict) -> str:
     lines = [f"# GPU check: {result['device']}", "",
              f"`python bench/gpu_check.py{result.get('argv', '')}` on {result['device']}, {result['date_utc']}: "
              f"{result['elapsed_s']:.0f} s of a {result['budget_s']:.0f} s budget. "
-             f"Overall: {'PASSED' if result.get('passed') else 'FAILED'}"
+             f"Overall: {result.get('verdict', 'PASSED' if result.get('passed') else 'FAILED')}"
              f"{' (so far)' if not result.get('finished') else ''}.", ""]
+    skipped = [f"{n} ({r['skipped']})" for n, r in result["sections"].items() if "skipped" in r]
+    skipped += [f"{n}: {c}" for n, r in result["sections"].items() for c in r.get("skipped_checks", [])]
+    if skipped:
+        lines += ["Not run, so not shown to work: " + "; ".join(skipped) + ".", ""]
     if not result.get("cuda"):
         lines += ["**CPU at tiny sizes (--allow-cpu): checks the tool's code paths; no figure here is a GPU's.**", ""]
     lines += ["| section | result | wall s |", "|---|---|---|"]
@@ -39,15 +47,18 @@ def render(result: dict) -> str:
         lines += [f"## {s.name}: {s.title}", ""]
         if "error" in r and not r.get("passed"):
             lines += ["```", str(r["error"])[-1500:], "```", ""]
-        lines += RENDERERS.get(s.name, lambda r: [])(r) + [""]
+        lines += RENDERERS.get(s.name, lambda r: [])(r)
+        lines += [f"- skipped check: {c}" for c in r.get("skipped_checks", [])] + [""]
     return "\n".join(lines)
 
 
 def _render_environment(r: dict) -> list[str]:
     v = r.get("versions", {})
-    missing = (["- **missing: " + ", ".join(r["missing"]) + "** (install the carried wheels: the module docstring)"]
-               if r.get("missing") else [])
-    return missing + [f"- device: {r.get('device')} ({_f(r.get('memory_gib'), '{:.1f}')} GiB, compute capability "
+    problems = r.get("import_problems") or {}
+    missing = ([f"- **cannot import {k}**: {x}" for k, x in problems.items()]
+               + ["- install the carried wheels: `make gpu-check WHEELS=folder` (docs/gpu.md)"] if problems else [])
+    source = [f"- installed from {r['installed_from']} before the check"] if r.get("installed_from") else []
+    return missing + source + [f"- device: {r.get('device')} ({_f(r.get('memory_gib'), '{:.1f}')} GiB, compute capability "
             f"{r.get('capability', '-')}), driver {r.get('driver', '-')}, CUDA {r.get('cuda')}",
             "- " + ", ".join(f"{k} {x}" for k, x in v.items()),
             f"- TORCH_CUDA_ARCH_LIST: {r.get('TORCH_CUDA_ARCH_LIST') or 'unset'}"
@@ -64,8 +75,11 @@ def _render_step(r: dict) -> list[str]:
         m = r[mode]
         rows.append(f"| {mode} | {m['step_s']:.2f} | " + " | ".join(_f(m["phases_s"].get(k)) for k in STEP_PHASES)
                     + f" | {_f(m['max_memory_allocated_gib'], '{:.1f}')} | {m['estimate_gib']:.1f} |")
+    falls = "; ".join(f"{m} {r[m]['loss_falls']['losses']} ({'falls' if r[m]['loss_falls']['passed'] else 'DOES NOT FALL'})"
+                      for m in ("online", "cached") if "loss_falls" in r[m])
     return rows + ["", f"Latents {r['online']['latent_shape']}; precompute {r['precompute_s']} s; online / cached "
-                       f"{r['online_over_cached']}. Phases: medians over the timed steps (CUDA events on a GPU)."]
+                       f"{r['online_over_cached']}. Phases: medians over the timed steps (CUDA events on a GPU).",
+                   "", f"Losses over every step (warmup, fixed timestep): {falls or '-'}"]
 
 
 def _render_vae(r: dict) -> list[str]:
@@ -90,7 +104,8 @@ def _render_main(r: dict) -> list[str]:
     return out + ["", f"Partitioned at load: {'yes' if r.get('partitioned_load') else 'NO'}; resumed from step "
                       f"{r.get('resumed', {}).get('from_step')}; export: {', '.join(r.get('export_files', [])) or 'none'}; "
                       f"sample: {_ok(s) if s else '-'} (shape {s.get('shape')}, pixel std {s.get('pixel_std')}, "
-                      f"mean frame-to-frame change {s.get('frame_to_frame_change')})"]
+                      f"mean frame-to-frame change {s.get('frame_to_frame_change')}, PSNR against the fp32 "
+                      f"reference {s.get('psnr_db_vs_fp32')} dB)"]
 
 
 def _render_24gb(r: dict) -> list[str]:
@@ -111,8 +126,9 @@ def _render_24gb(r: dict) -> list[str]:
 
 def _render_offload(r: dict) -> list[str]:
     out = RUN_HEADER + [_run_line(f"offload {k}", r[k]) for k in ("off", "on") if k in r]
+    peak = (f"; offload saves {_f(r['peak_saved_gib'])} GiB of peak allocation" if "peak_saved_gib" in r else "")
     return out + ["", f"{r.get('frames')} frames; losses equal within tolerance: "
-                      f"{'yes' if r.get('losses', {}).get('passed') else 'NO'}"]
+                      f"{'yes' if r.get('losses', {}).get('passed') else 'NO'}{peak}"]
 
 
 def _render_wan22(r: dict) -> list[str]:
@@ -121,13 +137,25 @@ def _render_wan22(r: dict) -> list[str]:
 
 
 def _render_attention(r: dict) -> list[str]:
-    return [f"Kernel used: **{r['backend']}**; SDPA flags: " + ", ".join(f"{k} {v}" for k, v in r["sdp_flags"].items()),
-            "", "Kernels seen: " + (", ".join(f"`{k}`" for k in r["attention_kernels"]) or "none")] if "backend" in r else []
+    if "backend" not in r:
+        return []
+    return [f"Backend torch dispatched to: **{r['backend']}** (" + (", ".join(f"`{k}`" for k in r.get("sdpa_ops", []))
+            or "no SDPA op") + "); SDPA flags: " + ", ".join(f"{k} {v}" for k, v in r["sdp_flags"].items()),
+            "", "Device kernels under it: " + (", ".join(f"`{k}`" for k in r["attention_kernels"]) or "none")]
+
+
+def _render_offload_adam(r: dict) -> list[str]:
+    if "optimizer" not in r:
+        return []
+    return [f"{r['optimizer']} (fused: {r['fused']}) on a {r['partition_device']} partition of {r['partition_numel']} "
+            f"values (pinned: {r['pinned']}); losses {[round(x, 4) for x in r['losses']]}; largest difference from "
+            f"torch's reference AdamW per step {r['max_abs_diff']} (tolerance {r['atol']})"]
 
 
 RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae_dtype": _render_vae,
              "main_path": _render_main, "gpu_24gb": _render_24gb, "activation_offload": _render_offload,
-             "wan22": _render_wan22, "attention": _render_attention}
+             "wan22": _render_wan22, "attention": _render_attention,
+             "offload_adam": _render_offload_adam}
 
 
 def write_report(result: dict, out_dir: Path) -> tuple[Path, Path]:

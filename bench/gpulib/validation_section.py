@@ -4,13 +4,13 @@ generated video, decoded tiled), the run the other 24 GB section turns validatio
 shows on a GPU: validation from the cache brings no text encoder, and the VAE and the CLIP visit the
 device one at a time (e2v/eval/validation.py), so the validation phase fits where training fits.
 
-Registered in tools/gpulib/sections.py's SECTIONS as
+Registered in bench/gpulib/sections.py's SECTIONS as
     Section("validation_24gb", 90, section_validation, "Validation of a 24 GB config under a 24 GiB cap")
 """
 
 from __future__ import annotations
 
-from tools.gpulib.common import LIMIT_GIB, REAL, Ctx, dataset, gpu_estimate, model_folders, precompute, run_sets, train
+from bench.gpulib.common import LIMIT_GIB, REAL, Ctx, dataset, gpu_estimate, model_folders, precompute, run_sets, train
 
 CONFIG = "configs/e2v_t2v_1.3b_24gb.yaml"
 
@@ -25,7 +25,7 @@ def validation_sets(steps: int) -> list[str]:
 def section_validation(ctx: Ctx) -> dict:
     """2 steps of the 1.3B 24 GB config from its cache with validation, capped at 24 GiB: passed
     when it ran, logged validation losses at steps 0 and 2, and wrote the video."""
-    from tools.gpulib.sections import verdict_24gb
+    from bench.gpulib.sections import verdict_24gb
 
     steps, name = 2, "validation_24gb"
     data = dataset(ctx, "data_validation", samples=4)  # 2 held out, 2 to train on

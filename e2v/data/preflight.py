@@ -227,34 +227,6 @@ def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 1) // local))
 
 
-def collect_facts(cfg: Config, samples: list[Sample], *, workers: int | None = None, progress: bool = True,
-                  cache: bool = True) -> dict[str, dict]:
-    """fingerprint -> facts for every distinct sample, from the cache where the files are unchanged,
-    else read now (in parallel, with a progress bar), with `cut_error` (cut_references, run every
-    time: never cached). The cache is one file per data root."""
-    workers = default_workers() if workers is None else workers
-    unique = list({id(s): s for s in samples}.values())
-    cut = {id(s): cut_references(s) for s in unique}  # first: the fingerprints stat the files it writes
-    keys = {fingerprint(s, cfg): s for s in unique}
-    roots = sorted({str(Path(cfg.data.datasets[s.dataset].data_root).resolve()) for s in samples})
-    path = cache_dir() / f"{hashlib.sha1('|'.join(roots).encode()).hexdigest()[:16]}.json"
-    stored = _load_cache(path) if cache else {}
-    facts = {k: stored[k] for k in keys if k in stored}
-    todo = [k for k in keys if k not in facts]
-    if todo:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo), desc=f"checking data ({len(facts)} cached)", disable=not progress,
-                   mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
-        for k, f in zip(todo, map_samples(sample_facts, [read_job(keys[k], cfg) for k in todo], workers)):
-            facts[k] = f
-            bar.update(1)
-        bar.close()
-        if cache:
-            _save_cache(path, {**{k: v for k, v in stored.items() if k not in keys}, **facts})
-    return {k: {**facts[k], "cut_error": cut[id(s)]} for k, s in keys.items()}
-
-
 def sample_problems(s: Sample, f: dict, cfg: Config) -> list[Problem]:
     """The problems of one sample given its facts (sample_facts plus `cut_error`): errors (the
     sample would fail training) and warnings (it trains, maybe badly). The bucket is set on the
@@ -373,7 +345,7 @@ def facts_over_ranks(cfg: Config, unique: list[Sample], *, workers: int | None =
     rank = distributed.this_rank()
     world = torch.distributed.get_world_size() if distributed.is_distributed() else 1
     workers = default_workers() if workers is None else workers
-    share = _CheckGroup(world, gather_timeout_s(len(unique), world, workers))
+    share = distributed.TimedGroup(gather_timeout_s(len(unique), world, workers))
     positions = list(range(len(unique)))
     # the references a source cuts: before anything fingerprints the files they write
     cut = {}
@@ -418,37 +390,6 @@ def facts_over_ranks(cfg: Config, unique: list[Sample], *, workers: int | None =
     facts = share.broadcast(facts)
     share.close()
     return facts
-
-
-class _CheckGroup:
-    """The data check's exchanges: a gloo group of every rank with its own timeout (nothing with
-    one process). Created and closed by every rank together."""
-
-    def __init__(self, world: int, timeout_s: float):
-        import torch
-        from datetime import timedelta
-
-        self.dist, self.world = torch.distributed, world
-        self.group = (self.dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-                      if world > 1 else None)
-
-    def gather(self, obj) -> list:
-        if self.group is None:
-            return [obj]
-        parts = [None] * self.world
-        self.dist.all_gather_object(parts, obj, group=self.group)
-        return parts
-
-    def broadcast(self, obj):
-        if self.group is None:
-            return obj
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def close(self) -> None:
-        if self.group is not None:
-            self.dist.destroy_process_group(self.group)
 
 
 def summarize(problems: list[Problem], first: int = 3) -> list[str]:

@@ -180,6 +180,40 @@ def distinct_over_ranks(ids: set[str]) -> int:
     return len(set().union(*gathered))
 
 
+class TimedGroup:
+    """Every rank in a gloo group of its own, with its own timeout, for an exchange that waits on
+    work whose length is known only at run time (the start-up data check: the default group's
+    timeout, DeepSpeed's 10 minutes, would cut it short). Object collectives on the CPU; nothing
+    with one process. Created and closed by every rank together."""
+
+    def __init__(self, timeout_s: float):
+        from datetime import timedelta
+
+        self.world = torch.distributed.get_world_size() if is_distributed() else 1
+        self.group = (torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                      if self.world > 1 else None)
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order."""
+        if self.group is None:
+            return [obj]
+        parts = [None] * self.world
+        torch.distributed.all_gather_object(parts, obj, group=self.group)
+        return parts
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if self.group is None:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def close(self) -> None:
+        if self.group is not None:
+            torch.distributed.destroy_process_group(self.group)
+
+
 def install_stop_handlers() -> dict:
     """SIGTERM/SIGINT ask the loop to save and exit after the current step. Repeated signals
     change nothing: the deepspeed launcher forwards the signal it gets to every rank (which
