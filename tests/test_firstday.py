@@ -8,6 +8,7 @@ import json
 import os
 import time
 
+import numpy as np
 import pytest
 
 
@@ -121,3 +122,73 @@ def test_training_refuses_a_hold_out_of_every_sample_in_one_line(demo_data, tmp_
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1] == f"config error: {HOLD_ALL}"
     assert "[e2v] optimizer" not in p.stdout and "frozen encoders loaded" not in p.stdout
+
+
+def _band_text(text: str, width: int) -> np.ndarray:
+    """A label band holding only `text` at x=1 (Pillow's built-in font): what one label looks like."""
+    from PIL import Image, ImageDraw
+
+    from e2v.eval.viz import LABEL_BAND
+
+    band = Image.new("RGB", (width, LABEL_BAND), "white")
+    ImageDraw.Draw(band).text((1, 1), text, fill="black")
+    return np.asarray(band)
+
+
+def test_validation_sheet_names_each_row_and_tile():
+    """Validator.generated_sheet: the body is the unlabelled sheet (references | frames, spacer,
+    the partner's references | the swapped frames), and above each row its two label lines; a
+    sample without an object gets its own tile names, not the first row's."""
+    from types import SimpleNamespace
+
+    from e2v.eval.validation import Validator
+    from e2v.eval.viz import GAP, LABEL_BAND, frame_strip, hstack
+
+    rng = np.random.default_rng(0)
+    tile = lambda: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noqa: E731
+    refs = [{"vae": {"subject": tile(), "object": tile(), "background": tile()}},
+            {"vae": {"subject": tile(), "background": tile()}}]  # no object
+    videos, swapped = rng.integers(0, 256, (2, 2, 9, 64, 64, 3), dtype=np.uint8)
+    fake = SimpleNamespace(element_inputs=lambda: refs, samples=[SimpleNamespace(id="007"), SimpleNamespace(id="012")],
+                           partner=lambda k: (k + 1) % 2)
+    sheet = Validator.generated_sheet(fake, videos, swapped)
+
+    top = 0
+    for k in (0, 1):
+        own, other = list(refs[k]["vae"].values()), list(refs[1 - k]["vae"].values())
+        spacer = np.full((64, 3 * GAP, 3), 255, np.uint8)
+        body = hstack([frame_strip(own, videos[k]), spacer, frame_strip(other, swapped[k])])
+        band, row = sheet[top:top + 2 * LABEL_BAND], sheet[top + 2 * LABEL_BAND:top + 2 * LABEL_BAND + 64]
+        assert np.array_equal(row[:, :body.shape[1]], body), k
+        # line 2: each tile's name, over that tile (frames 0, 4, 8 of 9)
+        names = [*refs[k]["vae"], "gen f0", "gen f4", "gen f8", *refs[1 - k]["vae"], "swap f0", "swap f4", "swap f8"]
+        x = 0
+        for i, name in enumerate(names):
+            if i == len(refs[k]["vae"]) + 3:
+                x += 3 * GAP + GAP  # the spacer between the halves
+            assert np.array_equal(band[LABEL_BAND:, x:x + 64], _band_text(name, 64 + 2 * GAP)[:, :64]), (k, name)
+            x += 64 + GAP
+        # line 1: whose references each half shows
+        first = f"{fake.samples[k].id}: its references -> generated"
+        assert np.array_equal(band[:LABEL_BAND, :120], _band_text(first, 400)[:, :120]), k
+        top += 2 * LABEL_BAND + 64 + GAP
+    assert sheet.shape[0] == top - GAP
+
+
+def test_readme_commands_run_in_the_venv():
+    """The README activates the venv before its first command, and every program its commands
+    call (python, deepspeed, hf, tensorboard) is one the venv has: what `source .venv/bin/activate`
+    puts on PATH."""
+    import sys
+    from pathlib import Path
+
+    from conftest import ROOT
+
+    code = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("    ")]
+    programs = {"python", "deepspeed", "hf", "tensorboard"}
+    calls = [i for i, line in enumerate(code) if line.split(" ")[0] in programs]
+    assert calls and code.index("source .venv/bin/activate") < calls[0]
+    used = {code[i].split(" ")[0] for i in calls}
+    assert used >= {"python", "deepspeed", "tensorboard"}
+    venv_bin = Path(sys.executable).parent
+    assert all((venv_bin / p).is_file() for p in used), used

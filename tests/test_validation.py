@@ -48,10 +48,13 @@ def test_logged_at_steps_and_videos_written(viz_run):
     for s in val_steps:
         for k in ("00", "01"):  # validation.num_videos 2, from held-out references
             assert iio.imread(viz_run / f"samples/step_{s:06d}/{k}.mp4").shape == (17, 64, 64, 3)
-        # 2 rows: 3 references and 5 frames, a spacer, the partner's 3 references and the 5 frames made with
-        # them; 64 px tiles, 2 px gaps, a 6 px spacer
+        # 2 rows, each under two label lines: 3 references and 5 frames, a spacer, the partner's 3
+        # references and the 5 frames made with them; 64 px tiles, 2 px gaps, a 6 px spacer
+        from e2v.eval.viz import LABEL_BAND
+
         strip = 8 * 64 + 7 * 2
-        assert iio.imread(viz_run / f"samples/step_{s:06d}/sheet.png").shape == (2 * 64 + 2, 2 * strip + 6 + 2 * 2, 3)
+        assert iio.imread(viz_run / f"samples/step_{s:06d}/sheet.png").shape == (
+            2 * (2 * LABEL_BAND + 64) + 2, 2 * strip + 6 + 2 * 2, 3)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ videos only, no losses. Held-out videos are also measured against their referenc
 (e2v/eval/fidelity.py): the CLIP element similarity and its gap to another held-out sample's references,
 and with `validation.subject_colour` whether the subject's colour follows its own references
 (val/sample_reference_match) and another sample's when given those (val/sample_reference_swap);
-`samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video.
+`samples/step_N/sheet.png` (TensorBoard `val/generated_sheet`) shows references | frames per video,
+each row under a label band: whose references, and each tile's element name or generated frame.
 
 Where the frozen parts are while it runs (what the memory estimate's validation peak models): a
 run from the cache (`reads_cache`) takes the held-out samples' text, reference and CLIP conditions
@@ -72,7 +73,8 @@ from e2v.eval.sampling import decode, denoise, encode_conditions, generate
 from e2v.train.step import predict, prediction_and_target
 from e2v.config.shapes import TEXT_LEN, vae_space_stride
 from e2v.conditioning.layout import stack_conditions, with_references
-from e2v.eval.viz import GAP, frame_strip, hstack, to_uint8, vstack, write_mp4, write_png
+from e2v.eval.viz import (GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4,
+                          write_png)
 
 
 def hold_out_problem(cfg, num_usable: int) -> tuple[str, str] | None:
@@ -392,16 +394,31 @@ class Validator:
 
     def generated_sheet(self, videos: np.ndarray, swapped: np.ndarray | None) -> np.ndarray:
         """One row per held-out video: its references (as the VAE condition takes them) | every 4th
-        frame; with the swap, then the partner's references | the frames made with them."""
-        refs = [list(r["vae"].values()) for r in self.element_inputs()]
-        rows = []
+        frame; with the swap, then the partner's references | the frames made with them. Above
+        each row, what it is (the sample, whose references) and each tile's role (the element
+        name, `gen fN` the generated frame N, `swap fN` the frame made with the partner's)."""
+        refs = [r["vae"] for r in self.element_inputs()]
+        rows, lines = [], []
         for k, video in enumerate(videos):
-            tiles = [frame_strip(refs[k], video)]
+            frames = strip_frames(len(video))
+            halves = [(refs[k], video, "gen", f"{self.samples[k].id}: its references -> generated")]
             if swapped is not None:
-                spacer = np.full((video.shape[1], 3 * GAP, 3), 255, np.uint8)
-                tiles += [spacer, frame_strip(refs[self.partner(k)], swapped[k])]
+                p = self.partner(k)
+                halves.append((refs[p], swapped[k], "swap", f"references of {self.samples[p].id}, same prompt+noise"))
+            tiles, heads, names, x = [], [], [], 0
+            for i, (own, frames_of, tag, head) in enumerate(halves):
+                strip = frame_strip(list(own.values()), frames_of)
+                if i:  # a wider gap between the halves: GAP | spacer | GAP
+                    tiles.append(np.full((video.shape[1], 3 * GAP, 3), 255, np.uint8))
+                    x += 5 * GAP
+                widths = [t.shape[1] for t in own.values()] + [video.shape[2]] * len(frames)
+                heads.append((x, strip.shape[1], head))
+                names += tile_spans(widths, [*own, *(f"{tag} f{f}" for f in frames)], x)
+                tiles.append(strip)
+                x += strip.shape[1]
             rows.append(hstack(tiles))
-        return vstack(rows)
+            lines.append([heads, names])
+        return label_rows(rows, lines)
 
     def fidelity(self, videos: np.ndarray, swapped: np.ndarray | None, parts) -> dict:
         """val/element_similarity[_gap][_<element>] with the CLIP at hand (none: skipped), and with

@@ -81,12 +81,15 @@ def vstack(rows: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([x for pair in zip(padded, gaps) for x in pair][:-1], axis=0)
 
 
+def strip_frames(num_frames: int, every: int = 4) -> list[int]:
+    """The frames frame_strip shows: every `every`-th, and the last."""
+    frames = list(range(0, num_frames, every))
+    return frames + [num_frames - 1] if (num_frames - 1) % every else frames
+
+
 def frame_strip(refs: list[np.ndarray], video_FHWC: np.ndarray, every: int = 4) -> np.ndarray:
     """references | every `every`-th frame of a generated video (uint8 HWC), one row."""
-    frames = list(video_FHWC[::every])
-    if (len(video_FHWC) - 1) % every:
-        frames.append(video_FHWC[-1])
-    return hstack(list(refs) + frames) if refs else hstack(frames)
+    return hstack(list(refs) + [video_FHWC[f] for f in strip_frames(len(video_FHWC), every)])
 
 
 def contact_sheet(refs_BNHWC: list[list[np.ndarray]], target_BFHWC: np.ndarray, pred_BFHWC: np.ndarray,
@@ -120,6 +123,34 @@ def label_sheet(sheet_HWC: np.ndarray, tile_w: int, headers: list[str], row_labe
         draw.text((2, LABEL_BAND + i * (row_h + GAP) + max(0, row_h // 2 - 5)), text[: LABEL_MARGIN // char_w - 1],
                   fill="black")
     return np.asarray(out)
+
+
+def tile_spans(widths: list[int], labels: list[str], x0: int = 0) -> list[tuple[int, int, str]]:
+    """(x, width, label) of each tile of an hstack row starting at x0."""
+    spans, x = [], x0
+    for w, text in zip(widths, labels):
+        spans.append((x, w, text))
+        x += w + GAP
+    return spans
+
+
+def label_rows(rows_HWC: list[np.ndarray], lines: list[list[list[tuple[int, int, str]]]]) -> np.ndarray:
+    """Rows stacked (vstack), each under a band of text lines; `lines[i]` is row i's lines, each a
+    list of (x, width, text) spans, the text cut to its span. For sheets whose rows differ (a
+    sample without an object has a reference tile fewer), where one header for all rows would
+    name the wrong tile."""
+    from PIL import Image, ImageDraw
+
+    char_w = 6  # Pillow's built-in font
+    out = []
+    for row, row_lines in zip(rows_HWC, lines):
+        band = Image.new("RGB", (row.shape[1], LABEL_BAND * len(row_lines)), "white")
+        draw = ImageDraw.Draw(band)
+        for i, spans in enumerate(row_lines):
+            for x, w, text in spans:
+                draw.text((x + 1, i * LABEL_BAND + 1), text[: max(1, (w + GAP) // char_w)], fill="black")
+        out.append(np.concatenate([np.asarray(band), row]))
+    return vstack(out)
 
 
 def labelled_sheet(ref_tiles: list[list[np.ndarray]], target_BFHWC: np.ndarray, pred_BFHWC: np.ndarray,
