@@ -56,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="default: validation.num_inference_steps")
     p.add_argument("--guidance", type=float, default=None, help="text CFG scale; default validation.guidance_scale")
     p.add_argument("--shift", type=float, default=None, help="UniPC flow shift; default validation.sample_shift (A2: 8)")
+    p.add_argument("--image-guidance", type=float, default=None,
+                   help="Phantom's dual guidance image scale (with --guidance > 1); default validation.image_guidance_scale")
     p.add_argument("--frames", type=int, default=None, help="4k+1 frames; default data.num_frames")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
@@ -152,6 +154,7 @@ def main(argv=None):
     options = dict(num_steps=args.steps or v.num_inference_steps,
                    guidance_scale=v.guidance_scale if args.guidance is None else args.guidance,
                    shift=v.sample_shift if args.shift is None else args.shift,
+                   image_guidance_scale=v.image_guidance_scale if args.image_guidance is None else args.image_guidance,
                    negative_prompt=v.negative_prompt if args.negative_prompt is None else args.negative_prompt,
                    device=args.device, dtype=dtype)
 

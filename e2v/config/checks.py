@@ -15,7 +15,8 @@ import torch
 
 from e2v.config.experts import check_expert_config
 from e2v.config.schema import REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape, resolve_repo_path
-from e2v.config.shapes import PATCH, PIXELS_PER_TOKEN, VAE_T, frame_bucket_list, latent_size, nearest_valid_sizes
+from e2v.config.shapes import (PATCH, PIXELS_PER_TOKEN, VAE_T, frame_bucket_list, latent_size, nearest_valid_sizes,
+                               sequence_slots_of)
 
 
 def _bound_problem(value: float, bounds: dict) -> str | None:
@@ -116,10 +117,11 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                               f"element at that place in vae.position order; use 0..{n_vae - 1}")
     if len(cfg.processors.clip.resolution) != 2:
         raise ConfigError(f"processors.clip.resolution: expected [height, width], got {cfg.processors.clip.resolution}")
-    if cfg.conditioning.target_layout in ("prepend", "clean_prefix") and not cfg.uses_vae_condition:
+    if cfg.conditioning.target_layout in ("prepend", "clean_prefix", "sequence") and not cfg.uses_vae_condition:
         raise ConfigError(f"conditioning.target_layout: {cfg.conditioning.target_layout} puts the VAE reference "
                           f"frames before the clip, but e2v_type={cfg.e2v_type} has no VAE condition: use "
                           "target_layout: overlay")
+    _validate_sequence(cfg)
     _validate_validation(cfg)
     _validate_cache(cfg)
     _validate_parallel(cfg)
@@ -157,6 +159,25 @@ def _validate_elements(cfg: Config) -> None:
                           "elements take (sum of vae.repeat); remove them")
 
 
+def _validate_sequence(cfg: Config) -> None:
+    """The sequence layout (e2v/conditioning/sequence.py): no image tokens, every VAE element a slot."""
+    cd = cfg.conditioning
+    if cd.target_layout != "sequence":
+        return
+    if cfg.uses_clip:
+        raise ConfigError(f"conditioning.target_layout: sequence carries each reference as a latent slot and feeds no "
+                          f"CLIP tokens (SkyReels-V3 R2V and Phantom have no image encoder), but e2v_type is "
+                          f"{cfg.e2v_type}: set e2v_type: vae")
+    n = len(cfg.vae_elements)
+    if cd.sequence.slots is not None and n > cd.sequence.slots:
+        raise ConfigError(f"conditioning.sequence.slots: {cd.sequence.slots}, but data.elements has {n} elements in "
+                          f"the VAE stream ({', '.join(e.name for e in cfg.vae_elements)}): a sample could bring more "
+                          f"references than slots; set slots: {n} (or null: as many as references), or give fewer elements")
+    if cd.sequence.loss_on_references and cfg.flow.objective != "flow":
+        raise ConfigError("conditioning.sequence.loss_on_references trains the slots' velocity (target 0), which needs "
+                          "flow.objective: flow; remove loss_on_references or the x0 objective")
+
+
 def _validate_cache(cfg: Config) -> None:
     """The cache must be able to hold what a step needs."""
     pv = cfg.processors.vae
@@ -191,11 +212,18 @@ def _validate_parallel(cfg: Config) -> None:
                           "(ring_degree: 1)")
     from e2v.config.bases import vae_config  # the model's VAE strides (plan loads after this module)
 
+    cd = cfg.conditioning
+    if cd.target_layout == "sequence" and cd.sequence.slots is None:
+        raise ConfigError(f"parallel: {degree} ranks share each sample's tokens evenly, but conditioning.sequence.slots: "
+                          "null gives each sample as many reference slots as it has references, so the token count "
+                          "changes from step to step: set slots to a fixed count (4: SkyReels-V3) or parallel degrees 1")
+    slots = sequence_slots_of(cfg)  # the sequence layout's reference slots are split with the video's frames
     d, vae = cfg.data, vae_config(cfg)
     frames = set(frame_bucket_list(cfg) if d.auto_frame_buckets else []) | {d.num_frames}
     for f in sorted(frames):
         for h, w in d.resolution_buckets or [d.resolution]:
             t, lh, lw = latent_size(f, h, w, vae)
+            t += slots
             n = t * (lh // PATCH) * (lw // PATCH)
             if n % degree:
                 fits = [k for k in range(2, 17) if n % k == 0]

@@ -386,7 +386,10 @@ class Validation:
     num_videos: int = bounded(1, min=0)  # without sets: generate from the first n held-out samples' references
     num_inference_steps: int = bounded(20, min=1)
     guidance_scale: float = 5.0
-    sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8)
+    # Phantom's dual guidance (three passes: the third with the negative prompt and no references, all
+    # slots zero in the sequence layout) with this image scale; null: text-only CFG. Used when guidance_scale > 1.
+    image_guidance_scale: Optional[float] = None
+    sample_shift: float = 8.0  # UniPC flow shift at sampling (A2: 8, SkyReels-V3 R2V: 5)
     negative_prompt: str = ""
     # val/sample_reference_match|swap on the held-out videos (e2v/eval/fidelity.py); null: off. Each swap
     # video (sample i with sample i+1's references) is a second generation.

@@ -71,14 +71,18 @@ def check_base(cfg: Config, transformer_config, vae_config) -> None:
     if cfg.e2v_type == "none" and not latents_only:
         raise ConfigError(f"e2v_type: none trains plain text-to-video, but {name} has {in_channels} input channels "
                           f"for {z} latent channels: use a T2V or TI2V base (model.base: t2v with the tiny preset)")
-    if cfg.uses_vae_condition and latents_only and layout != "clean_prefix":
-        raise ConfigError(f"{name} takes its {z} latent channels alone (no condition channels, as Wan2.2 TI2V): "
-                          "its references go before the clip as clean latent frames; set "
-                          "conditioning.target_layout: clean_prefix (docs/conditioning.md)")
-    if layout == "clean_prefix" and not latents_only:
-        raise ConfigError(f"conditioning.target_layout: clean_prefix needs a model whose input is its latents alone, "
+    if cfg.uses_vae_condition and latents_only and layout not in ("clean_prefix", "sequence"):
+        raise ConfigError(f"{name} takes its {z} latent channels alone (no condition channels): its references go "
+                          "in the token sequence; set conditioning.target_layout: sequence (a Wan2.1 / Wan2.2 T2V or "
+                          "SkyReels-V3 R2V base) or clean_prefix (Wan2.2 TI2V) (docs/conditioning.md)")
+    if layout in ("clean_prefix", "sequence") and not latents_only:
+        hint = " (the tiny preset: set model.base: t2v)" if cfg.model.preset == "tiny" else ""
+        raise ConfigError(f"conditioning.target_layout: {layout} needs a model whose input is its latents alone, "
                           f"but {name} has {in_channels} input channels for {z} latent channels (condition "
-                          "channels): use target_layout: overlay")
+                          f"channels): use a T2V base{hint}, or target_layout: overlay for an I2V base")
+    if layout == "sequence" and transformer_config.get("added_kv_proj_dim") is not None:
+        raise ConfigError(f"conditioning.target_layout: sequence feeds no image tokens, but {name} has image "
+                          "attention (an I2V base): use a T2V or SkyReels-V3 R2V base, or target_layout: overlay")
     if cfg.uses_clip and transformer_config.get("added_kv_proj_dim") is None:
         raise ConfigError(f"e2v_type: {cfg.e2v_type} feeds CLIP image tokens, but {name} has no image attention "
                           "(Wan2.2 TI2V has none): use e2v_type: vae")

@@ -37,7 +37,8 @@ from e2v.data.store import CacheStore
 from e2v.config.schema import Config, ConfigError
 from e2v.data.elements import discover
 from e2v.data.sample import Sample, element_paths, sample_bucket
-from e2v.data.media import (MediaError, NoClockError, check_clock, image_to_tensor, load_image, load_video, preprocess_image)
+from e2v.data.media import (MediaError, NoClockError, check_clock, load_image, load_video, preprocess_image,
+                            reference_tensor)
 from e2v.runtime.threads import local_ranks, one_thread_worker
 from e2v.data.buckets import Bucket, bucket_name, bucket_table, with_repeats
 
@@ -124,7 +125,7 @@ def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
         out["element_names"].append(el.name)
         if el.vae is not None:
             mode = el.vae.preprocess or pv.default_preprocess
-            out["vae_refs"][el.name] = image_to_tensor(preprocess_image(img, height, width, mode, d.reshape_mode))
+            out["vae_refs"][el.name] = reference_tensor(img, height, width, mode, d.reshape_mode)
             out["vae_repeats"][el.name] = el.vae.repeat
         if el.clip is not None:
             mode = el.clip.preprocess or pc.default_preprocess

@@ -174,11 +174,55 @@ def resize(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) ->
     return img.resize((width, height), resample)
 
 
-PREPROCESS = {"pad_white": pad_white, "letterbox": letterbox, "center_crop": center_crop, "resize": resize}
+def fit_pad_white(img: Image.Image, height: int, width: int, resample=None) -> Image.Image:
+    """SkyReels-V3 R2V's and Phantom-Wan's reference loader: keep the aspect, fit inside width x
+    height (the side that binds is exact, the other `int()`-truncated; upscaling allowed), always
+    LANCZOS (whatever data.reshape_mode says: their choice), centred on white, the odd pixel of
+    the margin right / bottom."""
+    ratio = img.width / img.height
+    if ratio > width / height:
+        size = (width, max(1, int(width / ratio)))
+    else:
+        size = (max(1, int(height * ratio)), height)
+    canvas = Image.new("RGB", (width, height), (255, 255, 255))
+    canvas.paste(img.resize(size, Image.Resampling.LANCZOS), ((width - size[0]) // 2, (height - size[1]) // 2))
+    return canvas
+
+
+def crop_bilinear_tensor(img: Image.Image, height: int, width: int) -> torch.Tensor:
+    """ComfyUI's reference path (WanPhantomSubjectToVideo -> comfy.utils.common_upscale, "bilinear",
+    "center"): pixels / 255 in float, the centre crop to the target aspect (its margin
+    `round((old - old * aspect_ratio) / 2)` on each side), torch's bilinear resize (no antialias),
+    x * 2 - 1 as its VAE takes it: image_CHW float32 in [-1, 1], never rounded to 8 bits."""
+    x = torch.from_numpy(np.array(img, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
+    old_h, old_w = x.shape[-2:]
+    old_aspect, new_aspect = old_w / old_h, width / height
+    dx = round((old_w - old_w * (new_aspect / old_aspect)) / 2) if old_aspect > new_aspect else 0
+    dy = round((old_h - old_h * (old_aspect / new_aspect)) / 2) if old_aspect < new_aspect else 0
+    x = x[:, :, dy: old_h - dy, dx: old_w - dx]
+    return torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear")[0] * 2 - 1
+
+
+def crop_bilinear(img: Image.Image, height: int, width: int, resample=None) -> Image.Image:
+    """crop_bilinear_tensor as an 8-bit image (for the CLIP stream and previews)."""
+    arr = ((crop_bilinear_tensor(img, height, width) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+    return Image.fromarray(arr.permute(1, 2, 0).numpy())
+
+
+PREPROCESS = {"pad_white": pad_white, "letterbox": letterbox, "center_crop": center_crop, "resize": resize,
+              "fit_pad_white": fit_pad_white, "crop_bilinear": crop_bilinear}
 
 
 def preprocess_image(img: Image.Image, height: int, width: int, mode: str, reshape_mode: str = "bicubic") -> Image.Image:
     return PREPROCESS[mode](img, height, width, RESAMPLE[reshape_mode])
+
+
+def reference_tensor(img: Image.Image, height: int, width: int, mode: str, reshape_mode: str = "bicubic") -> torch.Tensor:
+    """A VAE reference at the video size: image_CHW float32 in [-1, 1]. crop_bilinear stays in float
+    as ComfyUI keeps it; every other mode is an 8-bit image first."""
+    if mode == "crop_bilinear":
+        return crop_bilinear_tensor(img, height, width)
+    return image_to_tensor(preprocess_image(img, height, width, mode, reshape_mode))
 
 
 def image_to_tensor(img: Image.Image) -> torch.Tensor:

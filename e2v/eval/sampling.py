@@ -1,8 +1,15 @@
-"""The denoising loop SkyReels-A2 runs at inference, on the conditioning code training uses.
+"""The denoising loop SkyReels-A2 and SkyReels-V3 R2V run at inference, on the conditioning code
+training uses.
 
-UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 steps, CFG 5),
-text-only classifier-free guidance: the unconditional pass uses the negative prompt with the SAME
-image tokens and VAE condition (docs/conditioning.md, "Inference"). The conditions come from
+UniPC multistep with flow prediction and a configurable shift (A2: shift 8, 50 steps, CFG 5; V3
+R2V: shift 5, 8 steps, guidance 1: one forward a step), text-only classifier-free guidance: the
+unconditional pass uses the negative prompt with the SAME image tokens and VAE condition
+(docs/conditioning.md, "Inference"). With `validation.image_guidance_scale` set, Phantom's (and
+V3's pipeline's) three-pass dual guidance instead:
+    v = v(neg, none) + s_img (v(neg, refs) - v(neg, none)) + s_txt (v(txt, refs) - v(neg, refs))
+where "none" is the references-dropped input (all slots zero in the sequence layout). In the
+sequence layout the references are re-attached at every step and the scheduler steps only the
+video's frames (train/step.predict returns them alone). The conditions come from
 `conditioning.layout.batch_conditions` on a batch shaped exactly like data.py's, so inference sees the
 layouts training saw (element order, repeats, mask, zero-padded CLIP blocks, or Wan2.2 TI2V's
 clean reference frames in front), for any number of elements, and for a T2V base (`e2v_type:
@@ -23,7 +30,7 @@ import numpy as np
 import torch
 
 from e2v.conditioning.encode import Conditions, decode_latents, encode_text
-from e2v.conditioning.layout import batch_conditions
+from e2v.conditioning.layout import batch_conditions, with_references
 from e2v.data.dataset import collate, element_inputs
 from e2v.runtime.device import randn, to_device
 from e2v.config.shapes import latent_size
@@ -74,11 +81,13 @@ def encode_conditions(parts, cfg, batch: dict, generator: torch.Generator | None
 @torch.no_grad()
 def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_BCTHW: torch.Tensor, *,
             num_steps: int, guidance_scale: float, shift: float, dtype=torch.float32,
-            on_step=None) -> torch.Tensor:
+            image_guidance_scale: float | None = None, on_step=None) -> torch.Tensor:
     """UniPC flow-prediction loop from `noise_BCTHW` (on the model's device, as the conditions);
     returns the clean latents (normalised) there. The schedule's timesteps stay on the CPU (the
     scheduler looks its step up by value; its 0-dim sigmas combine with any device).
-    CFG (guidance_scale > 1, as diffusers decides) repeats the call with the negative text only.
+    CFG (guidance_scale > 1, as diffusers decides) repeats the call with the negative text only;
+    with `image_guidance_scale` also a third call with the negative text and no references (the
+    module docstring's dual guidance).
     `on_step(i, timestep, velocity)` sees every step's guided velocity (tests use it)."""
     scheduler = make_scheduler(shift)
     scheduler.set_timesteps(num_steps, device="cpu")
@@ -92,7 +101,11 @@ def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_
         v = predict(model, latents, timestep, c, c.text_BLD, dtype)
         if neg is not None:
             v_uncond = predict(model, latents, timestep, c, neg, dtype)
-            v = v_uncond + guidance_scale * (v - v_uncond)
+            if image_guidance_scale is None:
+                v = v_uncond + guidance_scale * (v - v_uncond)
+            else:
+                v_free = predict(model, latents, timestep, with_references(c, None), neg, dtype)
+                v = v_free + image_guidance_scale * (v_uncond - v_free) + guidance_scale * (v - v_uncond)
         if on_step is not None:
             on_step(i, t, v)
         latents = scheduler.step(v, t, latents, return_dict=False)[0]
@@ -115,7 +128,7 @@ def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
 
 def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
              num_steps: int = 50, guidance_scale: float = 5.0, shift: float = 8.0, negative_prompt: str = "",
-             device="cpu", dtype=torch.float32) -> torch.Tensor:
+             image_guidance_scale: float | None = None, device="cpu", dtype=torch.float32) -> torch.Tensor:
     """Prompts (+ one dict of element images per prompt) -> clean latents [B,C,T,h,w] of the clip.
 
     The noise is drawn first, then the conditions are encoded with the same generator: A2's order,
@@ -128,6 +141,7 @@ def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None 
         c = encode_conditions(parts, cfg, batch, generator)
         negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
     return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
+                   image_guidance_scale=image_guidance_scale,
                    dtype=dtype)
 
 

@@ -294,6 +294,7 @@ class Validator:
         v = self.cfg.validation
         return generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs], seed=v.seed,
                         num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
+                        image_guidance_scale=v.image_guidance_scale,
                         negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
 
     def generate_from_cache(self, model, parts, partners: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

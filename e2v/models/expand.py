@@ -54,7 +54,7 @@ def added_pathways(cfg: Config) -> list[str]:
     """The pathways (EXPANSION_MODULES keys) the base lacks and expansion adds: those e2v_type uses
     on a T2V base (model.base: t2v); image attention alone on a two-expert Wan2.2 base with the CLIP
     pathway. Known from the config, before any weight loads."""
-    if cfg.e2v_type == "none":
+    if cfg.e2v_type == "none" or cfg.conditioning.target_layout == "sequence":  # a T2V base takes it as it is
         return []
     if cfg.model.base == "t2v":
         return (["vae"] if cfg.uses_vae_condition else []) + (["clip"] if cfg.uses_clip else [])
@@ -71,11 +71,14 @@ def needs_expansion(config, cfg: Config) -> bool:
     asked to take element conditions, or a Wan2.2 expert asked to take CLIP tokens. The base is
     stated in the config (model.base), never guessed, so what trains in full is known before any
     weight loads."""
+    if cfg.conditioning.target_layout == "sequence":  # the references go in the sequence: nothing is widened
+        return False  # (what the base must be: shapes.check_base)
     t2v = config["in_channels"] == T2V_CHANNELS and config.get("added_kv_proj_dim") is None
     if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":
         raise ValueError(f"model: {cfg.model.pretrained or cfg.model.preset} is a text-to-video transformer "
                          f"(16 input channels, no image attention): set model.base: t2v to expand it for "
-                         f"e2v_type {cfg.e2v_type}, or e2v_type: none for plain text-to-video")
+                         f"e2v_type {cfg.e2v_type}, conditioning.target_layout: sequence to give it the references "
+                         f"in the token sequence as it is (SkyReels-V3 R2V), or e2v_type: none for plain text-to-video")
     if not t2v and cfg.model.base == "t2v":
         raise ValueError(f"model.base: t2v, but {cfg.model.pretrained or cfg.model.preset} already has "
                          f"{config['in_channels']} input channels / image attention: set model.base: i2v")
