@@ -30,6 +30,7 @@ class Choice:
     sharpness: float = 0.0
     dropped_by: str = ""  # the filter that removed the last candidate, when none is left
     at_edge: bool = False  # the mask touches the frame's edge (the element may be cut off)
+    identity: float | None = None  # the identity check's score against the window (identity.py); None: not checked
 
 
 def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) -> list[int]:
