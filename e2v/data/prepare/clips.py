@@ -48,7 +48,11 @@ def orientation_sizes(resolution: list[int], orientations: list[str]) -> dict[st
     h, w = sorted(resolution)
     side = max(16, round((h * w) ** 0.5 / 16) * 16)
     sizes = {"landscape": (h, w), "portrait": (w, h), "square": (side, side)}
-    return {o: sizes[o] for o in orientations}
+    out: dict[str, tuple[int, int]] = {}
+    for o in orientations:  # a square resolution's orientations are one size: listed once
+        if sizes[o] not in out.values():
+            out[o] = sizes[o]
+    return out
 
 
 def choose_target(height: int, width: int, sizes: dict[str, tuple[int, int]]) -> tuple[str, tuple[int, int]]:

@@ -111,7 +111,8 @@ def score_hard(raw: Path, out: Path) -> dict:
                 "samples": len(r.get("samples", [])), "orientation": r.get("orientation"),
                 "dropped_or_flagged": {k: v for k, v in r.get("counts", {}).items()
                                        if k.startswith(("clips_dropped", "shots_moving", "shots_too", "flagged_gate"))},
-                "ious": [], "wrong_subject": 0, "background_mae": [], "orientations": []}
+                "identity_rejections": sum(v for k, v in r.get("counts", {}).items() if k.endswith("_identity")),
+                "ious": [], "purity": [], "wrong_subject": 0, "background_mae": [], "orientations": []}
         if not r.get("samples"):
             cases[name] = case
             continue
@@ -121,7 +122,9 @@ def score_hard(raw: Path, out: Path) -> dict:
             case["orientations"].append("portrait" if hw[0] > hw[1] else "landscape")
             ref = s["references"]["person"]
             f = ref["source_frame"]
-            case["ious"].append(iou(reference_mask(out, s, "person"), truth_mask(m["subject"][f], s)))
+            got_HW, true_HW = reference_mask(out, s, "person"), truth_mask(m["subject"][f], s)
+            case["ious"].append(iou(got_HW, true_HW))
+            case["purity"].append(float((got_HW & true_HW).sum() / max(1, got_HW.sum())))  # of the cut-out, subject
             window_ids = m["subject_id"][s["window"]["source_frames"]]
             if m["subject_id"][f] != np.bincount(window_ids).argmax() or case["ious"][-1] < 0.5:
                 case["wrong_subject"] += 1  # another subject, or not the subject at all
@@ -131,10 +134,9 @@ def score_hard(raw: Path, out: Path) -> dict:
                 got = np.asarray(Image.open(out / f"{s['id']}_background.png").convert("RGB"))
                 case["background_mae"].append(float(np.abs(got.astype(np.int16) - clean_HW3).mean()))
         cases[name] = case
-    for case in cases.values():
-        for key in ("ious", "background_mae"):
+    for case in cases.values():  # worst and mean: IoU and purity at their lowest, the error at its highest
+        for key, base, worst in (("ious", "subject_iou", min), ("purity", "purity", min), ("background_mae", "background_mae", max)):
             v = case.pop(key)
-            base = "subject_iou" if key == "ious" else "background_mae"
-            case[f"{base}_min" if key == "ious" else f"{base}_max"] = round(min(v) if key == "ious" else max(v), 3) if v else None
+            case[f"{base}_{worst.__name__}"] = round(worst(v), 3) if v else None
             case[f"{base}_mean"] = round(float(np.mean(v)), 3) if v else None
     return cases
