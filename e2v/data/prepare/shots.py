@@ -16,7 +16,7 @@ of the middle frame lies in [0.2, 0.8] (a hard cut's middle equals one end) and 
 the middle frame (residual at most shots.dissolve_max_residual of the ends' difference). A
 dissolve's frames belong to neither shot: they are cut out.
 
-Legend: F frames, T span centres, h/w the small copy's height/width; small_Fhw3 uint8 RGB.
+Legend: F frames, T span centres, h/w the small copy's height/width; small_Fhw3 uint8 RGB, grey_Fhw float32.
 """
 
 from __future__ import annotations
@@ -97,10 +97,9 @@ def hard_cuts(small_Fhw3: np.ndarray, fps: float, cfg) -> list[dict]:
     return [c for c in cuts if 0 < c["frame"] < len(small_Fhw3)]
 
 
-def _grey_z(frames_Thw3: np.ndarray) -> np.ndarray:
+def _grey_z(g_Thw: np.ndarray) -> np.ndarray:
     """Grey frames, each to zero mean and unit variance: their products' mean is a correlation."""
-    g = frames_Thw3.mean(axis=-1)
-    return (g - g.mean(axis=(1, 2), keepdims=True)) / (g.std(axis=(1, 2), keepdims=True) + 1e-3)
+    return (g_Thw - g_Thw.mean(axis=(1, 2), keepdims=True)) / (g_Thw.std(axis=(1, 2), keepdims=True) + 1e-3)
 
 
 def dissolves(small_Fhw3: np.ndarray, cuts: list[dict], cfg) -> list[dict]:
@@ -108,16 +107,17 @@ def dissolves(small_Fhw3: np.ndarray, cuts: list[dict], cfg) -> list[dict]:
     strongest evidence of each."""
     f_total = len(small_Fhw3)
     cut_frames = np.array([c["frame"] for c in cuts], int)
-    small_Fhw3 = small_Fhw3[:, ::2, ::2]  # a blend is a blend at any scale: a quarter of the pixels
+    # a blend is a blend at any scale and in grey: a twelfth of the numbers
+    grey_Fhw = small_Fhw3[:, ::2, ::2].astype(np.float32).mean(axis=-1)
     spans = []
     for d in HALF_SPANS:  # every span centre t at once, in chunks (memory: a chunk of frames as float32)
         for t0 in range(d, f_total - d, DISSOLVE_CHUNK):
             t = np.arange(t0, min(f_total - d, t0 + DISSOLVE_CHUNK))
-            a, b, m = (small_Fhw3[t + k].astype(np.float32) for k in (-d, d, 0))
+            a, b, m = grey_Fhw[t - d], grey_Fhw[t + d], grey_Fhw[t]
             diff = b - a
-            change = np.abs(diff).mean(axis=(1, 2, 3))
-            weight = ((m - a) * diff).sum(axis=(1, 2, 3)) / np.maximum((diff * diff).sum(axis=(1, 2, 3)), 1e-6)
-            residual = np.abs(m - a - weight[:, None, None, None] * diff).mean(axis=(1, 2, 3)) / np.maximum(change, 1e-6)
+            change = np.abs(diff).mean(axis=(1, 2))
+            weight = ((m - a) * diff).sum(axis=(1, 2)) / np.maximum((diff * diff).sum(axis=(1, 2)), 1e-6)
+            residual = np.abs(m - a - weight[:, None, None] * diff).mean(axis=(1, 2)) / np.maximum(change, 1e-6)
             similar = (_grey_z(a) * _grey_z(b)).mean(axis=(1, 2))
             for i in np.flatnonzero((change >= cfg.dissolve_min_change) & (weight >= 0.2) & (weight <= 0.8)
                                     & (residual <= cfg.dissolve_max_residual)):
