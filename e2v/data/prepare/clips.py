@@ -122,13 +122,6 @@ def to_target(frames_FHW3: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray
     return video_CFHW.permute(1, 2, 3, 0).numpy()
 
 
-def masks_to_target(masks_FHW: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None = None) -> np.ndarray:
-    """The same crop and resize for masks (truth masks in evaluation), thresholded at half: the
-    centre crop, or the cover resize and the manifest's crop (y0, x0)."""
-    grey_FHW3 = np.repeat((masks_FHW.astype(np.uint8) * 255)[..., None], 3, axis=-1)
-    return frames_to_crop(grey_FHW3, target_hw, crop)[..., 0] >= 128
-
-
 def frames_to_crop(frames_FHW3: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None) -> np.ndarray:
     """Source frames as a sample shows them: the centre crop (crop None), or resized to cover the
     target and cropped at (y0, x0) (the manifest's `crop`)."""

@@ -1,6 +1,8 @@
 """The driver of tools/prepare_data.py: for every source video (each rank takes every world-th),
-probe -> shots -> clips -> captions -> elements -> write, then a record; at the end (rank 0) the
-manifest, the summary and the dataset check.
+probe (orientation) -> shots (cuts, dissolves) -> clips (cover size, the crop that keeps the
+subject) -> elements -> references checked against their window (identity.py) -> quality gates
+(quality.py) -> captions -> write, then a record; at the end (rank 0) the manifest, the summary
+(summary.py) and the dataset check.
 
 Resumable per video: a video with a record is never redone; one without (a killed run's) has its
 partial samples removed and is redone. A sample's files are written each to a temp name and
