@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.make_raw_footage import generate  # noqa: E402
+from bench.make_raw_footage import generate, write_hard_footage  # noqa: E402
 
 # the demo's clip shape: configs/e2v_tiny_lora.yaml's (17 frames at 64 x 64), at 8 fps
 PREP_SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "clips.windows_per_shot=2",
@@ -50,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     times = {}
     t0 = time.perf_counter()
-    if not (a.raw / "truth.json").exists():
+    if not (a.raw / "truth_hard.json").exists():
         generate(a.raw, videos=a.videos, shots=3, shot_seconds=4.5)
+        # what a user's footage holds beside the tripod shots: a pan then a zoom over photographs
+        # (registered), and a phone held upright (kept portrait; square at this 64 x 64 size)
+        write_hard_footage(a.raw, only=("pan_zoom", "portrait"))
     times["footage"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     cmd = [sys.executable, str(ROOT / "tools/prepare_data.py"), "--config", str(ROOT / "configs/prepare.yaml"),

@@ -240,7 +240,8 @@ def _shot(photo, subjects, height, width, frames, motion="still", still_until=0.
     return np.stack(out), np.stack(clean), [np.stack(m) for m in masks]
 
 
-def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float = 16.0, shot_frames: int = 64) -> dict:
+def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float = 16.0, shot_frames: int = 64,
+                       only: tuple[str, ...] | None = None) -> dict:
     """Footage a preparer gets wrong in ways a user cannot see, made from scikit-image's photographs
     (nothing downloaded), with the truth to check it against:
 
@@ -250,10 +251,12 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
     - dissolve.mp4: two shots with different subjects joined by a 12-frame cross-fade;
     - similar_cut.mp4: a hard cut between two textures of similar colour statistics (grass, gravel),
       a different subject in each shot;
-    - portrait.mp4: the still shot filmed upright (width and height swapped).
+    - portrait.mp4: the still shot filmed upright (width and height swapped);
+    - same_place.mp4: two shots of one place, a different subject in each (a cut only the subjects
+      tell apart: missed, its shots become one whose references show two subjects).
 
     Writes OUT/<name>.mp4, OUT/truth_hard.json (per video: cuts, dissolves as [first, last] frames,
-    shots, orientation) and OUT/truth/<name>.npz: `subject` (the main subject's masks, FHW bool),
+    shots, orientation) and OUT/truth/<name>.npz (`only`: just the videos named): `subject` (the main subject's masks, FHW bool),
     `subject_id` (which subject it is, per frame: a shot's subject differs from the next's),
     `other` (every other subject's pixels, FHW bool) and `background` (the clean frames, FHW3)."""
     from skimage import data
@@ -269,6 +272,8 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
     truth = {}
 
     def write(name, shots, dissolve=0, portrait=False):
+        if only is not None and name not in only:
+            return
         frames, clean, subj, sid, other, cuts, dissolves, ranges = [], [], [], [], [], [], [], []
         for k, (f, c, m, who) in enumerate(shots):
             if k and dissolve:  # a cross-fade: the last `dissolve` frames of the previous shot blend into this one
@@ -320,6 +325,9 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
     write("similar_cut", [(f, c, m, 0), (f2, c2, m2, 1)])
     f, c, m = _shot(data.chelsea(), [(*a, top, 1.0)], height, width, n, phase=0.2)
     write("portrait", [(f, c, m, 0)], portrait=True)
+    f, c, m = _shot(data.coffee(), [(*a, top, 1.0)], height, width, n)
+    f2, c2, m2 = _shot(data.coffee(), [(*b, top, 1.0)], height, width, n, phase=0.5)
+    write("same_place", [(f, c, m, 0), (f2, c2, m2, 1)])
     (out / "truth_hard.json").write_text(json.dumps(truth, indent=1))
     return truth
 

@@ -135,3 +135,16 @@ def save_tiny_captioner(folder: Path) -> Path:
     torch.manual_seed(0)
     LlavaForConditionalGeneration(cfg).eval().save_pretrained(folder)
     return folder
+
+
+def save_tiny_vision_encoder(folder: Path) -> Path:
+    """A tiny random-weight CLIP vision tower, loadable by AutoModel like a real image-embedding
+    folder (the identity check's learned measure)."""
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(0)
+    cfg = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14)
+    CLIPVisionModel(cfg).eval().save_pretrained(folder)
+    return folder

@@ -17,7 +17,7 @@ from conftest import ROOT
 
 
 def test_the_verdict_is_incomplete_when_anything_was_skipped():
-    from tools.gpu_check import EXIT, verdict
+    from bench.gpu_check import EXIT, verdict
 
     ok = {"passed": True}
     assert verdict({"a": ok, "b": ok}) == "PASSED"
@@ -30,8 +30,8 @@ def test_the_verdict_is_incomplete_when_anything_was_skipped():
 def test_a_package_that_does_not_import_fails_the_environment_and_skips_the_rest(tmp_path, monkeypatch, capsys):
     """--no-install: nothing is installed; the import error is reported, every other section is
     skipped for it, and the verdict is FAILED."""
-    import tools.gpu_check as gc
-    from tools.gpulib import packages
+    import bench.gpu_check as gc
+    from bench.gpulib import packages
 
     monkeypatch.setattr(packages, "import_problems", lambda: {"decord": "ModuleNotFoundError: No module named 'decord'"})
     monkeypatch.setattr(packages, "install", lambda *a, **k: pytest.fail("--no-install installs nothing"))
@@ -49,7 +49,7 @@ def test_a_package_that_does_not_import_fails_the_environment_and_skips_the_rest
 def test_install_takes_the_wheel_folder_alone(tmp_path, monkeypatch):
     """With a folder: pip --no-index --find-links FOLDER -r FOLDER/LIST.txt, then the imports are
     checked again in a fresh process; nothing runs pip when everything imports."""
-    from tools.gpulib import packages
+    from bench.gpulib import packages
 
     calls = []
     monkeypatch.setattr(packages.subprocess, "run",
@@ -74,7 +74,7 @@ def test_the_import_check_covers_what_the_checks_code_imports():
     import ast
     import sys
 
-    from tools.gpulib.packages import NEEDS, e2v_modules
+    from bench.gpulib.packages import NEEDS, e2v_modules
 
     files = [ROOT / (m.replace(".", "/") + ".py") for m in e2v_modules()]
     files = [f if f.exists() else f.with_suffix("") / "__init__.py" for f in files]
@@ -103,18 +103,18 @@ def test_the_makefile_target_uses_the_given_interpreter_and_installs_nothing_its
         return p.stdout.split()
 
     assert dry("gpu-check", "PYTHON=/opt/conda/bin/python", "WHEELS=wheels") == \
-        ["/opt/conda/bin/python", "tools/gpu_check.py", "--wheels", "wheels"]
+        ["/opt/conda/bin/python", "bench/gpu_check.py", "--wheels", "wheels"]
     assert dry("gpu-check", "NO_INSTALL=1", env={"PYTHON": "/usr/bin/python3.12"}) == \
-        ["/usr/bin/python3.12", "tools/gpu_check.py", "--no-install"]
+        ["/usr/bin/python3.12", "bench/gpu_check.py", "--no-install"]
     default = dry("gpu-check", "VENV=/nonexistent-venv")  # no venv: the machine's python3
-    assert default == ["python3", "tools/gpu_check.py"]
+    assert default == ["python3", "bench/gpu_check.py"]
     assert dry("gpu-wheels", "WHEELS=w")[-6:] == ["--out", "w", "--python-version", "3.12", "--torch", "2.8.0"]
 
 
 def test_the_documented_wheel_list_is_complete():
     """docs/gpu.md's list: every carried need, the dependencies a first list missed (deepspeed's and
     peft's), none of what the machine has."""
-    from tools.gpulib.packages import MACHINE_HAS, NEEDS, _canonical
+    from bench.gpulib.packages import MACHINE_HAS, NEEDS, _canonical
 
     text = (ROOT / "docs/gpu.md").read_text()
     block = text[text.index("<!-- wheel list -->"):text.index("<!-- /wheel list -->")]
@@ -127,7 +127,7 @@ def test_the_documented_wheel_list_is_complete():
 
 
 def test_the_sdpa_backend_is_named_by_the_op_that_ran():
-    from tools.gpulib.sections import sdpa_backends
+    from bench.gpulib.sections import sdpa_backends
 
     cudnn = ["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_cudnn_attention",
              "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1"]
@@ -139,7 +139,7 @@ def test_the_sdpa_backend_is_named_by_the_op_that_ran():
 
 
 def test_the_loss_must_fall_and_stay_finite():
-    from tools.gpulib.sections import STEP_TRAINING, loss_falls
+    from bench.gpulib.sections import STEP_TRAINING, loss_falls
 
     assert loss_falls([1.76, 1.2, 0.9])["passed"]
     assert not loss_falls([1.76, 9.37, 5.51, 1.9])["passed"]  # the H200 run without warmup: up, not down

@@ -30,5 +30,32 @@ def render_prepare(d: dict) -> list[str]:
              f"footage, by stage (wall time of one process on {d['machine']['cores']} cores; a load above the core "
              "count inflates them):", "", "| stage | s / footage minute |", "|---|---|"]
     lines += [f"| {STAGE_NAMES.get(k, k)} | {v:.2f} |" for k, v in d["seconds_per_footage_minute"].items()]
+    if "hard" in d:
+        lines += render_hard(d["hard"])
     return lines + ["", "Not measured here: the learned backend (SAM 3) and the model captioner with real weights "
                     "(no weights or GPU on this machine); their per-frame cost is one model forward per element.", ""]
+
+
+def _f(v, fmt=".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render_hard(h: dict) -> list[str]:
+    """The per-case table of the hard footage (tests/test_prepare_hard.py's cases and settings)."""
+    lines = ["", "### Footage it did not make (bench/make_raw_footage.py write_hard_footage)", "",
+             f"scikit-image photographs, 96x160 at 16 fps ({h['footage_minutes']:.2f} min) -> 96x160 (portrait "
+             f"160x96) clips of 17 frames at 8 fps; wall time {h['wall_s']:.0f} s with the check (exit "
+             f"{h['check_exit_code']}). IoU and purity (the share of the subject cut-out that is subject) of the "
+             "subject reference, background error in levels of 255 against the clean frame the reference shows, "
+             "wrong: references showing another subject (or none), identity: references the check rejected.", "",
+             "| case | cuts within 1 frame | dissolves found | samples kept | dropped / flagged | IoU min | "
+             "purity min | bg error max | wrong | identity |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, c in h["cases"].items():
+        dropped = ", ".join(f"{k} {v}" for k, v in c["dropped_or_flagged"].items()) or "-"
+        lines.append(f"| {name} | {c['cuts_within_1_frame']}/{c['cuts']} ({c['cuts_extra']} extra) | "
+                     f"{c['dissolves_found']}/{c['dissolves']} | {c['samples']} ({', '.join(c['orientations']) or '-'}) | "
+                     f"{dropped} | {_f(c['subject_iou_min'])} | {_f(c['purity_min'])} | "
+                     f"{_f(c['background_mae_max'], '.2f')} | {c['wrong_subject']} | {c['identity_rejections']} |")
+    lines += ["", "Seconds per footage minute here: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                           h["seconds_per_footage_minute"].items()) + "."]
+    return lines

@@ -62,7 +62,7 @@ def child_steps(a) -> dict:
     for i in range(a.warmup + a.steps):
         ph = Phases(cuda)
         c, loss = runner.train_step(engine, batches, ph, scheduler)
-        losses.append(loss)  # every step's, the untimed first ones too (tools/gpu_check.py: the loss falls)
+        losses.append(loss)  # every step's, the untimed first ones too (bench/gpu_check.py: the loss falls)
         if i >= a.warmup:
             steps.append(ph.t)
         if len(kept) < a.cache_batches:

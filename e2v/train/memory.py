@@ -49,7 +49,7 @@ never touched is not resident), the encoders, and RUNTIME_GB of interpreter, lib
 allocator slack; plus LAUNCHER_GB for the launcher processes. At load the whole transformer is
 read on every rank that does not partition at load (e P per rank, before any optimizer state), so
 the peak is the larger of the load and the training figure. Checked against the peak PSS of the
-process tree by tools/smoke_real.py (real shapes, 1 and 2 ranks). The figures assume that a freed
+process tree by bench/smoke_real.py (real shapes, 1 and 2 ranks). The figures assume that a freed
 tensor's memory goes back to the OS, which e2v's processes arrange at start (e2v/runtime/hostmem.py); under
 glibc's default malloc a process keeps the high-water mark of what it once held (the 1.3B ZeRO-3
 smoke peaked at 1.39x this estimate that way).

@@ -32,9 +32,7 @@ from .config import Elements
 from .fill import fill_background, foreground_share
 from .masks import ShotMasks, clean, largest_components
 
-REGISTER_SIDE = 320  # frames are matched at least this long-side size: ORB needs texture at a scale
 MIN_INLIERS = 12  # RANSAC inliers below this: the frame cannot be registered
-STILL_PX = 0.5  # a homography moving no frame corner further than this is the identity
 
 
 def temporal_median(frames_FHW3: np.ndarray, max_frames: int) -> np.ndarray:
@@ -65,48 +63,47 @@ def difference(frames_FHW3: np.ndarray, background_HW3: np.ndarray) -> np.ndarra
 
 
 def register_shot(frames_FHW3: np.ndarray) -> tuple[np.ndarray | None, dict]:
-    """Homographies mapping every frame into the middle frame (to_ref_F33), or None when the camera
-    is still (every homography near the identity) or a frame cannot be registered; and what was
-    measured (camera: still / registered / unregistrable, the worst frame's inliers, the largest
-    corner shift in pixels)."""
+    """Similarity transforms mapping every frame into the middle frame (to_ref_F33), or None when a
+    frame cannot be registered; and what was measured (camera: registered / unregistrable, the
+    worst pair's inliers, the largest frame-corner shift in pixels). Each frame is matched to the
+    next (a small, reliable step: matched straight to the middle frame, half a pan away, the
+    features of a repetitive texture pair up wrongly) and the steps are chained to the middle."""
     f, h, w = frames_FHW3.shape[:3]
-    up = max(1.0, REGISTER_SIDE / max(h, w))
+    # small patches: frames under 100 pixels high still give features (ORB's default 31 leaves
+    # little); frames are never upscaled for it: ORB on an upscaled frame matched its blur, and
+    # the pan of the test footage registered 5x wrong at 48 x 80 (fine at 96 x 160)
     orb = cv2.ORB_create(nfeatures=800, edgeThreshold=15, patchSize=15, fastThreshold=8)
+    matcher = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
 
     def features(frame):
-        grey = cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2GRAY)
-        if up > 1:
-            grey = cv2.resize(grey, None, fx=up, fy=up, interpolation=cv2.INTER_CUBIC)
-        return orb.detectAndCompute(grey, None)
+        return orb.detectAndCompute(cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2GRAY), None)
 
-    ref = f // 2
-    kr, dr = features(frames_FHW3[ref])
-    if dr is None or len(kr) < MIN_INLIERS:
-        return None, {"camera": "untextured"}
-    matcher = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
-    scale = np.diag([up, up, 1.0])
-    corners = np.array([[0, 0], [w, 0], [0, h], [w, h]], np.float64)
-    to_ref, worst, shift = np.repeat(np.eye(3)[None], f, axis=0), 10 ** 9, 0.0
-    for i in range(f):
-        if i == ref:
-            continue
-        k, d = features(frames_FHW3[i])
-        matches = matcher.match(d, dr) if d is not None else []
+    feats = [features(fr) for fr in frames_FHW3]
+    step_F33 = np.repeat(np.eye(3)[None], f, axis=0)  # step[i]: frame i -> frame i + 1
+    worst = 10 ** 9
+    for i in range(f - 1):
+        (k0, d0), (k1, d1) = feats[i], feats[i + 1]
+        matches = matcher.match(d0, d1) if d0 is not None and d1 is not None else []
         if len(matches) < MIN_INLIERS:
             return None, {"camera": "unregistrable", "frame": i, "inliers": len(matches)}
-        src = np.float32([k[m.queryIdx].pt for m in matches])
-        dst = np.float32([kr[m.trainIdx].pt for m in matches])
+        src = np.float32([k0[m.queryIdx].pt for m in matches])
+        dst = np.float32([k1[m.trainIdx].pt for m in matches])
         # a pan, zoom or small turn is a similarity transform (4 parameters): far steadier on small
         # frames than a full homography's 8, whose perspective terms fit the noise
-        sim, inl = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=2.0 * up)
+        sim, inl = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=1.5)
         if sim is None or int(inl.sum()) < MIN_INLIERS:
             return None, {"camera": "unregistrable", "frame": i, "inliers": 0 if inl is None else int(inl.sum())}
-        to_ref[i] = np.linalg.inv(scale) @ np.vstack([sim, [0, 0, 1]]) @ scale
+        step_F33[i] = np.vstack([sim, [0, 0, 1]])
         worst = min(worst, int(inl.sum()))
-        moved = cv2.perspectiveTransform(corners[None], to_ref[i])[0]
-        shift = max(shift, float(np.abs(moved - corners).max()))
-    info = {"camera": "still" if shift < STILL_PX else "registered", "min_inliers": worst, "max_shift_px": round(shift, 1)}
-    return (None if shift < STILL_PX else to_ref), info
+    ref = f // 2
+    to_ref = np.repeat(np.eye(3)[None], f, axis=0)
+    for i in range(ref - 1, -1, -1):
+        to_ref[i] = to_ref[i + 1] @ step_F33[i]
+    for i in range(ref + 1, f):
+        to_ref[i] = to_ref[i - 1] @ np.linalg.inv(step_F33[i - 1])
+    corners = np.array([[0, 0], [w, 0], [0, h], [w, h]], np.float64)
+    shift = max(float(np.abs(cv2.perspectiveTransform(corners[None], m)[0] - corners).max()) for m in to_ref)
+    return to_ref, {"camera": "registered", "min_inliers": worst, "max_shift_px": round(shift, 1)}
 
 
 def warp(images, to_ref_F33: np.ndarray, size_hw: tuple[int, int], inverse: bool = False, nearest: bool = False):

@@ -48,7 +48,11 @@ def orientation_sizes(resolution: list[int], orientations: list[str]) -> dict[st
     h, w = sorted(resolution)
     side = max(16, round((h * w) ** 0.5 / 16) * 16)
     sizes = {"landscape": (h, w), "portrait": (w, h), "square": (side, side)}
-    return {o: sizes[o] for o in orientations}
+    out: dict[str, tuple[int, int]] = {}
+    for o in orientations:  # a square resolution's orientations are one size: listed once
+        if sizes[o] not in out.values():
+            out[o] = sizes[o]
+    return out
 
 
 def choose_target(height: int, width: int, sizes: dict[str, tuple[int, int]]) -> tuple[str, tuple[int, int]]:
@@ -116,13 +120,6 @@ def to_target(frames_FHW3: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray
     antialiased bicubic: e2v.data.media.frames_to_video) -> uint8 frames_FHW3 at the target size."""
     video_CFHW = frames_to_video(np.ascontiguousarray(frames_FHW3), *target_hw, "center_crop", "bicubic")
     return video_CFHW.permute(1, 2, 3, 0).numpy()
-
-
-def masks_to_target(masks_FHW: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None = None) -> np.ndarray:
-    """The same crop and resize for masks (truth masks in evaluation), thresholded at half: the
-    centre crop, or the cover resize and the manifest's crop (y0, x0)."""
-    grey_FHW3 = np.repeat((masks_FHW.astype(np.uint8) * 255)[..., None], 3, axis=-1)
-    return frames_to_crop(grey_FHW3, target_hw, crop)[..., 0] >= 128
 
 
 def frames_to_crop(frames_FHW3: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None) -> np.ndarray:

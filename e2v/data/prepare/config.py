@@ -103,7 +103,7 @@ class Classical:
     register: bool = True
     # Objects need evidence: a second moving region present in min_object_presence of the frames,
     # or (static_objects) a still region standing out of its smoothed surround, for footage whose
-    # props are flat-coloured (tools/make_raw_footage.py's); on photographs that finds eyes and rims.
+    # props are flat-coloured (bench/make_raw_footage.py's); on photographs that finds eyes and rims.
     min_object_presence: float = 0.5
     static_objects: bool = False
 
@@ -139,7 +139,7 @@ class Identity:
     model: Optional[str] = None  # local vision-model folder (CLIP / SigLIP / DINOv2); null: the colour/texture statistic
     # The statistic's histogram intersection: 0.87-1.0 for one subject across its shot, 0.64 for two
     # photographed subjects, 0.40-0.71 for a subject against the background it stood on
-    # (tools/make_raw_footage.py's hard footage).
+    # (bench/make_raw_footage.py's hard footage).
     statistic_threshold: float = 0.75
     model_threshold: float = 0.7  # the embedding's cosine similarity; calibrate on your footage
 

@@ -24,14 +24,17 @@ from .references import touches_edge
 
 
 def quality(clip_FHW3: np.ndarray, subject_FHW: np.ndarray, foreground_FHW: np.ndarray,
-            background_HW3: np.ndarray | None, min_area_share: float, diff_threshold: float) -> dict:
+            background_FHW3: np.ndarray | None, min_area_share: float, diff_threshold: float) -> dict:
+    """background_FHW3: the background reference as each window frame sees it (one plate repeated
+    for a still camera, warped to each frame's view for a registered one; pixels no plate covers
+    belong to foreground_FHW)."""
     presence = float((subject_FHW.mean(axis=(1, 2)) >= min_area_share).mean())
     at_edge = float(np.mean([touches_edge(m) for m in subject_FHW]))
     q = {"presence": round(presence, 4), "subject_at_edge": round(at_edge, 4),
          "foreground_share": round(float(foreground_FHW.mean()), 4), "background_residue": None}
-    if background_HW3 is not None:
+    if background_FHW3 is not None:
         grown = np.stack([cv2.dilate(m.astype(np.uint8), np.ones((5, 5), np.uint8)) for m in foreground_FHW]).astype(bool)
-        differs = np.abs(clip_FHW3.astype(np.int16) - background_HW3.astype(np.int16)).max(axis=-1) > diff_threshold
+        differs = np.abs(clip_FHW3.astype(np.int16) - background_FHW3.astype(np.int16)).max(axis=-1) > diff_threshold
         q["background_residue"] = round(float(differs[~grown].mean()) if (~grown).any() else 0.0, 4)
     return q
 

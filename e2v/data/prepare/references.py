@@ -30,6 +30,7 @@ class Choice:
     sharpness: float = 0.0
     dropped_by: str = ""  # the filter that removed the last candidate, when none is left
     at_edge: bool = False  # the mask touches the frame's edge (the element may be cut off)
+    identity: float | None = None  # the identity check's score against the window (identity.py); None: not checked
 
 
 def outside_positions(track_len: int, window: tuple[int, int], gap_frames: int) -> list[int]:
@@ -42,8 +43,8 @@ def choose(frames_FHW3: np.ndarray, masks_FHW: np.ndarray, scores_F: np.ndarray,
            gap_frames: int, cfg: Elements) -> list[Choice]:
     """The frames to cut an element from, best first: outside the window, or inside only when the
     shot has no frame outside (too short for the gap; the manifest says so). Among the frames
-    passing the filters (size, score, sharpness), the largest masks that do not touch the frame's
-    edge (a subject cut by the edge is half a subject) come first, then the largest. None passing:
+    passing the filters (size, score, sharpness), the masks that do not touch the frame's edge (a
+    subject cut by the edge is half a subject) come first, each group nearest its typical size first. None passing:
     one Choice with position None naming the filter that removed the last candidate; never a frame
     from inside instead (that would be the copy-paste the gap prevents). The identity check takes
     the first that shows the clip's element."""
@@ -69,8 +70,11 @@ def choose(frames_FHW3: np.ndarray, masks_FHW: np.ndarray, scores_F: np.ndarray,
         passing.append((not touches_edge(m), area, p, float(scores_F[p]), sharp))
     if not passing:
         return [Choice(None, False, dropped_by=last_drop)]
-    return [Choice(p, is_outside, area, score, sharp, at_edge=not inside)
-            for inside, area, p, score, sharp in sorted(passing, reverse=True)]
+    typical = float(np.median([c[1] for c in passing]))
+    # the mask nearest the typical size, not the largest: an oversized mask is the element plus
+    # what the segmentation got wrong (a registered pan's edge frames, a shadow)
+    ranked = sorted(passing, key=lambda c: (c[0], -abs(c[1] - typical), c[4]), reverse=True)
+    return [Choice(p, is_outside, area, score, sharp, at_edge=not inside) for inside, area, p, score, sharp in ranked]
 
 
 def touches_edge(mask_HW: np.ndarray) -> bool:

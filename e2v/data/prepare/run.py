@@ -1,6 +1,8 @@
 """The driver of tools/prepare_data.py: for every source video (each rank takes every world-th),
-probe -> shots -> clips -> captions -> elements -> write, then a record; at the end (rank 0) the
-manifest, the summary and the dataset check.
+probe (orientation) -> shots (cuts, dissolves) -> clips (cover size, the crop that keeps the
+subject) -> elements -> references checked against their window (identity.py) -> quality gates
+(quality.py) -> captions -> write, then a record; at the end (rank 0) the manifest, the summary
+(summary.py) and the dataset check.
 
 Resumable per video: a video with a record is never redone; one without (a killed run's) has its
 partial samples removed and is redone. A sample's files are written each to a temp name and
@@ -310,8 +312,11 @@ class Preparer:
         clip_FHW3 = frames_FHW3[window[0]:window[1]][(slice(None), *crop)]
         fg_FHW = np.logical_or.reduce([masks.masks[n] for n in emitted])[window[0]:window[1]][(slice(None), *crop)]
         subject_FHW = masks.masks[self.subject][window[0]:window[1]][(slice(None), *crop)]
-        q = quality(clip_FHW3, subject_FHW, fg_FHW, background_HW3, cfg.min_area_share,
-                    cfg.classical.diff_threshold)
+        plates_FHW3 = None
+        if background_HW3 is not None:
+            plates_FHW3, uncovered_FHW = views_of(plate_HW3, masks.to_reference, view, window)
+            plates_FHW3, fg_FHW = plates_FHW3[(slice(None), *crop)], fg_FHW | uncovered_FHW[(slice(None), *crop)]
+        q = quality(clip_FHW3, subject_FHW, fg_FHW, plates_FHW3, cfg.min_area_share, cfg.classical.diff_threshold)
         failed = gate_failures(q, self.cfg.gates)
         if failed and self.cfg.gates.action == "drop":
             return done(f"clips_dropped_gate_{failed[0]}")
@@ -361,6 +366,22 @@ class Preparer:
                 c.identity = None if score is None else round(score, 4)
                 return c
         return Choice(None, False, dropped_by="identity")
+
+
+def views_of(plate_HW3: np.ndarray, to_ref_F33, view: int, window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The background reference (seen from track frame `view`) as each window frame sees it, and
+    the pixels it does not cover: (plates_FHW3, uncovered_FHW). A still camera: the plate itself."""
+    n, (h, w) = window[1] - window[0], plate_HW3.shape[:2]
+    if to_ref_F33 is None:
+        return np.broadcast_to(plate_HW3, (n, h, w, 3)), np.zeros((n, h, w), bool)
+    import cv2
+
+    plates, uncovered = [], []
+    for f in range(*window):  # view -> reference -> frame f
+        m = np.linalg.inv(to_ref_F33[f]) @ to_ref_F33[view]
+        plates.append(cv2.warpPerspective(np.ascontiguousarray(plate_HW3), m, (w, h)))
+        uncovered.append(cv2.warpPerspective(np.ones((h, w), np.uint8), m, (w, h), flags=cv2.INTER_NEAREST) == 0)
+    return np.stack(plates), np.stack(uncovered)
 
 
 @dataclass
