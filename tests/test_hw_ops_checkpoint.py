@@ -113,10 +113,10 @@ if rank == 0:  # what rank 0's NFS client shows of rank 1's new file: too short
     real = Path.stat
     Path.stat = lambda self, *a, **k: (os.stat_result((stat.S_IFREG | 0o644,) + (0,) * 5 + (1, 0, 0, 0))
                                        if "rank_1" in str(self) else real(self, *a, **k))
-print("FILES " + json.dumps(gather_records(folder, mine, rank)), flush=True)
+print("FILES " + json.dumps(gather_records(folder, mine)), flush=True)
 clash = {str(folder / "shared.json"): {"bytes": 10 + rank, "sha256": str(rank)}}
 try:
-    gather_records(folder, clash, rank)
+    gather_records(folder, clash)
 except RuntimeError as e:
     print(f"REFUSED {e}", flush=True)
 dist.destroy_process_group()

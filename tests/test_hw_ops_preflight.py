@@ -28,6 +28,11 @@ found, _ = discover(cfg.data.datasets[0], cfg.data.elements, cfg.data.remove_com
                     cfg.data.allow_outside_root)
 read, real = [], preflight.sample_facts
 preflight.sample_facts = lambda job: read.append(os.path.basename(job[0])) or real(job)
+real_group = dist.new_group
+def new_group(*a, **k):  # the check's own group: gloo, with the timeout sized to the set
+    print("GROUP " + json.dumps([k.get("backend"), k["timeout"].total_seconds()]), flush=True)
+    return real_group(*a, **k)
+dist.new_group = new_group
 for attempt in ("cold", "warm"):  # the second finds everything in rank 0's cache
     read.clear()
     problems = preflight.check_samples(cfg, found, workers=1, progress=False)
@@ -60,9 +65,14 @@ def test_two_ranks_share_the_reading_and_agree_with_one_rank(bad_data, tmp_path,
     problems_1, buckets_1 = _single_rank(bad_data, tmp_path, monkeypatch)
     assert {p[0] for p in problems_1 if p[2] == "error"} == set(BAD)  # the reference sees the three bad samples
     arg = json.dumps([str(bad_data), str(ROOT / "configs/e2v_tiny_lora.yaml"), str(tmp_path / "shared_cache")])
-    ranks = two_ranks(RANK_SCRIPT, arg, marks=("READ", "PROBLEMS", "BUCKETS", "Traceback"), timeout=240)
+    ranks = two_ranks(RANK_SCRIPT, arg, marks=("READ", "PROBLEMS", "BUCKETS", "GROUP", "Traceback"), timeout=240)
+    from e2v.data.preflight import MIN_TIMEOUT_S
+
+    for r in ranks:  # one group per check, each with the sized timeout (8 samples: the floor, 30 min)
+        assert [json.loads(line.split(" ", 1)[1]) for line in r if line.startswith("GROUP")] == \
+            [["gloo", MIN_TIMEOUT_S]] * 2, r
     lines = [{line.split(" ", 2)[0] + " " + line.split(" ", 2)[1]: json.loads(line.split(" ", 2)[2]) for line in r
-              if not line.startswith("Traceback")} for r in ranks]
+              if line.startswith(("READ", "PROBLEMS", "BUCKETS"))} for r in ranks]
     assert all(len(d) == 6 for d in lines), ranks
     cold = [set(d["READ cold"]) for d in lines]
     assert not cold[0] & cold[1], "each sample is read by one rank"

@@ -331,7 +331,7 @@ def section_offload_adam(ctx: Ctx) -> dict:
     if ctx.cuda:
         out["passed"] &= out["fused"]  # pinned: reported (page-locked blocks may round up host RAM), not required
     else:
-        out["skipped_checks"] = ["the fused kernel on a pinned partition (no CUDA: e2v fuses torch's AdamW only "
+        out["skipped_checks"] = ["the fused kernel (no CUDA: e2v fuses torch's AdamW only "
                                  "under a CUDA build; this ran the unfused one)"]
     return out
 
@@ -431,6 +431,6 @@ SECTIONS = (
     Section("activation_offload", 70, section_activation_offload, "train.activation_offload off / on"),
     Section("offload_adam", 30, section_offload_adam, "torch's fused AdamW on the offloaded CPU partition"),
     Section("wan22", 40, section_wan22, "Wan2.2 tiny presets: training and validation"),
-    Section("attention", 5, section_attention, "Attention kernel"),
+    Section("attention", 5, section_attention, "Attention backend"),
 )
 NAMES = [s.name for s in SECTIONS]

@@ -149,7 +149,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         for name in RECOVERY_SCRIPTS:  # DeepSpeed's rank 0 copies them in without its engine
             if (partial / name).is_file():
                 mine[str(partial / name)] = record_file(partial / name)
-    files = gather_records(partial, mine, rank)  # a collective: after it, every rank's files are written
+    files = gather_records(partial, mine)  # a collective: after it, every rank's files are written
     if rank == 0:
         world = torch.distributed.get_world_size() if is_distributed() else 1
         write_text_atomic(partial / MANIFEST, json.dumps({"step": step, "world_size": world, "hash": HASH,
@@ -207,7 +207,7 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int) -> list[Path]:
     return doomed
 
 
-def gather_records(folder: Path, mine: dict, rank: int) -> dict:
+def gather_records(folder: Path, mine: dict) -> dict:
     """The manifest's files: {name relative to `folder`: {"bytes", HASH, "rank"}} from every rank's
     record of the files it wrote (`mine`: path -> record), gathered (a collective). Two ranks
     recording one file with different bytes is an error naming both."""
