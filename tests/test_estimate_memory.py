@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
 import estimate_memory as em  # noqa: E402
