@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None):
     except ConfigError as e:  # a hold-out that leaves nothing to train: before any weight loads
         raise SystemExit(f"config error: {e}")
     if val_samples:
-        data_logger.info(f"{len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} held "
-              f"out for validation (validation.num_samples; never trained on)")
+        data_logger.info(f"{len({(s.dataset, s.id) for s in samples})} training samples + {len(val_samples)} "
+                         f"held out for validation (validation.num_samples; never trained on)")
     parts, full_names, ds_config = build_model(cfg, run_dir, rank, lay.dp_size, device)
     if rank == 0:
         announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
@@ -316,19 +316,20 @@ def main(argv: list[str] | None = None):
                 logger.info(f"\nstop signal: checkpoint saved at step {global_step}; resume with --resume latest")
                 break
     except FloatingPointError:  # non-finite loss / gradient norm: the weights are suspect, save nothing
+        restore_signals()
         raise
     except Exception as e:
+        restore_signals()
         # One process: nothing else waits on a collective, so the weights of the last finished step
         # are saved before the error propagates (several ranks rely on the periodic checkpoints).
         if world == 1 and global_step > saved_step:
             logger.error(f"\nerror in step {global_step + 1}: saving step {global_step} first "
-                      f"(resume with --resume latest)")
+                         f"(resume with --resume latest)")
             save(global_step, *step_start)
         if isinstance(e, BadSampleError):  # named in its message: no traceback
             raise SystemExit(f"data error in step {global_step + 1}: {e}") from None
         raise
     finally:
-        restore_signals()
         bar.close()
         vis.close()  # pending visualization writes land (or raise) even when the run fails
         log.close()
@@ -342,10 +343,11 @@ def main(argv: list[str] | None = None):
         if rank == 0:  # the export's outputs are rank 0's
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
             logger.info(f"done: {global_step} steps. Outputs in {run_dir}:\n"
-                     + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
-                     + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
-                     + (f"\nleft out {len({p.sample for p in excluded})} bad sample(s) at the start "
-                        "(listed there)" if excluded else ""))
+                        + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
+                        + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
+                        + (f"\nleft out {len({p.sample for p in excluded})} bad sample(s) at the start "
+                           "(listed there)" if excluded else ""))
+    restore_signals()  # after the export: a signal during it still only sets the flag
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import Launch, early, launch_python, starts_early
+from helpers_launch import Launch, early, launch_python, starts_early
 
 from bench.benchlib.common import STEP_PHASES
 
@@ -24,7 +24,7 @@ def _start_check(request) -> Launch:
 
 @pytest.fixture(scope="module")
 def bench_check(request) -> subprocess.CompletedProcess:
-    """`bench/bench.py --child check`, started with the session (tests/conftest.py: starts_early)."""
+    """`bench/bench.py --child check`, started with the session (tests/helpers_launch.py: starts_early)."""
     return early("bench_check", request).wait(check=False)
 
 

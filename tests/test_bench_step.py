@@ -14,7 +14,7 @@ import signal
 
 import pytest
 import torch
-from conftest import close_process_group, read_scalars
+from helpers import close_process_group, read_scalars
 
 from bench.benchlib.common import TINY_CONFIG, Phases, config_sets, make_config
 from bench.benchlib.step import init_single_rank

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, launch_train, read_scalars, wait_all
+from helpers import ROOT, read_scalars
+from helpers_launch import launch_train, wait_all
 from e2v.data.store import CacheError, CacheStore
 from e2v.conditioning.cached import compute_entry, shared_entry
 from e2v.conditioning.layout import batch_conditions

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT
+from helpers import ROOT
 
 CONFIG = """
 e2v_type: dual

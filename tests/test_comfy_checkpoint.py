@@ -12,7 +12,7 @@ from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from helpers import ROOT
 from helpers_comfy import comfyui_or_skip
 from e2v.train.export import (BASE_FILE, COMFY_CHECKPOINT_FILE, COMFY_FILE, FULL_DIR, LORA_FILE, MODEL_FILE,
                               export_dtype, export_meta, fused_state, load_extra_modules, read_base,

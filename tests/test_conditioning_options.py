@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import launch_train, wait_all
+from helpers_launch import launch_train, wait_all
 from e2v.conditioning.encode import (build_vae_condition, condition_mask, condition_video,
     encode_clip_images, encode_text, encode_video, select_elements)
 from e2v.conditioning.layout import batch_conditions

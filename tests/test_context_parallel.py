@@ -24,8 +24,8 @@ import json
 
 import pytest
 
-from conftest import (ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, early, early_dir, launch_train, read_scalars, starts_early,
-                      wait_all)
+from helpers import ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, read_scalars
+from helpers_launch import early, early_dir, launch_train, starts_early, wait_all
 
 TOL = 1e-5  # fp32: the split sums the same products in another order
 

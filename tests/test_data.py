@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 from e2v.config.load import load_config
 from e2v.data.dataset import BadSampleError, BucketBatchSampler, index_samples, make_loader
 from e2v.data.buckets import bucket_table, choose_bucket
@@ -161,7 +161,7 @@ def _distinct(rank, world, port, out):
 def test_distinct_over_ranks_counts_a_sample_seen_by_two_ranks_once():
     import torch.multiprocessing as mp
 
-    from conftest import _free_port
+    from helpers import _free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()

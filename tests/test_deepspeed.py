@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from conftest import (ROOT, ZERO3_OFFLOAD_RUN, early, early_dir, launch_python, launch_train, read_scalars,
-                      starts_early, wait_all)
+from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
+from helpers_launch import early, early_dir, launch_python, launch_train, starts_early, wait_all
 from e2v.train.guard import NonFiniteGuard
 from e2v.config.load import load_config
 from e2v.train.ds_config import resolve_deepspeed_config
@@ -209,7 +209,7 @@ print("REPORT" + json.dumps(report))
 
 @starts_early("bf16_reports")
 def _start_bf16(request) -> dict:
-    from conftest import _free_port
+    from helpers import _free_port
 
     script = early_dir(request, "bf16") / "bf16_report.py"
     script.write_text(BF16_SCRIPT)
@@ -219,7 +219,7 @@ def _start_bf16(request) -> dict:
 @pytest.fixture(scope="module")
 def bf16_reports(request) -> dict:
     """BF16_SCRIPT under ZeRO-2 and ZeRO-3, side by side, started with the session (each is mostly
-    imports and start-up; tests/conftest.py: starts_early)."""
+    imports and start-up; tests/helpers_launch.py: starts_early)."""
     launches = early("bf16_reports", request)
     return dict(zip(launches, wait_all(*launches.values(), check=False)))
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 from e2v.models import plan
 from e2v.train import memory as em

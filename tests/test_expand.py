@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from conftest import run_train, save_t2v_and_clip_folders
+from helpers import save_t2v_and_clip_folders
+from helpers_launch import run_train
 from e2v.config.load import load_config
 from e2v.models.expand import expand_for_elements
 from e2v.models.plan import build_meta_transformer, count_params
@@ -166,7 +167,7 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     fresh = expand_for_elements(build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer, 36, 32)
     full = setup_training(fresh, cfg, expanded=True)
     assert all(any(re.search(pat, n) for n in full) for pat in expansion_modules(cfg))
-    from conftest import load_checkpoint_module
+    from helpers import load_checkpoint_module
 
     state = torch.load(expand_run / "checkpoints/step_000003/mp_rank_00_model_states.pt", weights_only=False)["module"]
     load_checkpoint_module(fresh, state)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from helpers import ROOT
 from helpers_comfy import diffusers_name, split
 
 # Runs in a fresh interpreter: plain diffusers + the exported files, and proof that no DeepSpeed

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 SUBJECT = (230.0, 40.0, 40.0)  # red
 CANDIDATES = [np.array(c, np.float32) for c in (SUBJECT, (200, 90, 40), (40, 200, 60), (20, 30, 240), (230, 200, 40))]
@@ -126,7 +126,7 @@ def test_a_model_with_its_references_zeroed_scores_near_chance(validator, tiny_p
     image tokens gives the same video for the own and the swapped references (same prompt, same
     noise); scored against 6 candidates, both rates stay at chance level (1/6 expected)."""
 
-    from conftest import blind
+    from helpers import blind
 
     count, out = validator.videos(blind(tiny_parts.transformer).eval(), 1)
     assert count == 6

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, launch_train
+from helpers import ROOT
+from helpers_launch import launch_train
 
 
 def test_without_cuda_it_exits_at_once_with_one_line(tmp_path):

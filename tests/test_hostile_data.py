@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT
+from helpers import ROOT
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
 from e2v.data.media import ImageTooLargeError, MediaError, load_image

@@ -205,3 +205,12 @@ def test_the_benchmark_states_no_step_of_its_own():
     step_py = (root / "bench/benchlib/step.py").read_text()
     assert "loop.train_step(" in step_py and "loop.micro_step(" in step_py
     assert set(loop.PHASES) >= {"data_wait", "conditioning", "forward_and_loss", "backward", "optimizer"}
+
+
+def test_no_test_imports_conftest():
+    """Test helpers live in tests/helpers*.py; conftest.py holds fixtures and hooks only, so pytest
+    alone imports it (a second import under another name would start a second warm server)."""
+    importing = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
+                 if any(target.split(".")[0] == "conftest" for target, _ in _imports(p))]
+    assert not importing, f"import from helpers / helpers_launch instead of conftest: {importing}"
+    assert len((ROOT / "tests/conftest.py").read_text().splitlines()) < 250

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 from e2v.config.load import load_config
 
 

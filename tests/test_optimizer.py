@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
 

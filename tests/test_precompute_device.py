@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 class Stop(Exception):

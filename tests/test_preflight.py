@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, launch_python, launch_train, wait_all
+from helpers import ROOT
+from helpers_launch import launch_python, launch_train, wait_all
 
 BAD = {"001": "truncated", "002": "empty caption", "003": "9 frames"}
 

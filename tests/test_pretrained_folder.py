@@ -6,7 +6,8 @@ then change nothing)."""
 
 import pytest
 
-from conftest import launch_train, read_scalars, wait_all
+from helpers import read_scalars
+from helpers_launch import launch_train, wait_all
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import shlex
 
 import imageio.v3 as iio
 
-from conftest import ROOT, run_train
+from helpers import ROOT
+from helpers_launch import run_train
 
 
 def readme_sample_command() -> str:

@@ -16,7 +16,8 @@ import pytest
 import torch
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, run_train, wait_all
+from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
+from helpers_launch import launch_train, run_train, wait_all
 # The real entry point with one test-only step: before the end-of-run export every rank runs the
 # live engine on a fixed probe (a collective under ZeRO-3), rank 0 saves the output (the wrapper
 # make smoke-real uses too).

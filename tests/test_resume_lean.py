@@ -26,7 +26,7 @@ def _engine(stage: int):
     from e2v.config.load import load_config
     from e2v.models.tiny import build_tiny_parts
     from e2v.models.trainable import setup_training
-    from conftest import ROOT
+    from helpers import ROOT
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     cfg = load_config(str(ROOT / "configs/e2v_tiny_lora.yaml"), [], check_paths=False)

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import yaml
 
-from conftest import LAUNCHER_VARIABLES, launch_python, launch_train, run_train, wait_all
+from helpers import LAUNCHER_VARIABLES
+from helpers_launch import launch_python, launch_train, run_train, wait_all
 
 
 def test_config_changes_sorted_by_what_they_touch():

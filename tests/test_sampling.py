@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _cfg(*sets):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from helpers import ROOT
+from helpers_launch import run_train
 from e2v.runtime.device import as_pixels
 from helpers_t2v import PROMPTS, make_npz_manifest, make_video_folder
 
@@ -179,7 +180,7 @@ def test_exported_lora_in_wan_pipeline_reproduces_the_trained_model(trained_run,
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer
     assert setup_training(fresh, cfg, expanded=False) == []
-    from conftest import load_checkpoint_module
+    from helpers import load_checkpoint_module
 
     state = torch.load(run / "checkpoints/step_000003/mp_rank_00_model_states.pt", weights_only=False)["module"]
     load_checkpoint_module(fresh, state)

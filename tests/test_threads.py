@@ -42,7 +42,7 @@ def test_omp_num_threads_is_the_users_choice(monkeypatch, restore_threads):
 
 
 def test_loader_workers_run_one_thread_each(demo_data, restore_threads):
-    from conftest import ROOT
+    from helpers import ROOT
 
     from e2v.config.load import load_config
     from e2v.data.dataset import index_samples, make_loader

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import read_scalars
+from helpers import read_scalars
 
 GOLDEN = Path(__file__).with_name("golden_losses.json")
 
@@ -101,7 +101,7 @@ def test_exported_lora_loads_in_plain_diffusers_and_reproduces_checkpoint(traine
     cfg = load_config(run / "config.yaml", check_paths=False)
     fresh = build_tiny_parts(seed=0, with_encoders=False).transformer
     setup_training(fresh, cfg, expanded=False)
-    from conftest import load_checkpoint_module
+    from helpers import load_checkpoint_module
 
     state = torch.load(run / "checkpoints/step_000004/mp_rank_00_model_states.pt", weights_only=False)["module"]
     load_checkpoint_module(fresh, state)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, launch_train, run_train
+from helpers import ROOT
+from helpers_launch import launch_train, run_train
 from e2v.train import checkpoint as ckpt
 from e2v.runtime.integrity import UnsafeCheckpoint, load_rng, save_rng, weights_only_load
 

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def read_scalars(run_dir) -> dict[int, dict]:
@@ -92,7 +92,7 @@ def test_identical_twice_and_equal_to_the_run(viz_run, trained_validator):
 def test_gaps_are_zero_for_a_model_that_ignores_references(viz_run, trained_validator):
     validator, parts = trained_validator
 
-    from conftest import blind
+    from helpers import blind
 
     out = validator.losses(blind(parts.transformer))
     gaps = [k for k in out if k.startswith("val/reference_gap_")]

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from helpers import ROOT
+from helpers_launch import run_train
 from helpers_t2v import make_csv_videos
 
 CONFIG = str(ROOT / "configs/video_regression.yaml")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_files_only_at_configured_steps(viz_run):

@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import ROOT, early, early_dir, early_leader, launch_train, read_scalars, starts_early
+from helpers import ROOT, read_scalars
+from helpers_launch import early, early_dir, early_leader, launch_train, starts_early
 from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
 
@@ -281,7 +282,7 @@ def _start_wan22_runs(request):
     data = request.getfixturevalue("demo_data")
     common = (f"data.datasets.0.data_root={data}", f"output_dir={out}")
     low = (*common, *RUN_LOW, f"cache.dir={out / 'cache'}")
-    if early_leader():  # the cache the low-noise run reads (tests/conftest.py: early runs are shared)
+    if early_leader():  # the cache the low-noise run reads (tests/helpers_launch.py: early runs are shared)
         assert precompute(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"),
                            *[a for s in low if s != "cache.enabled=true" for a in ("--set", s)]]) == 0
     return {"both": (launch_train("configs/e2v_tiny_lora.yaml", *common, *RUN_BOTH, "run_id=both"), out / "both"),

@@ -17,7 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT, early, early_dir, launch_train, read_scalars, starts_early
+from helpers import ROOT, read_scalars
+from helpers_launch import early, early_dir, launch_train, starts_early
 
 TINY_TI2V = str(ROOT / "configs/e2v_wan22_ti2v_tiny.yaml")
 S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)

@@ -9,7 +9,8 @@ import shutil
 import pytest
 from test_pretrained_folder import pipeline_folder  # noqa: F401 (the fixture)
 
-from conftest import ROOT, ZERO3_OFFLOAD_RUN, launch_train, read_scalars, wait_all
+from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
+from helpers_launch import launch_train, wait_all
 
 PARTITIONED = "[e2v] transformer partitioned at load (zero.Init, {}), streamed from 3 shard files"
 WHOLE = "[e2v] note: ZeRO-3, but every rank loads the whole transformer: model.zero3_init is false"

@@ -53,7 +53,9 @@ def preload() -> None:
                  "UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"):
         getattr(diffusers, name)  # diffusers imports its models lazily, on first attribute access
     for path in sorted((ROOT / "e2v").rglob("*.py")):
-        if "prepare" in path.parts:  # data preparation never runs in a training process; OpenCV starts a thread on import
+        # data preparation and the demo generator never run in a training process, and they import
+        # OpenCV, which starts a thread on import (a forked rank would inherit it without its thread)
+        if "prepare" in path.parts or path == ROOT / "e2v/data/demo.py":
             continue
         importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
     importlib.import_module("train_e2v")

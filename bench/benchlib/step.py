@@ -151,7 +151,8 @@ class StepRunner:
         t_step = time.perf_counter()
         hook = self.phase_hook(phases)
         rec = loop.train_step(model, batches, self.parts, self.cfg, step=self.global_step + 1, device=self.device,
-                              dtype=self.dtype, rng=self.rng, gen=self.gen, guard=self.guard, phase=hook)
+                              dtype=self.dtype, rng=self.rng, gen=self.gen, guard=self.guard, phase=hook,
+                              keep_conditions=True)
         self._bookkeeping(model, rec, scheduler, t_step, hook)
         return rec.conditions, rec.losses[-1]
 

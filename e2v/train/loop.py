@@ -56,8 +56,8 @@ class MicroStep:
 class StepRecord:
     """What one optimizer step leaves for logging: the kept micro-batches' losses, their pending
     statistics (e2v.train.step.add_step_stats), the sample ids trained, the ids the loader skipped,
-    the time spent waiting for data, and the conditions of the last micro-batch (the benchmark
-    replays them)."""
+    the time spent waiting for data, and, when asked for (the benchmark replays them), the
+    conditions of the last micro-batch."""
     losses: list[float] = field(default_factory=list)
     stats: dict[str, list] = field(default_factory=dict)
     ids: list[str] = field(default_factory=list)
@@ -97,10 +97,13 @@ def micro_step(engine, c: Conditions, cfg, record: StepRecord, *, step: int, dty
 
 
 def train_step(engine, data_iter: Iterator, parts, cfg, *, step: int, device, dtype, rng, gen: torch.Generator,
-               guard: NonFiniteGuard | None, vis=None, phase: Phase = no_phase) -> StepRecord:
+               guard: NonFiniteGuard | None, vis=None, phase: Phase = no_phase, keep_conditions: bool = False
+               ) -> StepRecord:
     """One optimizer step: `gradient_accumulation_steps` micro-batches, each moved to the device
     once (e2v/runtime/device.py), conditioned, then `micro_step`. A micro-batch with a non-finite
-    loss is skipped on every rank before backward and another one is drawn."""
+    loss is skipped on every rank before backward and another one is drawn. `keep_conditions`:
+    the record keeps the last micro-batch's conditions (training does not: they would stay
+    allocated through the next step's forward)."""
     record = StepRecord()
     while len(record.losses) < cfg.train.gradient_accumulation_steps:
         t0 = time.perf_counter()
@@ -112,7 +115,8 @@ def train_step(engine, data_iter: Iterator, parts, cfg, *, step: int, device, dt
         record.ids += batch["id"]
         with phase("conditioning"), torch.no_grad():
             c = batch_conditions(batch, parts, cfg, rng=rng, generator=gen)
-        record.conditions = c
+        if keep_conditions:
+            record.conditions = c
         m = micro_step(engine, c, cfg, record, step=step, dtype=dtype, gen=gen, guard=guard, sample_ids=batch["id"],
                        phase=phase)
         if m.loss is not None and vis is not None:
