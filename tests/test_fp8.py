@@ -32,7 +32,7 @@ def _per_tensor(w_OI):
     return (w_OI / s).to(FP8).float() * s
 
 
-@pytest.mark.parametrize("out_f,in_f", [(8, 16), (5120, 5120), (13824, 5120)])  # tiny, Wan-14B attention, FFN
+@pytest.mark.parametrize("out_f,in_f", [(8, 16), (1024, 5120)])  # tiny; 1024 rows of a Wan-14B projection
 def test_fp8_layer_within_the_derived_bound_and_per_channel_keeps_small_rows(out_f, in_f):
     torch.manual_seed(0)
     # rows spread over two decades, as the rows of trained projections differ in range
@@ -46,7 +46,7 @@ def test_fp8_layer_within_the_derived_bound_and_per_channel_keeps_small_rows(out
     scale = layer.weight_scale
     assert torch.equal(scale, torch.exp2(torch.log2(scale).round()))  # powers of two: exact in bf16
     assert torch.equal(layer.dequantized(torch.bfloat16).float(), layer.dequantized(torch.float32))
-    x = torch.randn(64, in_f)
+    x = torch.randn(16, in_f)
     with torch.no_grad():
         err = (layer(x) - linear(x)).abs()
     slack = 1e-5 * (x.abs() @ w.abs().T) + 1e-6
