@@ -125,18 +125,26 @@ def test_backward_keeps_the_fp8_weight_not_a_bf16_copy():
 
 
 def test_blocks_on_the_host_give_the_same_outputs_and_gradients():
-    """swap_blocks on the CPU (device = host): the hooks bring each block's fp8 weights for its call
-    and put the host copy back after it; the results equal the unswapped model's."""
+    """swap_blocks on the CPU (device = host): the hooks bring each block's fp8 weights for each call
+    of the block, the forward and, under gradient checkpointing, its recompute in the backward, and
+    put the host copy back after it; the results equal the unswapped model's."""
     plain, swapped = _tiny_transformer(), _tiny_transformer()
     for m in (plain, swapped):
         quantize_base(m, [])
+        m.enable_gradient_checkpointing()
     plain, swapped = _with_lora(plain), _with_lora(swapped)
     held = swap_blocks(swapped, 1, torch.device("cpu"))
     assert held == sum(m.weight_fp8.numel() for m in swapped.blocks[1].modules() if isinstance(m, Fp8Linear))
+    calls = []
+    hooks = swapped.blocks[1]._forward_pre_hooks
+    for k, hook in list(hooks.items()):
+        hooks[k] = lambda mod, args, hook=hook: calls.append(torch.is_grad_enabled()) or hook(mod, args)
+    assert not swapped.blocks[0]._forward_pre_hooks  # only the last block is on the host
     a, b = plain(**_inputs())[0], swapped(**_inputs())[0]
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     a.sum().backward()
     b.sum().backward()
+    assert len(calls) == 2  # the forward, then the recompute in the backward
     for (n, p), (_, q) in zip(plain.named_parameters(), swapped.named_parameters()):
         if p.requires_grad:
             torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=n)
