@@ -158,6 +158,8 @@ def test_the_config_keys_refuse_what_cannot_work():
         load_config(tiny, ["model.base_dtype=fp8", "deepspeed.config=ds_configs/zero3.json"], check_paths=False)
     with pytest.raises(ConfigError, match="model.base_dtype: fp8"):
         load_config(tiny, ["model.fp8_blocks_on_host=2"], check_paths=False)
+    with pytest.raises(ConfigError, match="export_comfyui_checkpoint"):
+        load_config(tiny, ["model.base_dtype=fp8", "train.export_comfyui_checkpoint=true"], check_paths=False)
     from e2v.models.plan import preflight
 
     with pytest.raises(ValueError, match="use at most 2"):
