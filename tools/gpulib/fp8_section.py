@@ -13,7 +13,7 @@ import time
 
 from tools.gpulib.common import GIB, LIMIT_GIB, ROOT, Ctx
 
-FP8_LAYERS = 8
+FP8_LAYERS = 4
 CONFIG = "configs/e2v_i2v_14b_fp8_24gb.yaml"
 
 
