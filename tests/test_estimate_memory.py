@@ -211,3 +211,51 @@ def test_cpu_mode_puts_every_term_in_host_memory():
     assert z3_two["per_rank_gb"]["gathered"] == pytest.approx(z2["per_rank_gb"]["weights"])
     assert z2["per_rank_gb"]["gathered"] == 0
     assert z2["per_rank_gb"]["encoders"] > 0  # the tiny run encodes online
+
+
+def test_dry_run_gives_the_fit_verdict_host_ram_and_the_precompute_step(demo_data, capsys, monkeypatch):
+    """--dry_run on the 24 GB configs: the GPU verdict with the validation phase, host RAM at load
+    and in training, and, when the config reads an empty cache, the precompute command to run."""
+    import train_e2v
+
+    def dry(config, *sets):
+        argv = ["train_e2v.py", "--config", config, "--dry_run", "--set", f"data.datasets.0.data_root={demo_data}"]
+        monkeypatch.setattr(sys, "argv", argv + [a for s in sets for a in ("--set", s)])
+        train_e2v.main()
+        return capsys.readouterr().out
+
+    out = dry("configs/e2v_24gb.yaml")
+    assert "training 14.5 GiB, validation 16.5 GiB -> fits" in out
+    assert "host RAM (estimate): 31.0 GiB while the bf16 transformer loads, 65.1 GiB in training" in out
+    out = dry("configs/e2v_i2v_14b_fp8_24gb.yaml", "data.num_frames=17")  # the demo's clips are 17 frames
+    assert "fp8 base: 16.148 B frozen weights" in out and "validation 13.3 GiB -> fits" in out
+    assert "host RAM (estimate): 31.0 GiB while the bf16 transformer loads" in out
+    assert (f"the cache is empty (cache.enabled: true): fill it first with python tools/precompute.py --config "
+            f"configs/e2v_i2v_14b_fp8_24gb.yaml --set data.datasets.0.data_root={demo_data} --set data.num_frames=17") in out
+
+
+def test_the_24gb_configs_fit_with_validation_on():
+    """Every shipped 24 GB config validates (every_n_steps > 0) and fits one 24 GB card in both phases
+    by the estimate. The validation phase: the resident training state plus the transformer's
+    inference activations, the VAE and its tiled decode and, encoding online, the largest encoder
+    (UMT5-XXL), not all three at once."""
+    from e2v.config.load import load_config
+    from e2v.models.plan import encoder_bytes
+
+    for name in ("e2v_24gb", "e2v_t2v_1.3b_24gb", "e2v_i2v_14b_fp8_24gb"):
+        cfg = load_config(ROOT / f"configs/{name}.yaml", check_paths=False)
+        r = em.estimate(cfg, 1, 24)
+        row = r["configured"]
+        assert cfg.validation.every_n_steps > 0 and row["validation_gb"] > 0, name
+        assert row["fits"] and max(row["gpu_total_gb"], row["validation_gb"]) <= 24, name
+        parts = r["validation_parts_gb"]
+        assert set(parts) == {"inference_activations", "vae", "vae_decode"}, name  # cached: no encoder
+        resident = row["params_gb"] + row["grads_gb"] + row["optimizer_gb"] + row["buffers_gb"] + em.OVERHEAD_GB
+        assert row["validation_gb"] == pytest.approx(resident + sum(parts.values()))
+    online = load_config(ROOT / "configs/e2v_t2v_1.3b_24gb.yaml", ["cache.enabled=false"], check_paths=False)
+    enc = encoder_bytes(online)
+    parts = em.estimate(online, 1, 24)["validation_parts_gb"]
+    assert parts["largest_encoder"] * GB == enc["text_encoder"] == max(enc.values())
+    assert parts["vae"] * GB == enc["vae"]
+    off = em.estimate(load_config(ROOT / "configs/e2v_24gb.yaml", ["validation.every_n_steps=0"], check_paths=False), 1, 24)
+    assert off["configured"]["validation_gb"] == 0 and off["validation_parts_gb"] == {}

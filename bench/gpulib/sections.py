@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench.gpulib.common import (GIB, LIMIT_GIB, LOSS_RTOL, PARTITIONED, REAL, ROOT, TORCH_ADAM, Ctx, dataset, gpu_estimate,
                                  model_folders, precompute, run_sets, tiny_dataset, train)
+from bench.gpulib.fp8_section import section_fp8_14b
 
 
 
@@ -432,5 +433,6 @@ SECTIONS = (
     Section("offload_adam", 30, section_offload_adam, "torch's fused AdamW on the offloaded CPU partition"),
     Section("wan22", 40, section_wan22, "Wan2.2 tiny presets: training and validation"),
     Section("attention", 5, section_attention, "Attention backend"),
+    Section("fp8_14b", 90, section_fp8_14b, "fp8 base at the I2V-14B widths under a 24 GiB cap"),
 )
 NAMES = [s.name for s in SECTIONS]

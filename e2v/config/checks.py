@@ -291,6 +291,13 @@ def _validate_fp8_base(cfg: Config, zero_stage: int) -> None:
     if cfg.model.training_type != "lora":
         raise ConfigError("model.base_dtype: fp8 stores the frozen base; a full fine-tune trains every weight: "
                           "set model.training_type: lora or model.base_dtype: train")
+    if cfg.train.export_comfyui_checkpoint:
+        raise ConfigError("train.export_comfyui_checkpoint fuses the LoRA into the base weights, which an fp8 base "
+                          "holds rounded: set it false (the exported LoRA applies to the bf16 base) or "
+                          "model.base_dtype: train")
+    if cfg.model.fp8_blocks_on_host and cfg.model.expert is not None:
+        raise ConfigError("model.fp8_blocks_on_host hooks the blocks of one transformer; a two-expert base "
+                          "(model.expert) is not supported: remove model.fp8_blocks_on_host")
     if zero_stage == 3:
         raise ConfigError(f"model.base_dtype: fp8 keeps the fp8 base as buffers, whole on every GPU, which ZeRO-3 "
                           f"({cfg.deepspeed.config}) does not partition: use deepspeed.config: ds_configs/zero2.json "

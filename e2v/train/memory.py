@@ -40,6 +40,22 @@ context, kernels' workspaces and fragmentation. Plus the frozen encoders an onli
 every GPU (e2v.models.plan.encoder_bytes: UMT5-XXL in bf16 10.6 GiB, CLIP ViT-H 2.4 GiB and the VAE 0.5
 GiB in fp32), none with cache.enabled.
 
+The fp8 base (model.base_dtype: fp8, e2v/models/fp8.py), ZeRO-2 only: F fp8 weights take 1 byte
+each plus 4 per output channel (their scales) instead of 2; model.fp8_blocks_on_host = b of the K
+blocks keep theirs in host RAM: b F / K bytes move from the GPU to the host, and the GPU holds two
+blocks' in flight (2 F / K). One fp8 layer (the largest, F_1) is dequantised in the forward and
+again in the backward: 2 e F_1 more in "bufs". The optimizer's 12 bytes per trained parameter (fp32
+master 4 + AdamW's moments 8) are 4 + 2 + 8/256 with 8-bit AdamW (deepspeed.optimizer: adamw_8bit):
+e2v.runtime.adam.optimizer_bytes.
+
+The validation phase (`validation_bytes`): the resident training state (everything above but the
+activations and the encoders) plus the transformer's inference activations e (A + O) at batch 1, the
+VAE's weights, its tiled decode (VAE_DECODE_TILED_GB, an allowance) and, without the cache, the
+largest single encoder (validation brings them one at a time). A row fits when both phases fit.
+PCIe per step (`pcie_bytes`): the fp8 blocks on the host (twice with checkpointing), offloaded
+activations out and back, ZeRO-3 offload's parameters gathered (twice with checkpointing),
+optimizer offload's gradients down and weights up.
+
 `estimate_cpu` (the tool's `--cpu`): a run with no GPU (DeepSpeed's CPU accelerator), where everything is host memory, summed
 over the --procs ranks on the node. Per rank, in training: the weights (ZeRO-3: a 1/G share plus
 the gathered parameters it keeps live, up to stage3_max_live_parameters), gradients e P_t (ZeRO-2's 16-bit gradients) + 4 P_t/G (the fp32 partition),
@@ -69,8 +85,8 @@ from e2v.config.bases import vae_config
 from e2v.config.schema import REPO_ROOT, Config, resolve_repo_path
 from e2v.models.context_parallel import check_heads, layout
 from e2v.models.expand import is_expanded
-from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, checkpoint_bytes, encoder_bytes, exchange_bytes,
-                             per_token_time, tokens)
+from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, checkpoint_bytes,
+                             encoder_bytes, exchange_bytes, per_token_time, tokens)
 from e2v.models.fp8 import Fp8Linear, quantize_base
 from e2v.models.trainable import full_patterns, setup_training
 from e2v.runtime.adam import TORCH_ADAMW, optimizer_bytes
@@ -262,12 +278,12 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     g, pt, pf = procs, c.trainable, c.frozen
     z = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())["zero_optimization"]
     zero3 = z["stage"] == 3
-    weights = e * (pt + pf) / g if zero3 else e * (pt + pf)
+    weights = (e * (pt + pf) / g if zero3 else e * (pt + pf)) + c.fp8 + 4 * c.fp8_rows  # fp8: ZeRO-2 only
     # ZeRO-3 keeps gathered parameters resident while they will be used again (the shipped
     # stage3_max_reuse_distance spans the model), up to stage3_max_live_parameters: the bound.
     gathered = e * min(z.get("stage3_max_live_parameters", 1e9), pt + pf) if zero3 else 0
     grads = (e * pt / g if zero3 else e * pt) + 4 * pt / g
-    optimizer = 12 * pt / g
+    optimizer = optimizer_bytes(cfg.deepspeed.optimizer) * pt / g
     gather = z.get("stage3_prefetch_bucket_size" if zero3 else "allgather_bucket_size", 5e8)
     lay = layout(cfg, 0, g)
     u, r = lay.ulysses, lay.ring
@@ -280,7 +296,7 @@ def estimate_cpu(cfg: Config, procs: int) -> dict:
     train = weights + gathered + grads + optimizer + buffers + act + enc + runtime
     whole_load = (not zero3 or cfg.model.preset is not None  # a tiny preset is built whole on every rank
                   or zero3_load_blocker(cfg, {"zero_optimization": z}) is not None)
-    load = (e * (pt + pf) if whole_load else weights) + enc + runtime
+    load = (e * (pt + pf + c.fp8) if whole_load else weights) + enc + runtime
     per_rank = dict(weights=weights, gathered=gathered, grads=grads, optimizer=optimizer, buffers=buffers, activations=act,
                     encoders=enc, runtime=runtime)
     return dict(procs=g, ds_config=Path(cfg.deepspeed.config).name, per_rank_gb={k: v / GB for k, v in per_rank.items()},
