@@ -31,7 +31,8 @@ def test_streamed_file_reads_back_like_save_file(tmp_path):
                              metadata={"format": "pt"}) as out:
         for k, v in tensors.items():
             out.write(k, v)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"),
+              metadata={"format": "pt"})
     ours, ref = load_file(str(tmp_path / "s.safetensors")), load_file(str(tmp_path / "ref.safetensors"))
     assert ours.keys() == ref.keys() == tensors.keys()
     for k in tensors:
