@@ -311,8 +311,9 @@ for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_m
 
 
 def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(demo_data, tiny_parts, tmp_path):
-    """With cache.enabled the encoders are not resident: validation loads them for the time it
-    runs, visualization loads the VAE for each dump. Oracle: the same Validator / Visualizer given
+    """With cache.enabled the encoders are not resident: validation that needs them (here a
+    negative prompt the cache does not hold; tests/test_hw_validation.py covers validation from
+    the cache) loads them for the time it runs, visualization loads the VAE for each dump. Oracle: the same Validator / Visualizer given
     the resident encoders; the numbers and the contact sheet must be identical."""
     from PIL import Image
 
@@ -323,6 +324,7 @@ def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(de
 
     cfg = _cfg(demo_data, tmp_path / "cache", "cache.enabled=true", "validation.every_n_steps=2",
                "validation.num_samples=3", "validation.num_videos=1", "validation.num_inference_steps=2",
+               "validation.guidance_scale=2", "validation.negative_prompt=blurry",
                "visualization.enabled=true", "visualization.frequency=1")
     _, held = split_held_out(index_samples(cfg, verbose=False), cfg)
     model = tiny_parts.transformer

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,8 @@ def _two_expert_folder(root: Path, shape: TinyShape | None = None, names=("high_
         expert.save_pretrained(root / ("transformer" if name == "high_noise" else "transformer_2"))
     (root / "model_index.json").write_text(json.dumps({
         "_class_name": "WanImageToVideoPipeline", "boundary_ratio": 0.9,
-        "transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": ["diffusers", "WanTransformer3DModel"]}))
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "transformer_2": ["diffusers", "WanTransformer3DModel"]}))
     return root
 
 

@@ -67,7 +67,8 @@ def test_tokenizer_missing_names_the_folder(tmp_path):
 def test_tokenizer_needed_only_when_prompts_are_encoded():
     assert pd.encodes_prompts(_cfg("cache.enabled=false"))
     assert not pd.encodes_prompts(_cfg("cache.enabled=true"))  # held-out text and "" come from the cache
-    assert pd.encodes_prompts(_cfg("cache.enabled=true", "validation.negative_prompt=blurry", "validation.guidance_scale=5"))
+    assert pd.encodes_prompts(_cfg("cache.enabled=true", "validation.negative_prompt=blurry",
+                                   "validation.guidance_scale=5"))
 
 
 def _free_port() -> int:

@@ -31,7 +31,8 @@ def test_streamed_file_reads_back_like_save_file(tmp_path):
                              metadata={"format": "pt"}) as out:
         for k, v in tensors.items():
             out.write(k, v)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"),
+              metadata={"format": "pt"})
     ours, ref = load_file(str(tmp_path / "s.safetensors")), load_file(str(tmp_path / "ref.safetensors"))
     assert ours.keys() == ref.keys() == tensors.keys()
     for k in tensors:
@@ -112,3 +113,56 @@ def test_full_export_streams_what_save_pretrained_writes(tmp_path, max_shard_byt
         assert ours[k].dtype == ref[k].dtype and torch.equal(ours[k], ref[k]), k
     a, b = (load_file(str(tmp_path / d / COMFY_CHECKPOINT_FILE)) for d in ("ours", "ref"))
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in b)
+
+
+def test_lora_export_streams_the_modules_trained_in_full(tmp_path, monkeypatch):
+    """export_lora of a 'trained' tiny LoRA run (configs/e2v_tiny_lora.yaml: LoRA plus modules in
+    full) writes the same files as the whole-dict path (trained_state then write_lora_exports
+    given dicts, whose files tests/test_export.py and test_comfy_checkpoint.py check against
+    the trained and base weights), while no more than one gathered module tensor is alive."""
+    import json
+
+    from e2v.config.load import load_config
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
+    from e2v.train import export
+
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    full_names = setup_training(model, cfg, expanded=False)
+    export.save_base_modules(model, full_names, tmp_path)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * torch.randn_like(p))
+    named = dict(model.named_parameters())
+    full_ids = {id(named[n]) for n in full_names}
+    alive, most = [], [0]
+    real = export._full_fp32
+
+    def counted(param, keep=True):
+        value = real(param, keep)
+        if id(param) in full_ids:
+            most[0] = max(most[0], sum(r() is not None for r in alive) + 1)
+            alive.append(weakref.ref(value))
+        return value
+
+    monkeypatch.setattr(export, "_full_fp32", counted)
+    export.export_lora(model, tmp_path / "lora", full_names)
+    assert most[0] == 1 and len(alive) == len(full_names)
+    monkeypatch.undo()
+
+    lora, extra = export.trained_state(model, full_names)
+    export.write_lora_exports(tmp_path / "oracle", lora, extra, export.export_meta(model),
+                              base=export.read_base(tmp_path / export.BASE_FILE))
+    files = sorted(p.name for p in (tmp_path / "oracle").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "lora").iterdir())
+    assert {export.COMFY_FILE, export.EXTRA_FILE, export.COMFY_EXTRA_FILE} <= set(files)
+    for f in files:
+        if f.endswith(".json"):
+            assert json.loads((tmp_path / "lora" / f).read_text()) == json.loads((tmp_path / "oracle" / f).read_text())
+            continue
+        ours, want = load_file(str(tmp_path / "lora" / f)), load_file(str(tmp_path / "oracle" / f))
+        assert ours.keys() == want.keys(), f
+        assert all(ours[k].dtype == want[k].dtype and torch.equal(ours[k], want[k]) for k in want), f

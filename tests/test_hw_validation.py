@@ -129,8 +129,8 @@ def test_tiled_decode_matches_untiled(informative, monkeypatch):
     local, and a random one whose convolutions see across the seams), frames of 96 x 128 px in
     64 px tiles with a 48 px stride (each seam blended over 16 px), against the untiled decode
     (pixels in [-1, 1]). Measured: the informative VAE's tiles are exact; the random one's differ
-    by 0.0044 on average (0.6 of 255 levels) and up to 0.21 at a seam, where its receptive field
-    is wider than the 16 px blend (Wan's VAE tiles 256 px with 64 px blends). The VAE's own
+    by 0.0011 on average (0.14 of 255 levels) and up to 0.029 at a seam, where its receptive
+    field is wider than the 16 px blend (Wan's VAE tiles 256 px with 64 px blends). The VAE's own
     setting is restored."""
     from e2v.eval.validation import tiled
     from e2v.models.tiny_vae import build_tiny_vae
@@ -141,7 +141,7 @@ def test_tiled_decode_matches_untiled(informative, monkeypatch):
     monkeypatch.setattr(vae, "tiled_decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     r = vae.spatial_compression_ratio
     g = torch.Generator().manual_seed(0)
-    z = torch.randn(1, vae.config.z_dim, 2, 96 // r, 128 // r, generator=g)
+    z = torch.randn(1, vae.config.z_dim, 1, 96 // r, 128 // r, generator=g)  # one frame: the seams are spatial
     with torch.no_grad():
         whole = vae.decode(z, return_dict=False)[0]
         assert not vae.use_tiling and not calls
@@ -152,8 +152,8 @@ def test_tiled_decode_matches_untiled(informative, monkeypatch):
             assert vae.use_tiling
             tiles = vae.decode(z, return_dict=False)[0]
     assert calls and not vae.use_tiling  # it tiled, and the setting is back
-    assert tiles.shape == whole.shape == (1, 3, 5, 96, 128)
+    assert tiles.shape == whole.shape == (1, 3, 1, 96, 128)
     diff = (tiles - whole).abs()
     print(f"tiled vs untiled decode ({'informative' if informative else 'random'} tiny VAE): mean |diff| "
           f"{diff.mean():.5f}, max {diff.max():.5f}, output std {whole.std():.4f}")
-    assert diff.mean() < 0.01 and diff.max() < (1e-6 if informative else 0.3)
+    assert diff.mean() < 0.005 and diff.max() < (1e-6 if informative else 0.1)

@@ -57,7 +57,8 @@ def mp4_writer_problem(folder: Path) -> str | None:
         try:
             write_mp4(path, np.zeros((2, 16, 16, 3), np.uint8))
         except Exception as e:
-            return (f"the mp4 writer cannot write H.264 ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            first = str(e).splitlines()[0] if str(e) else ""
+            return (f"the mp4 writer cannot write H.264 ({type(e).__name__}: {first}); "
                     f"fix: {FFMPEG_FIX}")
         if not path.is_file() or path.stat().st_size == 0:
             return f"the mp4 writer wrote nothing to {path}; fix: {FFMPEG_FIX}"

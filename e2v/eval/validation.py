@@ -339,7 +339,8 @@ class Validator:
                 swapped = None
                 if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
                     images = self.held_out_images()
-                    swapped = self.generate(full, parts, [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
+                    swapped = self.generate(full, parts,
+                                            [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
         if self.rank != 0:
             return len(inputs), {}
         videos = self.decode(latents, parts.vae)

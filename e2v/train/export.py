@@ -174,14 +174,35 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
             written = export_full(module, folder / FULL_DIR, rank=rank)
             out = out if expert else written
             continue
-        lora, extra = trained_state(module, split_names(full_names, expert), keep=rank == 0)
-        if rank == 0:
-            write_lora_exports(folder, lora, extra, meta, base=split_state(base, expert))
-        if comfyui_checkpoint:
+        lora, _ = trained_state(module, [], keep=rank == 0)  # the LoRA: small, held
+        layout, values = trained_modules(module, split_names(full_names, expert), keep=rank == 0)
+        if comfyui_checkpoint:  # the fused model is held whole anyway: the modules too
+            extra = dict(values) if rank == 0 else {n: v for n, v in values}
+            if rank == 0:
+                write_lora_exports(folder, lora, extra, meta, base=split_state(base, expert))
             fused = fused_state(module, lora, extra, meta, keep=rank == 0)
             if rank == 0:
                 save_comfy_checkpoint(fused, folder / COMFY_CHECKPOINT_FILE)
+        elif rank == 0:  # streamed: one trained module's tensor held at a time
+            write_lora_exports(folder, lora, (layout, values), meta, base=split_state(base, expert))
+        else:
+            for _ in values:  # this rank's part of each gather
+                pass
     return out
+
+
+def trained_modules(transformer: torch.nn.Module, full_names: list[str], keep: bool = True):
+    """The modules trained in full as (layout: name -> (fp32, shape), a generator of (name, fp32
+    CPU value) in that order): each value is gathered when the generator reaches it (a collective
+    under ZeRO: every rank runs the generator to its end), None where not `keep`."""
+    named = dict(transformer.named_parameters())
+    layout = {n.replace(".base_layer", ""): (torch.float32, full_shape(named[n])) for n in full_names}
+
+    def values():
+        for n in full_names:
+            yield n.replace(".base_layer", ""), _full_fp32(named[n], keep)
+
+    return layout, values()
 
 
 def fused_state(transformer: torch.nn.Module, lora: dict, extra: dict, meta: dict, keep: bool = True) -> dict:
@@ -309,34 +330,68 @@ def save_full(state: dict, config: dict, out_dir: Path) -> None:
     save_comfy_checkpoint(model.state_dict(), Path(out_dir).parent / COMFY_CHECKPOINT_FILE)
 
 
-def write_lora_exports(out_dir: Path, lora: dict, extra: dict, meta: dict, base: dict | None = None) -> None:
-    """`base`: the trained modules' weights before training (BASE_FILE); each module found there
-    goes into the ComfyUI file as a difference, the others only into the modules files."""
+def write_lora_exports(out_dir: Path, lora: dict, extra, meta: dict, base: dict | None = None) -> None:
+    """`extra`: the modules trained in full, name -> tensor, or streamed as (layout: name ->
+    (dtype, shape), an iterable of (name, tensor) in that order; trained_modules): each tensor is
+    written to the modules files and its difference to the ComfyUI file as it comes
+    (runtime.stream_safetensors), so none needs to be held beyond its turn. `base`: the trained
+    modules' weights before training (BASE_FILE); each module found there goes into the ComfyUI
+    file as a difference, the others only into the modules files."""
     from diffusers.loaders import WanLoraLoaderMixin
-    from safetensors.torch import save_file
 
+    if isinstance(extra, dict):
+        layout, values = {k: (v.dtype, tuple(v.shape)) for k, v in extra.items()}, extra.items()
+    else:
+        layout, values = extra
+    base = base or {}
     out_dir.mkdir(parents=True, exist_ok=True)
+    diff_keys = {}  # trained name -> (ComfyUI difference key, shape): comfy_diffs's rule, on meta tensors
+    comfy, comfy_ok = {}, False
     if lora:
         WanLoraLoaderMixin.save_lora_weights(str(out_dir), transformer_lora_layers=lora,
                                              transformer_lora_adapter_metadata=meta["lora"])
         try:  # the diffusers LoRA above is the primary export; an unmappable target costs only this copy
             check_comfy_mappable(sorted({k.rsplit(".lora_", 1)[0] for k in lora}))
-            diffs, kept = comfy_diffs(extra, base or {})
+            kept = []
+            for name in sorted(layout):
+                dtype, shape = layout[name]
+                value, before = torch.empty(shape, dtype=dtype, device="meta"), base.get(name)
+                diffs, k = comfy_diffs({name: value}, {} if before is None else {name: before.to("meta")})
+                kept += k
+                diff_keys.update({name: (key, tuple(d.shape)) for key, d in diffs.items()})
             if kept:
                 print(f"[e2v export] {len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
                       f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
-            save_file({k: v.contiguous() for k, v in {**comfy_lora(lora, meta["lora"]["lora_alpha"]), **diffs}.items()},
-                      str(out_dir / COMFY_FILE))
+            comfy, comfy_ok = comfy_lora(lora, meta["lora"]["lora_alpha"]), True
         except ValueError as e:
             print(f"[e2v export] no {COMFY_FILE}: {e}")
-    if extra:
-        save_file({k: v.contiguous() for k, v in extra.items()}, str(out_dir / EXTRA_FILE))
-        save_file({f"diffusion_model.{wan_original_key(k)}": v.contiguous() for k, v in extra.items()},
-                  str(out_dir / COMFY_EXTRA_FILE))
+    with contextlib.ExitStack() as stack:
+        def writer(file: str, entries: dict):
+            return stack.enter_context(StreamedSafetensors(stack.enter_context(replacing(out_dir / file)), entries))
+
+        comfy_out = None
+        if comfy_ok:
+            comfy_out = writer(COMFY_FILE, {**{k: (v.dtype, tuple(v.shape)) for k, v in comfy.items()},
+                                            **{diff_keys[n][0]: (torch.float32, diff_keys[n][1])
+                                               for n in layout if n in diff_keys}})  # the order they come in
+            for k, v in comfy.items():
+                comfy_out.write(k, v)
+        modules_out = modules_comfy_out = None
+        if layout:
+            modules_out = writer(EXTRA_FILE, layout)
+            modules_comfy_out = writer(COMFY_EXTRA_FILE, {f"diffusion_model.{wan_original_key(k)}": v
+                                                          for k, v in layout.items()})
+        for name, value in values:
+            modules_out.write(name, value)
+            modules_comfy_out.write(f"diffusion_model.{wan_original_key(name)}", value)
+            if comfy_out is not None and name in diff_keys:
+                (key, d), = comfy_diffs({name: value}, {name: base[name]})[0].items()
+                comfy_out.write(key, d)
+            del value
     c = meta["transformer_config"]
     shape = {"in_channels": c["in_channels"], "image_dim": c.get("image_dim"),
-             "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(extra)}
-    unapplied = comfy_lora_unapplied(sorted(extra))
+             "added_kv_proj_dim": c.get("added_kv_proj_dim"), "extra_modules": sorted(layout)}
+    unapplied = comfy_lora_unapplied(sorted(layout))
     if unapplied:
         shape["comfyui_lora_not_applied"] = unapplied
         shape["comfyui_note"] = comfy_unapplied_note(unapplied)
