@@ -25,6 +25,8 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
   activation_offload  train.activation_offload off and on at 33 x 480 x 832 (1.3B): equal losses, step
                       time, peak memory
   wan22               the tiny Wan2.2 TI2V and two-expert presets through training and validation
+  r2v                 the sequence layout (SkyReels-V3 R2V's 4 slots, Phantom's as many) on the tiny T2V,
+                      through training and validation
   attention           which scaled-dot-product-attention kernel a bf16 Wan forward launches
 
     python tools/gpu_check.py                       # everything, 480 s
