@@ -114,3 +114,13 @@ check-data: install
 
 clean-demo:
 	rm -rf $(DEMO_DATA) $(DEMO_RAW) $(DEMO_PREP) runs
+
+# The sequence layout's CPU demo (configs/r2v_tiny.yaml: SkyReels-V3 R2V's layout, references as
+# clean latent slots after the video, on a tiny Wan2.1-style T2V with no CLIP; docs/conditioning.md):
+# the same data and cache as `make demo`, then the held-out videos scored at 3 noise seeds.
+.PHONY: demo-r2v
+demo-r2v: demo-data
+	$(PY) tools/precompute.py --config configs/r2v_tiny.yaml --set data.datasets.0.data_root=$(DEMO_DATA)
+	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/r2v_tiny.yaml \
+		--set data.datasets.0.data_root=$(DEMO_DATA)
+	$(PY) tools/seed_fidelity.py --run $$(ls -td runs/r2v_tiny-* | head -1) --seeds 0 1 2

@@ -31,6 +31,8 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       24 GB config and A14B), as training builds it: fused (pinned: reported), equal to torch's
                       reference AdamW step for step (bench/gpulib/offload_adam.py)
   wan22               the tiny Wan2.2 TI2V and two-expert presets through training and validation
+  r2v                 the sequence layout (SkyReels-V3 R2V's 4 slots, Phantom's as many) on the tiny T2V,
+                      through training and validation
   attention           which SDPA backend a bf16 Wan forward dispatches to (flash / efficient / cuDNN /
                       math, by the aten op that ran); math fails on a GPU
 

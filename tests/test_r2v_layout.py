@@ -235,3 +235,17 @@ def test_r2v_more_references_than_slots_is_named():
     chunks = [[torch.zeros(1, 16, 1, 8, 8)] * 5]
     with pytest.raises(ValueError, match="conditioning.sequence.slots is 4"):
         fill_slots(chunks, [False], torch.zeros(1, 16, 3, 8, 8), slots=4)
+
+
+def test_r2v_sampling_without_a_required_reference_is_named(tmp_path):
+    """tools/sample.py stops in one line, before any weight loads, when a required element is not given."""
+    import numpy as np
+    from PIL import Image
+
+    import tools.sample as sample
+
+    path = tmp_path / "object.png"
+    Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(path)
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--config", R2V_TINY, "--prompt", "x", "--element", f"object={path}", "--out", str(tmp_path / "v.mp4")])
+    assert "--element person=IMAGE is missing" in str(e.value)

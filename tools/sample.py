@@ -97,6 +97,11 @@ def read_elements(args, cfg) -> dict:
     if images and cfg.e2v_type == "none":
         raise SystemExit(f"{args.config} trains plain T2V (e2v_type: none): it takes no --element")
     missing = [e.name for e in cfg.data.elements if e.required and e.name not in images]
+    if missing and cfg.conditioning.target_layout == "sequence":
+        # the slots follow data.elements' order, absent ones compacted: without a required element the
+        # others move into its slot, a layout training never showed
+        raise SystemExit(f"--element {missing[0]}=IMAGE is missing: {args.config} trained every sample with its "
+                         f"required element(s) {missing} in the first reference slots; give them")
     if cfg.e2v_type != "none" and missing:
         print(f"[sample] note: required element(s) {missing} not given; sampling without them")
     return images

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.gpulib.sections import CONFIGS_24GB, SECTIONS, STEP_PHASES, WAN22_RUNS
+from bench.gpulib.sections import CONFIGS_24GB, R2V_RUNS, SECTIONS, STEP_PHASES, WAN22_RUNS
 
 
 
@@ -131,9 +131,9 @@ def _render_offload(r: dict) -> list[str]:
                       f"{'yes' if r.get('losses', {}).get('passed') else 'NO'}{peak}"]
 
 
-def _render_wan22(r: dict) -> list[str]:
+def _render_wan22(r: dict, runs: dict = WAN22_RUNS) -> list[str]:
     out = ["| preset | result | losses | validation loss |", "|---|---|---|---|"]
-    return out + [f"| {n} | {_ok(r[n])} | {r[n].get('losses')} | {r[n].get('val_loss')} |" for n in WAN22_RUNS if n in r]
+    return out + [f"| {n} | {_ok(r[n])} | {r[n].get('losses')} | {r[n].get('val_loss')} |" for n in runs if n in r]
 
 
 def _render_attention(r: dict) -> list[str]:
@@ -154,7 +154,7 @@ def _render_offload_adam(r: dict) -> list[str]:
 
 RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae_dtype": _render_vae,
              "main_path": _render_main, "gpu_24gb": _render_24gb, "activation_offload": _render_offload,
-             "wan22": _render_wan22, "attention": _render_attention,
+             "wan22": _render_wan22, "r2v": lambda r: _render_wan22(r, R2V_RUNS), "attention": _render_attention,
              "offload_adam": _render_offload_adam}
 
 

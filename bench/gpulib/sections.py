@@ -343,21 +343,38 @@ WAN22_RUNS = {
 }
 
 
+# The sequence layout (SkyReels-V3 R2V's 4 slots, Phantom's as many as references) on the tiny T2V.
+R2V_RUNS = {
+    "v3_slots4": ("configs/r2v_tiny.yaml", ["cache.enabled=false"]),
+    "phantom_as_many": ("configs/r2v_tiny.yaml", ["cache.enabled=false", "conditioning.sequence.slots=null"]),
+}
+
+
 def section_wan22(ctx: Ctx) -> dict:
     """The tiny Wan2.2 presets (their code paths, not their sizes) through 2 steps and validation."""
+    return tiny_runs(ctx, "wan22", WAN22_RUNS)
+
+
+def section_r2v(ctx: Ctx) -> dict:
+    """The sequence layout on the tiny T2V (its code path on the GPU) through 2 steps and validation."""
+    return tiny_runs(ctx, "r2v", R2V_RUNS)
+
+
+def tiny_runs(ctx: Ctx, prefix: str, runs: dict) -> dict:
+    """Each (config, extra sets) of `runs` through 2 steps and a validation with one generated video."""
     data = tiny_dataset(ctx)
     out = {}
-    for name, (config, extra) in WAN22_RUNS.items():
-        sets = [f"data.datasets.0.data_root={data}", f"output_dir={ctx.work / 'runs'}", f"run_id=wan22_{name}",
+    for name, (config, extra) in runs.items():
+        sets = [f"data.datasets.0.data_root={data}", f"output_dir={ctx.work / 'runs'}", f"run_id={prefix}_{name}",
                 "train.max_steps=2", "train.checkpoint_every=2", "train.warmup_steps=0", "train.log_every=1",
                 "validation.every_n_steps=2", "validation.num_samples=2", "validation.num_videos=1",
                 "validation.num_inference_steps=2", "validation.sigmas=[0.3,0.9]", "visualization.enabled=false",
                 "data.resolution=[64,64]", "data.num_workers=0"] + extra
-        shutil.rmtree(ctx.work / "runs" / f"wan22_{name}", ignore_errors=True)
-        r = train(ctx, f"wan22_{name}", config, sets)
+        shutil.rmtree(ctx.work / "runs" / f"{prefix}_{name}", ignore_errors=True)
+        r = train(ctx, f"{prefix}_{name}", config, sets)
         r["passed"] = r["passed"] and bool(r["val_loss"])
         out[name] = r
-    out["passed"] = all(out[n]["passed"] for n in WAN22_RUNS)
+    out["passed"] = all(out[n]["passed"] for n in runs)
     return out
 
 
@@ -432,6 +449,7 @@ SECTIONS = (
     Section("activation_offload", 70, section_activation_offload, "train.activation_offload off / on"),
     Section("offload_adam", 30, section_offload_adam, "torch's fused AdamW on the offloaded CPU partition"),
     Section("wan22", 40, section_wan22, "Wan2.2 tiny presets: training and validation"),
+    Section("r2v", 40, section_r2v, "Sequence layout (SkyReels-V3 R2V / Phantom) on the tiny T2V: training and validation"),
     Section("attention", 5, section_attention, "Attention backend"),
     Section("fp8_14b", 90, section_fp8_14b, "fp8 base at the I2V-14B widths under a 24 GiB cap"),
 )

@@ -1,3 +1,4 @@
-"""Pixels and prompts -> the model's inputs, exactly as SkyReels-A2 inference builds them: the VAE
-and CLIP pathways and the text (encode), Wan2.2 TI2V's clean reference prefix (ti2v), and the same
-conditions read back from the cache (cached). Imports the stages above it."""
+"""Pixels and prompts -> the model's inputs: the one entry and layout rule for encoded and cached
+batches (layout), the encoders as SkyReels-A2 inference runs them (encode), the same latents read
+back from the cache (cached), and the layouts with references in the token sequence: Wan2.2 TI2V's
+clean prefix (ti2v) and SkyReels-V3 R2V's / Phantom's slots (sequence). Imports the stages above it."""

@@ -100,6 +100,8 @@ def place_references(c: Conditions, x_BCThw: torch.Tensor, timestep_B: torch.Ten
     if c.ref_layout == "clean_prefix":
         x, timestep = prefix_input(refs, x_BCThw, timestep_B)
         return x, timestep, refs.shape[2]
+    if c.ref_layout not in ("after", "before"):
+        raise ValueError(f"Conditions.ref_layout {c.ref_layout!r}: reference frames need clean_prefix, after or before")
     return sequence_input(refs, x_BCThw, after=c.ref_layout == "after"), timestep_B, refs.shape[2]
 
 

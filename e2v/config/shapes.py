@@ -73,8 +73,8 @@ def check_base(cfg: Config, transformer_config, vae_config) -> None:
                           f"for {z} latent channels: use a T2V or TI2V base (model.base: t2v with the tiny preset)")
     if cfg.uses_vae_condition and latents_only and layout not in ("clean_prefix", "sequence"):
         raise ConfigError(f"{name} takes its {z} latent channels alone (no condition channels): its references go "
-                          "in the token sequence; set conditioning.target_layout: sequence (a Wan2.1 / Wan2.2 T2V or "
-                          "SkyReels-V3 R2V base) or clean_prefix (Wan2.2 TI2V) (docs/conditioning.md)")
+                          "in the token sequence; set conditioning.target_layout: clean_prefix (Wan2.2 TI2V) or "
+                          "conditioning.target_layout: sequence (a Wan2.1 T2V or SkyReels-V3 R2V base) (docs/conditioning.md)")
     if layout in ("clean_prefix", "sequence") and not latents_only:
         hint = " (the tiny preset: set model.base: t2v)" if cfg.model.preset == "tiny" else ""
         raise ConfigError(f"conditioning.target_layout: {layout} needs a model whose input is its latents alone, "

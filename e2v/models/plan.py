@@ -48,6 +48,9 @@ KNOWN_WAN_CONFIGS = {
     # layers, 48 latent channels in and out, no image attention; 5.0 B parameters (tests/test_wan22_ti2v.py).
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": {**_WAN_COMMON, "num_attention_heads": 24, "num_layers": 30,
                                         "ffn_dim": 14336, "in_channels": 48, "out_channels": 48},
+    # SkyReels-V3's reference-to-video model: the Wan2.1 T2V-14B transformer (its model_index.json
+    # declares WanPipeline / WanTransformer3DModel, no image encoder; the references go in the sequence).
+    "Skywork/SkyReels-V3-R2V-14B": {**_WAN_COMMON, **_WAN_14B, "in_channels": 16},
     # Each of the two experts (transformer/, transformer_2/): the 14B shape with the I2V input channels
     # and no image attention (diffusers' conversion script, "Wan2.2-I2V-14B-720p"); 14.29 B parameters.
     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 36},
