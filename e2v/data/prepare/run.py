@@ -238,9 +238,10 @@ class Preparer:
                 continue
             if masks.camera.get("camera") == "registered":
                 counts["shots_registered"] += 1
-            keep_FHW = masks.foreground() if self.cfg.clips.crop == "subject" else np.zeros((1, 1, 1), bool)
-            crop = best_crop(keep_FHW, target_hw) if keep_FHW.size > 1 else \
-                best_crop(np.zeros((1, *frames_FHW3.shape[1:3]), bool), target_hw)
+            # clips.crop centre: nothing to keep, and best_crop's answer is the centre
+            subject = self.cfg.clips.crop == "subject"
+            keep_FHW = masks.foreground() if subject else np.zeros((1, *frames_FHW3.shape[1:3]), bool)
+            crop = best_crop(keep_FHW, target_hw)
             shot = Shot(k, positions, frames_FHW3, masks, crop, target_hw, orientation)
             for j, window in enumerate(wins):
                 sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", shot, window, times, counts)
