@@ -1,8 +1,10 @@
 """The classical backend (no weights): the background is the per-pixel temporal median of the shot,
 the moving foreground (the subject) is what differs from it.
 
-A camera that pans, zooms or turns a little (the halves' medians differ over more than
-classical.max_camera_motion of the frame) is registered (register_shot): every frame is mapped
+When the halves' medians differ over more than classical.max_camera_motion of the frame, either
+the camera moves or a large subject fills them: if a fifth of the features matched between the
+first, middle and last frames held still (background_held), the camera is still. A camera that
+pans, zooms or turns a little is registered (register_shot): every frame is mapped
 into the shot's middle frame by a similarity transform (ORB features matched to the middle frame,
 RANSAC), the median and the differences are taken in that frame, and the masks are mapped back. A
 shot whose registration fails (too few matching features) or leaves much of the frame differing
