@@ -63,6 +63,8 @@ def render_hard(h: dict) -> list[str]:
               "see a cut that changes only the subject (same_place: both detectors miss it; the identity check drops "
               "the samples whose references would show the other subject); register frames under about 100 pixels high "
               "(ORB finds too little texture; at 64x64 clips the demo's pan is dropped by the background gate); follow "
-              "parallax or rolling-shutter shake (skipped as moving camera). Not measured: real phone footage, long "
+              "parallax or rolling-shutter shake (skipped as moving camera); give a clean background behind a subject that "
+              "covers most of the frame most of the time (large_subject: the plate is mostly painted, the sample "
+              "dropped by the background_filled gate). Not measured: real phone footage, long "
               "shots, the identity check's learned measure with real weights (its plumbing runs on a tiny random model)."]
     return lines
