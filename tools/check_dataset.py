@@ -15,11 +15,11 @@ data.max_image_pixels: error), tiny references (a warning), empty captions and c
 not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root). Then
 this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
 data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
-cropping), element image mode, duplicate captions (one warning per shared caption) and captions over the text encoder's 512
-tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
-orphan files that belong to no sample (tools/prepare_data.py's manifest and summary
-aside), duplicate ids (two videos of one id: error; a repeated
-CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
+cropping), element image mode, duplicate captions (one warning per shared caption) and captions
+over the text encoder's 512 tokens (the rest is cut off). Per dataset: a missing or unreadable
+CSV / JSONL file (error), orphan files that belong to no sample (tools/prepare_data.py's manifest
+and summary aside), duplicate ids (two videos of one id: error; a repeated CSV / JSONL row:
+warning, it trains twice), and bucket occupancy per epoch (after repeat and
 weight, as training counts it) against micro_batch_size x world size. Prints a summary table and
 one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
 would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
