@@ -253,7 +253,8 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
       a different subject in each shot;
     - portrait.mp4: the still shot filmed upright (width and height swapped);
     - same_place.mp4: two shots of one place, a different subject in each (a cut only the subjects
-      tell apart: missed, its shots become one whose references show two subjects).
+      tell apart: missed, its shots become one whose references show two subjects);
+    - large_subject.mp4: a still camera and a subject 90% of the frame high, slowly crossing it.
 
     Writes OUT/<name>.mp4, OUT/truth_hard.json (per video: cuts, dissolves as [first, last] frames,
     shots, orientation) and OUT/truth/<name>.npz (`only`: just the videos named): `subject` (the main subject's masks, FHW bool),
@@ -328,6 +329,9 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
     f, c, m = _shot(data.coffee(), [(*a, top, 1.0)], height, width, n)
     f2, c2, m2 = _shot(data.coffee(), [(*b, top, 1.0)], height, width, n, phase=0.5)
     write("same_place", [(f, c, m, 0), (f2, c2, m2, 1)])
+    large = _cutout(astronaut, height - 6)  # 90% of the frame's height, a third of its area
+    f, c, m = _shot(data.chelsea(), [(*large, 3, 0.6)], height, width, n)
+    write("large_subject", [(f, c, m, 0)])
     (out / "truth_hard.json").write_text(json.dumps(truth, indent=1))
     return truth
 

@@ -240,3 +240,13 @@ def test_caption_sources(tmp_path):
     assert cap.sidecar(tmp_path / "d_e-01.mov", tmp_path, table) == "from the jsonl"
     with pytest.raises(ValueError, match="needs the columns 'file' and 'caption'"):
         cap.load_table(tmp_path, Captions(table="caps.jsonl"))
+
+
+def test_static_objects_on_request(footage, tmp_path):
+    """classical.static_objects: the generator's flat polygons are found and emitted, and then (only
+    then) painted out of the background: scored against the clean plate with the object's area in."""
+    summary = _prepare(footage, tmp_path / "out", "elements.classical.static_objects=true", no_caption=True)
+    counts = summary["counts"]
+    assert counts["elements_object"] + sum(v for k, v in counts.items() if k.startswith("elements_dropped_object")) == 6
+    s = score(footage, tmp_path / "out", TARGET)
+    assert s["background_mae_mean"] <= 6 and s["subject_iou_mean"] >= 0.85, s

@@ -1,7 +1,7 @@
 """tools/prepare_data.py on footage it did not make, with known truth (bench/make_raw_footage.py
 write_hard_footage: scikit-image's photographs, a pan and a zoom, a subject that stands still for
 half its shot, two subjects, a dissolve, a hard cut between two textures of similar colours, a
-portrait clip): every cut and dissolve found, no reference showing another subject, the still
+portrait clip, two shots of one place, a still shot with a large subject): every cut and dissolve found, no reference showing another subject, the still
 subject dropped and named, pans registered, the portrait kept portrait; the identity check on a
 wrong reference with both measures; a run that writes nothing exits non-zero with the fix."""
 
@@ -79,6 +79,10 @@ def test_hard_footage_against_the_truth(hard_raw, hard_prepared):
     assert still["samples"] == 0 and sum(still["dropped_or_flagged"].values()) >= 1, still  # dropped and named
     videos = {v["source"]: v for v in summary["inputs"]}
     assert videos["still_then_moving.mp4"]["reasons"], videos["still_then_moving.mp4"]
+    # a still camera and a subject 90% of the frame high: not called a moving camera; its plate is
+    # mostly painted (the subject covers most pixels most of the time), so the gate drops it, named
+    large = videos["large_subject.mp4"]["reasons"]
+    assert "shots_moving_camera" not in large and large.get("clips_dropped_gate_background_filled") == 1, large
     # the second subject moves through the whole shot: evidence of an object, which is emitted
     assert videos["two_subjects.mp4"]["samples"] == 1 and "elements_none_object" not in videos["two_subjects.mp4"]["reasons"]
     assert summary["sample_sizes_hw"] == [[96, 160], [160, 96]]

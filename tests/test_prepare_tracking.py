@@ -25,7 +25,7 @@ H, W = 48, 80  # frames the size of no model's input: every resize is exercised
 # the filters opened (random weights: scores and masks mean nothing)
 SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "check.run=false",
         "elements.detect_every=4", "elements.min_score=0", "elements.min_sharpness=0", "elements.min_area_share=0",
-        "elements.max_foreground_share=1"]
+        "elements.max_foreground_share=1", "identity.check=false", "gates.action=flag"]  # random masks: gates open
 
 
 @pytest.fixture(scope="module")

@@ -57,5 +57,14 @@ def render_hard(h: dict) -> list[str]:
                      f"{dropped} | {_f(c['subject_iou_min'])} | {_f(c['purity_min'])} | "
                      f"{_f(c['background_mae_max'], '.2f')} | {c['wrong_subject']} | {c['identity_rejections']} |")
     lines += ["", "Seconds per footage minute here: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                           h["seconds_per_footage_minute"].items()) + "."]
+                                                           h["seconds_per_footage_minute"].items()) + ".",
+              "", "What the classical backend still cannot do: separate a subject that stands still from the background "
+              "(the median absorbs it; the still_then_moving sample is dropped by the identity check, not cut out); "
+              "see a cut that changes only the subject (same_place: both detectors miss it; the identity check drops "
+              "the samples whose references would show the other subject); register frames under about 100 pixels high "
+              "(ORB finds too little texture; at 64x64 clips the demo's pan is dropped by the background gate); follow "
+              "parallax or rolling-shutter shake (skipped as moving camera); give a clean background behind a subject that "
+              "covers most of the frame most of the time (large_subject: the plate is mostly painted, the sample "
+              "dropped by the background_filled gate). Not measured: real phone footage, long "
+              "shots, the identity check's learned measure with real weights (its plumbing runs on a tiny random model)."]
     return lines

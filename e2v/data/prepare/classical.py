@@ -1,8 +1,10 @@
 """The classical backend (no weights): the background is the per-pixel temporal median of the shot,
 the moving foreground (the subject) is what differs from it.
 
-A camera that pans, zooms or turns a little (the halves' medians differ over more than
-classical.max_camera_motion of the frame) is registered (register_shot): every frame is mapped
+When the halves' medians differ over more than classical.max_camera_motion of the frame, either
+the camera moves or a large subject fills them: if a fifth of the features matched between the
+first, middle and last frames held still (background_held), the camera is still. A camera that
+pans, zooms or turns a little is registered (register_shot): every frame is mapped
 into the shot's middle frame by a similarity transform (ORB features matched to the middle frame,
 RANSAC), the median and the differences are taken in that frame, and the masks are mapped back. A
 shot whose registration fails (too few matching features) or leaves much of the frame differing
@@ -33,6 +35,10 @@ from .fill import fill_background, foreground_share
 from .masks import ShotMasks, clean, largest_components
 
 MIN_INLIERS = 12  # RANSAC inliers below this: the frame cannot be registered
+# A still camera with a large subject: the subject fills the halves' medians, yet a fifth of the
+# features matched between two of (first, middle, last) frame stay within 1.5 px (the test
+# footage: 0.28 for a subject 90% of the frame high, 0.07 at most for its pan and zoom)
+STILL_SHARE = 0.2
 
 
 def temporal_median(frames_FHW3: np.ndarray, max_frames: int) -> np.ndarray:
@@ -69,10 +75,9 @@ def register_shot(frames_FHW3: np.ndarray) -> tuple[np.ndarray | None, dict]:
     next (a small, reliable step: matched straight to the middle frame, half a pan away, the
     features of a repetitive texture pair up wrongly) and the steps are chained to the middle."""
     f, h, w = frames_FHW3.shape[:3]
-    # small patches: frames under 100 pixels high still give features (ORB's default 31 leaves
-    # little); frames are never upscaled for it: ORB on an upscaled frame matched its blur, and
-    # the pan of the test footage registered 5x wrong at 48 x 80 (fine at 96 x 160)
-    orb = cv2.ORB_create(nfeatures=800, edgeThreshold=15, patchSize=15, fastThreshold=8)
+    # frames are never upscaled for it: ORB on an upscaled frame matched its blur, and the pan of
+    # the test footage registered 5x wrong at 48 x 80 (fine at 96 x 160)
+    orb = _orb()
     matcher = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
 
     def features(frame):
@@ -104,6 +109,28 @@ def register_shot(frames_FHW3: np.ndarray) -> tuple[np.ndarray | None, dict]:
     corners = np.array([[0, 0], [w, 0], [0, h], [w, h]], np.float64)
     shift = max(float(np.abs(cv2.perspectiveTransform(corners[None], m)[0] - corners).max()) for m in to_ref)
     return to_ref, {"camera": "registered", "min_inliers": worst, "max_shift_px": round(shift, 1)}
+
+
+def _orb():
+    # small patches: frames under 100 pixels high still give features (ORB's default 31 leaves little)
+    return cv2.ORB_create(nfeatures=800, edgeThreshold=15, patchSize=15, fastThreshold=8)
+
+
+def background_held(frames_FHW3: np.ndarray) -> float:
+    """The largest share, over the frame pairs (first, last), (first, middle), (middle, last), of
+    matched ORB features that stayed within 1.5 px: the background of a still camera stays put."""
+    orb, matcher = _orb(), cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
+    f = len(frames_FHW3)
+    feats = {i: orb.detectAndCompute(cv2.cvtColor(np.ascontiguousarray(frames_FHW3[i]), cv2.COLOR_RGB2GRAY), None)
+             for i in {0, f // 2, f - 1}}
+    best = 0.0
+    for i, j in ((0, f - 1), (0, f // 2), (f // 2, f - 1)):
+        (k0, d0), (k1, d1) = feats[i], feats[j]
+        matches = matcher.match(d0, d1) if d0 is not None and d1 is not None else []
+        if len(matches) >= MIN_INLIERS:
+            moved = np.array([np.subtract(k1[m.trainIdx].pt, k0[m.queryIdx].pt) for m in matches])
+            best = max(best, float((np.abs(moved).max(axis=1) < 1.5).mean()))
+    return best
 
 
 def warp(images, to_ref_F33: np.ndarray, size_hw: tuple[int, int], inverse: bool = False, nearest: bool = False):
@@ -153,10 +180,15 @@ class ClassicalBackend:
         if motion > self.c.max_camera_motion:  # only then registered: a still shot keeps the exact median
             if not self.c.register:
                 return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
-            to_ref, camera = register_shot(frames_FHW3)
-            camera["motion"] = round(motion, 4)
-            if to_ref is None:
-                return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
+            held = background_held(frames_FHW3)
+            if held >= STILL_SHARE:  # the background stayed put: a large subject fills the halves' medians
+                camera["camera"], camera["features_held"] = "still", round(held, 3)
+            else:
+                to_ref, camera = register_shot(frames_FHW3)
+                camera.update(motion=round(motion, 4), features_held=round(held, 3))
+                if to_ref is None:
+                    return ShotMasks(subject=subject, backend=self.name, problem="moving_camera", camera=camera)
+        if to_ref is not None:
             work_FHW3 = np.stack(warp(frames_FHW3, to_ref, (h, w)))
             valid_FHW = np.stack(warp(np.ones((f, h, w), np.uint8), to_ref, (h, w), nearest=True)).astype(bool)
             residual = self.camera_moves(work_FHW3, valid_FHW)
@@ -211,7 +243,8 @@ class ClassicalBackend:
         frame `view`: their median, with the pixels the foreground covers in most of them (the
         median shows foreground there), the emitted objects and (a moving camera) what no frame saw
         filled. Returns (background_HW3, foreground share: the mean share of the frame the
-        foreground covers in those frames, the OpenS2V filter's measure)."""
+        foreground covers in those frames, the OpenS2V filter's measure; the share of the
+        background that is filled, not seen)."""
         h, w = frames_FHW3.shape[1:3]
         fg_FHW = np.logical_or.reduce([shot.masks[n] for n in emitted])[positions]
         share = float(np.mean([foreground_share(m) for m in fg_FHW]))
@@ -219,7 +252,8 @@ class ClassicalBackend:
             median_HW3 = temporal_median(frames_FHW3[positions], self.c.median_frames)
             hole_HW = fg_FHW.mean(axis=0) > 0.5
             statics = [shot.masks[n][0] for n in emitted if n != shot.subject and np.all(shot.masks[n] == shot.masks[n][0])]
-            return fill_background(median_HW3, np.logical_or.reduce([hole_HW, *statics])), share
+            hole_HW = np.logical_or.reduce([hole_HW, *statics])
+            return fill_background(median_HW3, hole_HW), share, float(hole_HW.mean())
         homs = shot.to_reference[positions]
         frames = np.stack(warp(frames_FHW3[positions], homs, (h, w)))
         valid = np.stack(warp(np.ones((len(positions), h, w), np.uint8), homs, (h, w), nearest=True)).astype(bool)
@@ -229,4 +263,5 @@ class ClassicalBackend:
         back = shot.to_reference[view:view + 1]
         view_HW3 = warp([plate_HW3], back, (h, w), inverse=True)[0]
         covered = warp([np.ones((h, w), np.uint8)], back, (h, w), inverse=True, nearest=True)[0].astype(bool)
-        return fill_background(view_HW3, ~covered), share
+        unseen = warp([(~seen_HW).astype(np.uint8)], back, (h, w), inverse=True, nearest=True)[0].astype(bool)
+        return fill_background(view_HW3, ~covered), share, float((~covered | unseen).mean())

@@ -156,6 +156,9 @@ class Gates:
     # reference by more than classical.diff_threshold levels: a subject left in the plate, a wrong
     # registration (good plates of the photographed test footage: 0.00-0.10; a failed pan 0.69)
     max_background_residue: float = 0.15
+    # share of the background reference painted by the fill, not seen (test footage: 0.00-0.12 for
+    # good plates, 0.29 under a subject 90% of the frame high, whose plate was 22 levels off)
+    max_background_filled: float = 0.2
 
 
 @dataclass

@@ -112,9 +112,10 @@ class LearnedBackend:
 
     def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int], emitted: list[str],
                    view: int) -> tuple[np.ndarray, float]:
-        """The frame at `positions` the emitted elements cover least, them filled; and that share
-        (`view` is the classical backend's, for a moving camera: a detector's frame is its own view)."""
+        """The frame at `positions` the emitted elements cover least, them filled; that share, twice
+        (the foreground's and the filled share are one here; `view` is the classical backend's, for
+        a moving camera: a detector's frame is its own view)."""
         fg_FHW = np.logical_or.reduce([shot.masks[n] for n in emitted])
         shares = [foreground_share(fg_FHW[p]) for p in positions]
         best = positions[int(np.argmin(shares))]
-        return fill_background(frames_FHW3[best], fg_FHW[best]), float(min(shares))
+        return fill_background(frames_FHW3[best], fg_FHW[best]), float(min(shares)), float(min(shares))

@@ -6,10 +6,13 @@
 - background_residue: the share of the window's background pixels (outside every emitted mask,
   dilated by 2 pixels against edge blur) that differ from the background reference by more than
   classical.diff_threshold levels: a subject left in the plate, or a plate of another view.
+- background_filled: the share of the background reference that no frame showed and the fill
+  painted (a subject covering most of the frame most of the time leaves the plate invented).
 - subject_at_edge: the share of the window's frames in which the subject touches the crop's edge
   (a flag, not a gate: a subject walking out of the frame is ordinary footage).
 
-gate_failures names the gates a sample fails (gates.min_presence, gates.max_background_residue);
+gate_failures names the gates a sample fails (gates.min_presence, gates.max_background_residue,
+gates.max_background_filled);
 run.py drops it or writes it flagged (gates.action). Every score goes to the manifest.
 
 Legend: F window frames, H/W target height/width; clip_FHW3 uint8, masks_FHW bool.
@@ -45,4 +48,6 @@ def gate_failures(q: dict, gates) -> list[str]:
         failed.append("presence")
     if q["background_residue"] is not None and q["background_residue"] > gates.max_background_residue:
         failed.append("background_residue")
+    if q.get("background_filled") is not None and q["background_filled"] > gates.max_background_filled:
+        failed.append("background_filled")
     return failed

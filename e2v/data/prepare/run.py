@@ -238,9 +238,10 @@ class Preparer:
                 continue
             if masks.camera.get("camera") == "registered":
                 counts["shots_registered"] += 1
-            keep_FHW = masks.foreground() if self.cfg.clips.crop == "subject" else np.zeros((1, 1, 1), bool)
-            crop = best_crop(keep_FHW, target_hw) if keep_FHW.size > 1 else \
-                best_crop(np.zeros((1, *frames_FHW3.shape[1:3]), bool), target_hw)
+            # clips.crop centre: nothing to keep, and best_crop's answer is the centre
+            subject = self.cfg.clips.crop == "subject"
+            keep_FHW = masks.foreground() if subject else np.zeros((1, *frames_FHW3.shape[1:3]), bool)
+            crop = best_crop(keep_FHW, target_hw)
             shot = Shot(k, positions, frames_FHW3, masks, crop, target_hw, orientation)
             for j, window in enumerate(wins):
                 sample = self.sample(source, rel, f"{prefix}_s{k}w{j}", shot, window, times, counts)
@@ -302,13 +303,14 @@ class Preparer:
             outside = outside_positions(len(frames_FHW3), window, gap)
             pool = outside if len(outside) >= MIN_MEDIAN_FRAMES else list(range(len(frames_FHW3)))
             view = (window[0] + window[1]) // 2
-            plate_HW3, share = self.backend.background(frames_FHW3, masks, pool, emitted, view)
+            plate_HW3, share, filled = self.backend.background(frames_FHW3, masks, pool, emitted, view)
             if share > cfg.max_foreground_share:
                 counts[f"elements_dropped_{self.background}_foreground_share"] += 1
             else:
                 background_HW3 = refs[self.background] = np.ascontiguousarray(plate_HW3[crop])
                 info[self.background] = {"times_s": [time_of(pool[0]), time_of(pool[-1])], "view_frame": positions[view],
-                                         "outside_window": pool is outside, "foreground_share": round(share, 4)}
+                                         "outside_window": pool is outside, "foreground_share": round(share, 4),
+                                         "filled_share": round(filled, 4)}
         clip_FHW3 = frames_FHW3[window[0]:window[1]][(slice(None), *crop)]
         fg_FHW = np.logical_or.reduce([masks.masks[n] for n in emitted])[window[0]:window[1]][(slice(None), *crop)]
         subject_FHW = masks.masks[self.subject][window[0]:window[1]][(slice(None), *crop)]
@@ -317,6 +319,7 @@ class Preparer:
             plates_FHW3, uncovered_FHW = views_of(plate_HW3, masks.to_reference, view, window)
             plates_FHW3, fg_FHW = plates_FHW3[(slice(None), *crop)], fg_FHW | uncovered_FHW[(slice(None), *crop)]
         q = quality(clip_FHW3, subject_FHW, fg_FHW, plates_FHW3, cfg.min_area_share, cfg.classical.diff_threshold)
+        q["background_filled"] = round(filled, 4) if background_HW3 is not None else None
         failed = gate_failures(q, self.cfg.gates)
         if failed and self.cfg.gates.action == "drop":
             return done(f"clips_dropped_gate_{failed[0]}")
