@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from conftest import ROOT
+from helpers import ROOT
 
 R2V_TINY = str(ROOT / "configs/r2v_tiny.yaml")
 

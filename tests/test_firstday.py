@@ -113,7 +113,8 @@ def test_check_dataset_says_every_sample_is_held_out(demo_data, tmp_path, capsys
 def test_training_refuses_a_hold_out_of_every_sample_in_one_line(demo_data, tmp_path):
     """The real entry point (one process, no launcher): the same line, no traceback, and nothing
     built: the optimizer and model lines come after the check and are never printed."""
-    from conftest import LAUNCHER_VARIABLES, launch_python
+    from helpers import LAUNCHER_VARIABLES
+    from helpers_launch import launch_python
 
     p = launch_python("train_e2v.py", "--config", "configs/e2v_tiny_lora.yaml",
                       *[a for s in (f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
@@ -182,7 +183,7 @@ def test_readme_commands_run_in_the_venv():
     import sys
     from pathlib import Path
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     code = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("    ")]
     programs = {"python", "deepspeed", "hf", "tensorboard"}

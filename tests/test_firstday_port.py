@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 VENV = Path(sys.executable).parent.parent  # the venv running the tests is the one make should use
 

@@ -10,7 +10,7 @@ from importlib.metadata import distribution
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 CLIP_PATTERNS = {"image_encoder/*", "image_processor/*"}
 

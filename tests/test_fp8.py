@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
 from e2v.models.fp8 import FP8, FP8_MAX, Fp8Linear, dequantize, fp8_targets, quantize_base, quantize_weight, swap_blocks

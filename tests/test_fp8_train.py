@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ROOT, launch_train, load_checkpoint_module, read_scalars
+from helpers import ROOT, load_checkpoint_module, read_scalars
+
+from helpers_launch import launch_train
 
 FP8_RUN = ("model.base_dtype=fp8", "deepspeed.optimizer=adamw_8bit", "train.max_steps=4", "train.checkpoint_every=2",
            "train.micro_batch_size=1", "validation.every_n_steps=0")

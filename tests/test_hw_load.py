@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import save_t2v_and_clip_folders
+from helpers import save_t2v_and_clip_folders
 from e2v.config.load import load_config
 
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_the_verdict_is_incomplete_when_anything_was_skipped():

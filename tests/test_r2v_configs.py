@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 CONFIGS = {  # config -> (base hub id, latent frames, h/2, w/2 tokens)
     "r2v_t2v_1.3b_24gb": ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 21, 30, 52),

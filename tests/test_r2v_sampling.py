@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import run_train
+from helpers_launch import run_train
 from helpers_r2v import F, H, R2V_TINY, SIZES, W, _batch, _cfg, _image, v3_ref_latents, v3_resize_ref, v3_to_tensor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
