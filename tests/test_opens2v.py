@@ -265,7 +265,7 @@ def test_validator_names_each_defect_and_training_refuses_the_same(fixture_root,
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text((ROOT / "configs/e2v_tiny_lora.yaml").read_text())
     report = tmp_path / "report.json"
-    sets = [*dataset_sets(fixture_root), "train.micro_batch_size=1"]
+    sets = [*dataset_sets(fixture_root), "train.micro_batch_size=1", "validation.every_n_steps=0"]  # per sample
     argv = ["--config", str(cfg), "--json", str(report), "--workers", "1", *[a for s in sets for a in ("--set", s)]]
     out = io.StringIO()
     with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out):

@@ -412,7 +412,10 @@ def check_argv(cfg: PrepareConfig, out: Path) -> list[str]:
     return ["--config", cfg.check.config, "--data_root", str(out), "--workers", "1",
             "--json", str(out / STATE / "check_report.json"),
             "--set", f"data.num_frames={cfg.clips.num_frames}", "--set", f"data.resolution=[{res[0]}, {res[1]}]",
-            "--set", f"data.fps={cfg.clips.fps}", *buckets] + [a for extra in cfg.check.set for a in ("--set", extra)]
+            "--set", f"data.fps={cfg.clips.fps}", *buckets,
+            # the data is judged, not the trainer's hold-out: a small prepared set is not an error of
+            # the preparer's (training names validation.num_samples itself when it would hold out all)
+            "--set", "validation.every_n_steps=0"] + [a for extra in cfg.check.set for a in ("--set", extra)]
 
 
 def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool = False, rank: int = 0,
