@@ -120,6 +120,8 @@ def located_problems(text: str) -> list[tuple[int, str]]:
     out += [(line(m), f"{m.group(1)}: no such file") for m in PATH.finditer(text)
             if m.group(1) not in WRITTEN_BY_COMMANDS and not (ROOT / m.group(1)).exists()]
     for m in STAGE_PATH.finditer(text):
+        if m.group(1) in config_keys():  # `conditioning.sequence.slots`: a key of the config, not a module path
+            continue
         stage, module = m.group(1).split(".")[:2]
         if (ROOT / "e2v" / stage / f"{module}.py").is_file() or (ROOT / "e2v" / stage / module).is_dir():
             if why := dotted_problem("e2v." + m.group(1)):
@@ -132,6 +134,14 @@ def located_problems(text: str) -> list[tuple[int, str]]:
             out += [(line(m), f"{m.group(1)}: defines no {n}") for n in re.findall(r"`(\w+)(?:\(\))?`", m.group(2))
                     if n not in defined(path)[0]]
     return sorted(out)
+
+
+@cache
+def config_keys() -> frozenset:
+    """Every dotted key of the YAML schema (a section can share its name with a module)."""
+    from e2v.config.schema import schema_keys
+
+    return frozenset(k for keys in schema_keys().values() for k in keys)
 
 
 def problems(text: str) -> list[str]:

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2v.config.load import load_config  # noqa: E402
 from e2v.config.schema import Config  # noqa: E402
-from e2v.train.memory import (KNOWN_MODELS, ModelCounts, advise, count_model, estimate, estimate_cpu,  # noqa: E402
-                              host_memory_gb, plan_options)
+from e2v.train.memory import (  # noqa: E402
+    KNOWN_MODELS,
+    ModelCounts,
+    advise,
+    count_model,
+    estimate,
+    estimate_cpu,
+    host_memory_gb,
+    plan_options,
+)
 
 
 def print_cpu(cfg: Config, procs: int) -> dict:

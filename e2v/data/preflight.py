@@ -288,7 +288,7 @@ def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = N
 
 # --- the check spread over the ranks ----------------------------------------------------------------
 
-# A generous cost of one sample's read on one worker: tools/bench_preflight.py measured ~0.1 s per
+# A generous cost of one sample's read on one worker: bench/bench_preflight.py measured ~0.1 s per
 # 64x64 demo clip (bench/results/preflight.json); a 480p clip decodes its tail from the last
 # keyframe and its references at full size, so several times that, and the timeout adds 4x on top.
 CHECK_S_PER_SAMPLE = 2.0

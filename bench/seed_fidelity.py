@@ -1,6 +1,6 @@
 """Score a finished run's held-out videos at several noise seeds: how firm its validation numbers are.
 
-    python tools/seed_fidelity.py --run runs/<run> --seeds 0 1 2
+    python bench/seed_fidelity.py --run runs/<run> --seeds 0 1 2
 
 Validation generates each held-out sample's video (and, with `validation.subject_colour`, the
 swapped-reference video) from ONE noise seed, `validation.seed`, which also picked the held-out
