@@ -195,14 +195,15 @@ class Validator:
     @contextlib.contextmanager
     def frozen_parts(self):
         """The parts validation runs with: from the cache (reads_cache), the run's parts with the
-        VAE kept on the host (read once); else with_encoders' (an online run's own encoders)."""
+        VAE kept on the host (read once, by rank 0 alone: the only rank that decodes); else
+        with_encoders' (an online run's own encoders)."""
         if not reads_cache(self.cfg):
             with with_encoders(self.parts, self.cfg, self.device, self.host) as parts:  # a cached run: from the host
                 yield parts
             return
-        if "vae" not in self.host:
+        if "vae" not in self.host and self.rank == 0:
             self.host["vae"] = load_vae(self.cfg, "cpu")
-        yield replace(self.parts, vae=self.host["vae"], text_encoder=None, image_encoder=None)
+        yield replace(self.parts, vae=self.host.get("vae"), text_encoder=None, image_encoder=None)
 
     # -- loss and reference gaps ------------------------------------------------------------------
 
