@@ -32,13 +32,14 @@ and with `validation.subject_colour` whether the subject's colour follows its ow
 
 Where the frozen parts are while it runs (what the memory estimate's validation peak models): a
 run from the cache (`reads_cache`) takes the held-out samples' text, reference and CLIP conditions
-from the cache, so no text encoder is loaded and nothing is encoded; the VAE and (rank 0) the CLIP
-are kept on the host and visit the device one at a time, each for its own part: the VAE for the
-decode, then the CLIP for the element similarity of the videos. Other runs encode with the
-encoders they hold (an online run keeps them on the device for training anyway; a cached run with
-`validation.sets` or a non-empty negative prompt brings them for validation:
+from the cache, so no text encoder is loaded and nothing is encoded; the VAE and the CLIP are kept
+on rank 0's host (the only rank that decodes) and visit the device one at a time, each for its
+part: the VAE for the decode, then the CLIP for the element similarity of the videos. Other runs
+encode with the encoders they hold (an online run keeps them on the device for training anyway; a
+cached run with `validation.sets` or a non-empty negative prompt brings them for validation:
 models.load.with_encoders). The decode is tiled (diffusers' AutoencoderKLWan tiling: frames larger
-than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's).
+than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's);
+docs/hardware_load.md.
 
 Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
