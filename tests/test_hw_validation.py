@@ -111,6 +111,11 @@ def test_from_the_cache_no_encoder_and_the_same_numbers(cached_setup, tmp_path, 
     assert all(vae_visit[0] < d < vae_visit[1] for d in decodes), events
     assert sorted(p.name for p in (tmp_path / "cached/samples/step_000002").iterdir())[:2] == ["00.mp4", "00.txt"]
 
+    # Another rank runs the same collectives (losses, generation) but decodes nothing: no VAE on its host.
+    other = Validator(cfg, held_out, run_parts, tmp_path / "rank1", rank=1, device="cpu", dtype=torch.float32)
+    assert other.maybe_run(model, 2) == {k: v for k, v in scalars.items() if k in want}
+    assert "vae" not in other.host and not (tmp_path / "rank1/samples").exists()
+
 
 def test_reads_cache_rule():
     from e2v.eval.validation import reads_cache

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from e2v.eval.validation import reads_cache
 from e2v.runtime import distributed
 
 FFMPEG_FIX = "pip install imageio imageio-ffmpeg (the wheel ships its own ffmpeg with libx264)"
@@ -37,8 +38,6 @@ def writes_mp4(cfg) -> bool:
 def encodes_prompts(cfg) -> bool:
     """Whether the run needs the prompt tokenizer at run time: it encodes online, or it validates
     with prompts the cache does not hold (`validation.sets`, a non-empty negative prompt under CFG)."""
-    from e2v.eval.validation import reads_cache
-
     return not cfg.cache.enabled or (cfg.validation.every_n_steps > 0 and not reads_cache(cfg))
 
 

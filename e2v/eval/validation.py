@@ -33,13 +33,14 @@ each row under a label band: whose references, and each tile's element name or g
 
 Where the frozen parts are while it runs (what the memory estimate's validation peak models): a
 run from the cache (`reads_cache`) takes the held-out samples' text, reference and CLIP conditions
-from the cache, so no text encoder is loaded and nothing is encoded; the VAE and (rank 0) the CLIP
-are kept on the host and visit the device one at a time, each for its own part: the VAE for the
-decode, then the CLIP for the element similarity of the videos. Other runs encode with the
-encoders they hold (an online run keeps them on the device for training anyway; a cached run with
-`validation.sets` or a non-empty negative prompt brings them for validation:
+from the cache, so no text encoder is loaded and nothing is encoded; the VAE and the CLIP are kept
+on rank 0's host (the only rank that decodes) and visit the device one at a time, each for its
+part: the VAE for the decode, then the CLIP for the element similarity of the videos. Other runs
+encode with the encoders they hold (an online run keeps them on the device for training anyway; a
+cached run with `validation.sets` or a non-empty negative prompt brings them for validation:
 models.load.with_encoders). The decode is tiled (diffusers' AutoencoderKLWan tiling: frames larger
-than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's).
+than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's);
+docs/hardware_load.md.
 
 Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
@@ -189,14 +190,15 @@ class Validator:
     @contextlib.contextmanager
     def frozen_parts(self):
         """The parts validation runs with: from the cache (reads_cache), the run's parts with the
-        VAE kept on the host (read once); else with_encoders' (an online run's own encoders)."""
+        VAE kept on the host (read once, by rank 0 alone: the only rank that decodes); else
+        with_encoders' (an online run's own encoders)."""
         if not reads_cache(self.cfg):
             with with_encoders(self.parts, self.cfg, self.device, self.host) as parts:  # a cached run: from the host
                 yield parts
             return
-        if "vae" not in self.host:
+        if "vae" not in self.host and self.rank == 0:
             self.host["vae"] = load_vae(self.cfg, "cpu")
-        yield replace(self.parts, vae=self.host["vae"], text_encoder=None, image_encoder=None)
+        yield replace(self.parts, vae=self.host.get("vae"), text_encoder=None, image_encoder=None)
 
     # -- loss and reference gaps ------------------------------------------------------------------
 
