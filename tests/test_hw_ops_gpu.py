@@ -78,9 +78,9 @@ def test_the_import_check_covers_what_the_checks_code_imports():
 
     files = [ROOT / (m.replace(".", "/") + ".py") for m in e2v_modules()]
     files = [f if f.exists() else f.with_suffix("") / "__init__.py" for f in files]
-    files += [ROOT / "train_e2v.py"] + [ROOT / f"tools/{n}.py" for n in ("gpu_check", "bench", "precompute", "sample",
-                                                                        "make_demo_dataset", "estimate_memory")]
-    files += [p for d in ("gpulib", "smokelib", "benchlib") for p in (ROOT / "tools" / d).glob("*.py")]
+    files += [ROOT / "train_e2v.py", ROOT / "bench/gpu_check.py", ROOT / "bench/bench.py"]
+    files += [ROOT / f"tools/{n}.py" for n in ("precompute", "sample", "make_demo_dataset", "estimate_memory")]
+    files += [p for d in ("gpulib", "smokelib", "benchlib") for p in (ROOT / "bench" / d).glob("*.py")]
     imported = set()
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
@@ -88,7 +88,7 @@ def test_the_import_check_covers_what_the_checks_code_imports():
                 imported |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    local = {"e2v", "tools", "helpers_t2v"}  # helpers_t2v: tests/ (smokelib's test-only path)
+    local = {"e2v", "tools", "bench", "helpers_t2v"}  # helpers_t2v: tests/ (smokelib's test-only path)
     third_party = {m for m in imported if m not in sys.stdlib_module_names and m not in local}
     assert third_party - {"pycocotools"} <= set(NEEDS), third_party - set(NEEDS)  # pycocotools: OpenS2V RLE masks only
 

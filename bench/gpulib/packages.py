@@ -41,7 +41,7 @@ NEEDS = {"torch": "torch", "transformers": "transformers", "peft": "peft", "deep
          "diffusers": "diffusers", "huggingface_hub": "huggingface-hub", "tokenizers": "tokenizers",
          "safetensors": "safetensors", "numpy": "numpy", "PIL": "pillow", "yaml": "pyyaml", "tqdm": "tqdm",
          "psutil": "psutil", "ftfy": "ftfy", "decord": "decord", "cv2": "opencv-python-headless",
-         "imageio": "imageio", "imageio_ffmpeg": "imageio-ffmpeg"}
+         "imageio": "imageio", "imageio_ffmpeg": "imageio-ffmpeg", "bitsandbytes": "bitsandbytes"}
 # what importing a package alone does not reach (diffusers and transformers import lazily): the
 # objects the check's code paths use, as module:attribute
 DEEP = ("diffusers:WanTransformer3DModel", "diffusers:AutoencoderKLWan", "diffusers:FlowMatchEulerDiscreteScheduler",

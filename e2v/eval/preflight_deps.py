@@ -74,7 +74,7 @@ def tokenizer_problem(cfg) -> str | None:
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return (f"the prompt tokenizer of {cfg.model.pretrained} does not load ({type(e).__name__}: {first}); fix: "
-                f"put its tokenizer/ folder beside transformer/ (huggingface-cli download {cfg.model.pretrained} "
+                f"put its tokenizer/ folder beside transformer/ (hf download {cfg.model.pretrained} "
                 f"--include 'tokenizer/*' --local-dir DIR), or `pip install sentencepiece` if that is what it names")
     return None
 
