@@ -18,38 +18,34 @@ from pathlib import Path
 
 import torch
 
-from e2v.train import checkpoint as ckpt
-from e2v.runtime import distributed, hostmem
-from e2v.runtime.threads import set_rank_threads
-from e2v.train import export
-from e2v.config.schema import ConfigError
-from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
-from e2v.config.load import load_config, save_config, to_dict
-from e2v.models.context_parallel import check_heads, layout
-from e2v.data.dataset import BadSampleError, index_samples, make_loader
-from e2v.train.comfy import check_comfy_mappable, lora_module_names
-from e2v.train.memory import fit_verdict
-from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
-from e2v.models.expand import expansion_modules, is_expanded
-from e2v.train.guard import NonFiniteGuard
-from e2v.models.agree import agree_on_local_facts
-from e2v.models.load import load_parts
-from e2v.models.weights import missing_weights
-from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
 from e2v.config.bases import vae_config
-from e2v.models.precision import trained_fp32_kept
-from e2v.runtime.runlock import lock_run_folder
-from e2v.train.runlog import Log
-from e2v.train import outputs, resume as resuming
-from e2v.models.trainable import describe_trained
-from e2v.config.shapes import check_base
+from e2v.config.load import load_config, save_config, to_dict
+from e2v.config.schema import ConfigError
 from e2v.config.seed_formats import map_seed_flags
-from e2v.train import loop
-from e2v.runtime.log import get_logger
+from e2v.config.shapes import check_base
+from e2v.data.dataset import BadSampleError, index_samples, make_loader
+from e2v.eval.preflight_deps import check_later_phases
 from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
-from e2v.eval.preflight_deps import check_later_phases
-
+from e2v.models.agree import agree_on_local_facts
+from e2v.models.context_parallel import check_heads, layout
+from e2v.models.expand import expansion_modules, is_expanded
+from e2v.models.load import load_parts
+from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
+from e2v.models.precision import trained_fp32_kept
+from e2v.models.trainable import describe_trained
+from e2v.models.weights import missing_weights
+from e2v.runtime import distributed, hostmem
+from e2v.runtime.log import get_logger
+from e2v.runtime.runlock import lock_run_folder
+from e2v.runtime.threads import set_rank_threads
+from e2v.train import checkpoint as ckpt, export, loop, outputs, resume as resuming
+from e2v.train.comfy import check_comfy_mappable, lora_module_names
+from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
+from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
+from e2v.train.guard import NonFiniteGuard
+from e2v.train.memory import fit_verdict
+from e2v.train.runlog import Log
 
 # rank 0's messages, tagged [e2v], [e2v config], ... (e2v/runtime/log.py)
 logger, config_logger, data_logger, dry_run_logger = (

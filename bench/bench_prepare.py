@@ -22,13 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.benchlib.common import BENCH_DIR, load1  # noqa: E402
+from bench.benchlib.report import render  # noqa: E402
+from bench.make_raw_footage import generate, write_hard_footage  # noqa: E402
 from e2v.data.prepare.config import load_prepare_config  # noqa: E402
 from e2v.data.prepare.run import prepare  # noqa: E402
 from e2v.data.prepare.truth import score, score_hard  # noqa: E402
 from e2v.eval.dataset_check import main as check_dataset  # noqa: E402
-from bench.benchlib.common import BENCH_DIR, load1  # noqa: E402
-from bench.benchlib.report import render  # noqa: E402
-from bench.make_raw_footage import generate, write_hard_footage  # noqa: E402
 
 CASE = {"source_hw": [144, 256], "source_fps": 24.0, "shot_seconds": 7.0, "num_frames": 33, "fps": 8.0,
         "target_hw": [128, 224]}

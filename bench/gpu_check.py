@@ -75,7 +75,6 @@ from bench.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command  # noqa
 from bench.gpulib.report import _ok, write_report  # noqa: E402
 from bench.gpulib.sections import CONFIGS_24GB, NAMES, SECTIONS, WAN22_RUNS, verdict_24gb  # noqa: E402,F401
 
-
 # --- the call -----------------------------------------------------------------------------------
 
 

@@ -57,8 +57,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench.smokelib.build import build_data, build_folders  # noqa: E402
 from bench.smokelib.measure import run_measured, tail  # noqa: E402
-from e2v.runtime.launch import read_scalars, train_command  # noqa: E402
 from bench.smokelib.probe import check_export, make_probe, write_wrapper  # noqa: E402
+from e2v.runtime.launch import read_scalars, train_command  # noqa: E402
 
 OUT = ROOT / "smoke_real"
 RESULT = ROOT / "bench" / "results" / "smoke_real.json"

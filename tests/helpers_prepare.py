@@ -22,9 +22,18 @@ def save_tiny_sam3(folder: Path, input_side: int = 112) -> Path:
     reads 64 memory channels, and object pointers split only when the FPN is wider than that."""
     import torch
     from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import (CLIPTokenizer, Sam3Config, Sam3DETRDecoderConfig, Sam3DETREncoderConfig,
-                              Sam3GeometryEncoderConfig, Sam3MaskDecoderConfig, Sam3TrackerVideoConfig,
-                              Sam3VideoConfig, Sam3VideoModel, Sam3VisionConfig)
+    from transformers import (
+        CLIPTokenizer,
+        Sam3Config,
+        Sam3DETRDecoderConfig,
+        Sam3DETREncoderConfig,
+        Sam3GeometryEncoderConfig,
+        Sam3MaskDecoderConfig,
+        Sam3TrackerVideoConfig,
+        Sam3VideoConfig,
+        Sam3VideoModel,
+        Sam3VisionConfig,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
     chars = sorted(ByteLevel.alphabet())  # every byte a token, no merges: any prompt tokenizes
@@ -110,8 +119,15 @@ def save_tiny_captioner(folder: Path) -> Path:
     processor keeps torchvision out."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
 
     words = ["<pad>", "<unk>", "<s>", "</s>", "<image>", "USER:", "ASSISTANT:", "a", "person", "object",
              "background", "video", "the", "and"]

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
-
 from helpers import ROOT
+from PIL import Image, ImageOps
 
 R2V_TINY = str(ROOT / "configs/r2v_tiny.yaml")
 

@@ -7,23 +7,23 @@ import contextlib
 import dataclasses
 import io
 import os
-import shutil
 import random
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-
 from helpers import ROOT, read_scalars
 from helpers_launch import launch_train, wait_all
-from e2v.data.store import CacheError, CacheStore
+
 from e2v.conditioning.cached import compute_entry, shared_entry
 from e2v.conditioning.layout import batch_conditions
-from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
+from e2v.config.schema import ConfigError
 from e2v.data.dataset import E2VDataset, collate, index_samples
+from e2v.data.store import CacheError, CacheStore
 
 
 def _cfg(data, cache_dir, *sets):
@@ -259,9 +259,8 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs,
     cfg.data.on_bad_sample = "error"
     with pytest.raises(CacheError, match=r"1 cache entry is recorded as bad.*\n  sample 001: .*001_person.png"):
         CacheStore(cfg).verify_all(samples)
-    from tools.precompute import main
-
     from e2v.data.dataset import BadSampleError
+    from tools.precompute import main
 
     for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
         (tmp / "data" / f).unlink()
@@ -317,10 +316,10 @@ def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(de
     the resident encoders; the numbers and the contact sheet must be identical."""
     from PIL import Image
 
-    from e2v.models.parts import Parts
-    from e2v.train.step import draw_flow
     from e2v.eval.validation import Validator, split_held_out
     from e2v.eval.viz import Visualizer
+    from e2v.models.parts import Parts
+    from e2v.train.step import draw_flow
 
     cfg = _cfg(demo_data, tmp_path / "cache", "cache.enabled=true", "validation.every_n_steps=2",
                "validation.num_samples=3", "validation.num_videos=1", "validation.num_inference_steps=2",

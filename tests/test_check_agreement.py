@@ -7,7 +7,6 @@ changed, on one side only."""
 
 import numpy as np
 from PIL import Image
-
 from test_check_dataset import CONFIG, clip, run_check, sample
 from test_hostile_data import _cfg, hostile_set
 

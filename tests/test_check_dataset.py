@@ -10,9 +10,8 @@ import sys
 import imageio_ffmpeg
 import numpy as np
 import pytest
-from PIL import Image
-
 from helpers import ROOT
+from PIL import Image
 
 CONFIG = """
 e2v_type: dual
@@ -237,8 +236,8 @@ def test_bucket_occupancy_counts_repeats_as_training_does(tmp_path):
     """4 clips with repeat 2 fill a batch of 2 x 4 ranks: not a small bucket, and the checker's
     table is the one training prints."""
     from e2v.config.load import load_config
-    from e2v.data.dataset import index_samples
     from e2v.data.buckets import bucket_table
+    from e2v.data.dataset import index_samples
 
     data = clean_set(tmp_path / "data")
     config = CONFIG.replace("datasets: [{data_root: DATA}]", "datasets: [{data_root: DATA, repeat: 2}]")

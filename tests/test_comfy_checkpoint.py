@@ -10,13 +10,28 @@ import json
 import torch
 from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-from safetensors.torch import load_file
-
 from helpers import ROOT
 from helpers_comfy import comfyui_or_skip
-from e2v.train.export import (BASE_FILE, COMFY_CHECKPOINT_FILE, COMFY_FILE, FULL_DIR, LORA_FILE, MODEL_FILE,
-                              export_dtype, export_meta, fused_state, load_extra_modules, read_base,
-                              save_base_modules, save_comfy_checkpoint, save_full, trained_state, write_lora_exports)
+from safetensors.torch import load_file
+
+from e2v.train.export import (
+    BASE_FILE,
+    COMFY_CHECKPOINT_FILE,
+    COMFY_FILE,
+    FULL_DIR,
+    LORA_FILE,
+    MODEL_FILE,
+    export_dtype,
+    export_meta,
+    fused_state,
+    load_extra_modules,
+    read_base,
+    save_base_modules,
+    save_comfy_checkpoint,
+    save_full,
+    trained_state,
+    write_lora_exports,
+)
 
 TABLES = ["blocks.0.scale_shift_table", "blocks.1.scale_shift_table", "scale_shift_table"]
 # A shape ComfyUI's Wan detection reads (it takes 128-wide heads, a 256-wide time embedding, UMT5's

@@ -11,11 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers_launch import launch_train, wait_all
 from PIL import Image
 
-from helpers_launch import launch_train, wait_all
-from e2v.conditioning.encode import (build_vae_condition, condition_mask, condition_video,
-    encode_clip_images, encode_text, encode_video, select_elements)
+from e2v.conditioning.encode import (
+    build_vae_condition,
+    condition_mask,
+    condition_video,
+    encode_clip_images,
+    encode_text,
+    encode_video,
+    select_elements,
+)
 from e2v.conditioning.layout import batch_conditions
 from e2v.config.load import load_config
 from e2v.data.media import center_crop, letterbox, load_image, pad_white

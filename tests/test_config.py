@@ -1,7 +1,7 @@
 import pytest
 
-from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
+from e2v.config.schema import ConfigError
 
 BASE = {
     "model": {"preset": "tiny"},

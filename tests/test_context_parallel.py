@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, read_scalars
 from helpers_launch import early, early_dir, launch_train, starts_early, wait_all
 
@@ -40,9 +39,9 @@ def _cfg(*sets, path="configs/e2v_tiny_lora.yaml"):
 
 
 def test_context_parallel_config_errors_name_the_key_and_the_fix():
+    from e2v.config.schema import ConfigError
     from e2v.models.context_parallel import layout
     from e2v.models.plan import preflight
-    from e2v.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"parallel: ulysses_degree 3 x ring_degree 1 = 3 .* 17 frames at 64 x 64 "
                                           r"make 80 tokens .* \(2, 4, 5, 8, 10, 16\)"):
@@ -96,7 +95,6 @@ def test_context_parallel_zero3_takes_deepspeeds_all_reduce_path():
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> list[dict]:
     import torch.multiprocessing as mp
-
     from helpers_context_parallel import worker
 
     out = tmp_path_factory.mktemp("cp_spawn")
@@ -151,10 +149,9 @@ def test_context_parallel_estimate_and_dry_run_divide_the_activations():
     """tools/estimate_memory.py and the dry run's plan use the context-parallel degree: the
     activations per GPU are the formula's at cp = U x R (which the test above holds to measured
     bytes), below the unsplit figure, and the exchange's buffers are added to the buffers."""
-    from e2v.train import memory as em
-
-    from e2v.train.ds_config import resolve_deepspeed_config
     from e2v.models.plan import activation_bytes, describe_plan, exchange_bytes, preflight, tokens
+    from e2v.train import memory as em
+    from e2v.train.ds_config import resolve_deepspeed_config
 
     plain, split = _cfg(), _cfg("parallel.ulysses_degree=2")
     a, b = em.estimate(plain, 2, 80), em.estimate(split, 2, 80)

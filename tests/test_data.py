@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 import torch
-
 from helpers import ROOT
+
 from e2v.config.load import load_config
-from e2v.data.dataset import BadSampleError, BucketBatchSampler, index_samples, make_loader
 from e2v.data.buckets import bucket_table, choose_bucket
-from e2v.data.sample import Sample
+from e2v.data.dataset import BadSampleError, BucketBatchSampler, index_samples, make_loader
 from e2v.data.media import TooShortError
+from e2v.data.sample import Sample
 
 
 def _cfg(*sets, data="/tmp"):
@@ -160,7 +160,6 @@ def _distinct(rank, world, port, out):
 
 def test_distinct_over_ranks_counts_a_sample_seen_by_two_ranks_once():
     import torch.multiprocessing as mp
-
     from helpers import _free_port
 
     ctx = mp.get_context("spawn")

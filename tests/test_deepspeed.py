@@ -7,12 +7,12 @@ against diffusers' own bf16 loading), and trainable weights keep fp32 master cop
 import json
 
 import pytest
-
 from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
 from helpers_launch import early, early_dir, launch_python, launch_train, starts_early, wait_all
-from e2v.train.guard import NonFiniteGuard
+
 from e2v.config.load import load_config
 from e2v.train.ds_config import resolve_deepspeed_config
+from e2v.train.guard import NonFiniteGuard
 
 SHIPPED = sorted(p.name for p in (ROOT / "ds_configs").glob("*.json"))
 

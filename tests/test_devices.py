@@ -73,8 +73,8 @@ def test_cached_conditions_land_on_the_batch_device(tiny_parts):
     """batch_conditions on a cached batch with the batch moved: posterior samples, zero conditions, CLIP padding
     and the text rows are made on the batch's device."""
     from e2v.conditioning.cached import compute_entry
-    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
+    from e2v.conditioning.layout import batch_conditions
 
     cfg = make_cfg(processors__vae__sample_mode="sample", conditioning__target_sample_mode="sample")
     raw = make_batch([2, 1])

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import ROOT
 
 from e2v.models import plan
@@ -21,10 +20,14 @@ GB = 2**30
 
 @pytest.mark.parametrize("gpus,nodes", [(1, 1), (8, 1), (8, 2)])
 def test_model_states_equal_deepspeed_estimators_for_full_finetune(gpus, nodes):
-    from deepspeed.runtime.zero.stage3 import (estimate_zero3_model_states_mem_needs,
-                                               estimate_zero3_model_states_mem_needs_all_cold)
-    from deepspeed.runtime.zero.stage_1_and_2 import (estimate_zero2_model_states_mem_needs,
-                                                      estimate_zero2_model_states_mem_needs_all_cold)
+    from deepspeed.runtime.zero.stage3 import (
+        estimate_zero3_model_states_mem_needs,
+        estimate_zero3_model_states_mem_needs_all_cold,
+    )
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+        estimate_zero2_model_states_mem_needs_all_cold,
+    )
 
     c = em.ModelCounts(trainable=1_418_996_800, frozen=0, largest_layer=45_880_320, width=1536, ffn=8960, layers=30)
     ours = {n: em.model_states(c, n, gpus, nodes) for n in em.SHIPPED}

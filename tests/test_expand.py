@@ -10,9 +10,9 @@ import warnings
 
 import pytest
 import torch
-
 from helpers import save_t2v_and_clip_folders
 from helpers_launch import run_train
+
 from e2v.config.load import load_config
 from e2v.models.expand import expand_for_elements
 from e2v.models.plan import build_meta_transformer, count_params
@@ -130,10 +130,10 @@ def expand_run(demo_data, tmp_path_factory):
 def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from e2v.train.export import load_extra_modules
-    from e2v.models.expand import expand_from_export, expansion_modules
     from e2v.eval.sampling import load_trained
+    from e2v.models.expand import expand_from_export, expansion_modules
     from e2v.models.trainable import setup_training
+    from e2v.train.export import load_extra_modules
 
     lora = expand_run / "lora"
     shape = json.loads((lora / "e2v_model.json").read_text())

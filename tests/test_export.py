@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import ROOT
 from helpers_comfy import diffusers_name, split
+from safetensors.torch import load_file
 
 # Runs in a fresh interpreter: plain diffusers + the exported files, and proof that no DeepSpeed
 # module was imported. Prints the output tensors' path.
@@ -151,10 +150,10 @@ def test_comfyui_file_carries_the_trained_modules_as_differences(zero3_offload_r
 def _tiny_lora_run(tmp_path, exclude=()):
     """A tiny LoRA model set up like a run (e2v_tiny_lora: LoRA plus modules in full), its base modules
     saved, then 'trained' (every trainable tensor moved)."""
-    from e2v.train.export import export_meta, save_base_modules, trained_state
     from e2v.config.load import load_config
     from e2v.models.tiny import build_tiny_parts
     from e2v.models.trainable import setup_training
+    from e2v.train.export import export_meta, save_base_modules, trained_state
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -225,8 +224,8 @@ def test_comfyui_modules_copy_maps_back_through_diffusers_conversion(zero3_offlo
 def test_every_transformer_parameter_has_an_original_wan_name():
     """All parameters of an I2V-layout transformer (norms, modulation, image embedder included):
     our diffusers -> Wan table, then diffusers' Wan -> diffusers conversion, is the identity."""
-    from e2v.train.comfy import wan_original_key
     from e2v.models.tiny import build_tiny_parts
+    from e2v.train.comfy import wan_original_key
 
     names = [n for n, _ in build_tiny_parts(seed=0, with_encoders=False).transformer.named_parameters()]
     original = {f"diffusion_model.{wan_original_key(n)}": n for n in names}
@@ -244,8 +243,8 @@ def test_lora_outside_the_blocks_loads_from_the_comfyui_copy():
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.train.comfy import check_comfy_mappable, comfy_lora, lora_module_names
     from e2v.models.tiny import build_tiny_parts
+    from e2v.train.comfy import check_comfy_mappable, comfy_lora, lora_module_names
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=8, lora_alpha=4, target_modules=["to_q", "ffn.net.2", "proj_out", "time_proj"]))
@@ -281,8 +280,8 @@ def test_lora_the_comfyui_copy_cannot_carry_fails_at_setup(targets, culprit):
     as a pair; no block at all: the converter needs blocks."""
     from peft import LoraConfig
 
-    from e2v.train.comfy import check_comfy_mappable, lora_module_names
     from e2v.models.tiny import build_tiny_parts
+    from e2v.train.comfy import check_comfy_mappable, lora_module_names
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=targets))
@@ -311,10 +310,10 @@ def test_export_tool_rebuilds_the_same_files_offline(zero3_offload_run, tmp_path
 def test_full_finetune_exports_bf16_and_keeps_diffusers_fp32_modules(tmp_path):
     from diffusers import WanTransformer3DModel
 
-    from e2v.train.export import export_lora
     from e2v.config.load import load_config
     from e2v.models.tiny import build_tiny_parts
     from e2v.models.trainable import setup_training
+    from e2v.train.export import export_lora
 
     cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", ["model.training_type=full"], check_paths=False)
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
@@ -351,8 +350,8 @@ def test_unmappable_lora_still_exports_for_diffusers_and_skips_only_the_comfyui_
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from e2v.train.export import COMFY_FILE, write_lora_exports
     from e2v.models.tiny import build_tiny_parts
+    from e2v.train.export import COMFY_FILE, write_lora_exports
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     model.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "patch_embedding"]))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from helpers import ROOT
 
 SUBJECT = (230.0, 40.0, 40.0)  # red
@@ -158,8 +157,8 @@ def test_element_similarity_gap_is_zero_for_identical_references_and_positive_fo
 
 
 def test_config_keys_of_the_demo_and_their_errors():
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
     from e2v.models.plan import transformer_config
 
     demo = load_config(ROOT / "configs/e2v_tiny.yaml", check_paths=False)

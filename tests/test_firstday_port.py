@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT
 
 VENV = Path(sys.executable).parent.parent  # the venv running the tests is the one make should use

@@ -9,7 +9,6 @@ import shlex
 from importlib.metadata import distribution
 
 import pytest
-
 from helpers import ROOT
 
 CLIP_PATTERNS = {"image_encoder/*", "image_processor/*"}

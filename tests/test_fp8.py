@@ -12,11 +12,11 @@ import math
 
 import pytest
 import torch
-
 from helpers import ROOT
+
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.models.fp8 import FP8, FP8_MAX, Fp8Linear, dequantize, fp8_targets, quantize_base, quantize_weight, swap_blocks
+from e2v.models.fp8 import FP8, FP8_MAX, Fp8Linear, fp8_targets, quantize_base, swap_blocks
 
 GB = 2**30
 
@@ -215,9 +215,7 @@ def test_the_fp8_config_fits_24_gb_and_64_gb_of_host_ram_with_validation():
 def test_the_advice_proposes_fp8_before_parameter_offload():
     """configs/e2v_24gb.yaml on a 64 GB host: ZeRO-3 parameter offload fits the GPU but needs ~65 GB of
     host RAM; the advice's plan is the fp8 base with 8-bit AdamW under ZeRO-2, fp8 blocks on the host."""
-    from e2v.train.memory import advise
-
-    from e2v.train.memory import estimate
+    from e2v.train.memory import advise, estimate
 
     configured = estimate(load_config(ROOT / "configs/e2v_24gb.yaml", check_paths=False), 1, 24)["configured"]
     assert configured["ds_config"] == "zero3_offload.json" and configured["fits"] and configured["cpu_per_node_gb"] > 64

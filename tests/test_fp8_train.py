@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import ROOT, load_checkpoint_module, read_scalars
-
 from helpers_launch import launch_train
 
 FP8_RUN = ("model.base_dtype=fp8", "deepspeed.optimizer=adamw_8bit", "train.max_steps=4", "train.checkpoint_every=2",

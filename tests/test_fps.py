@@ -8,14 +8,22 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-from e2v.data.store import fingerprint
-from e2v.config.schema import ConfigError
-from e2v.data.dataset import E2VDataset, index_samples
-from e2v.data.media import (NoClockError, TooShortError, frame_indices, frames_at_rate, frames_to_video, load_video,
-    supported_frames, time_indices)
 from test_check_dataset import CONFIG, clean_set, clip, run_check, sample
 from test_hostile_data import _cfg, vfr_clip
+
+from e2v.config.schema import ConfigError
+from e2v.data.dataset import E2VDataset, index_samples
+from e2v.data.media import (
+    NoClockError,
+    TooShortError,
+    frame_indices,
+    frames_at_rate,
+    frames_to_video,
+    load_video,
+    supported_frames,
+    time_indices,
+)
+from e2v.data.store import fingerprint
 
 # vfr_clip's frame times: 0.125 s apart for 13 frames, then 0.1875 s (checked against decord below)
 VFR_TIMES = np.array([0.125 * i for i in range(13)] + [1.5 + 0.1875 * i for i in range(1, 12)])
@@ -138,9 +146,9 @@ def test_fps_bound(tmp_path):
 
 
 def test_validation_and_sample_references_obey_max_image_pixels(tmp_path):
-    from tools.sample import read_elements
     from e2v.data.media import ImageTooLargeError
     from e2v.eval.validation import Validator
+    from tools.sample import read_elements
 
     clean_set(tmp_path / "data", n=2)
     big = tmp_path / "big.png"

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers import ROOT
 from helpers_launch import launch_train
 
@@ -102,8 +101,8 @@ def test_the_data_at_the_training_shape(tmp_path):
     """The real-size data: the command gpu_check runs asks for 81 x 832 x 832 npz with --real-size;
     its dry build renders frames of that size; without --real-size the tool refuses and names the flag;
     npz clips read back as the trainer reads them, cropped to the config's 480 x 832 ratio."""
-    from e2v.data.media import load_video, probe_video
     from bench.gpu_check import REAL, TINY, demo_data_command
+    from e2v.data.media import load_video, probe_video
 
     cmd = demo_data_command(tmp_path / "real", REAL)
     assert cmd[cmd.index("--frames") + 1] == "81" and cmd[cmd.index("--size") + 1] == "832"

@@ -9,13 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from helpers import ROOT
-from e2v.config.schema import ConfigError
-from e2v.config.load import load_config
-from e2v.data.media import ImageTooLargeError, MediaError, load_image
+from PIL import Image
 from test_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, run_check, sample
+
+from e2v.config.load import load_config
+from e2v.config.schema import ConfigError
+from e2v.data.media import ImageTooLargeError, MediaError, load_image
 
 # --- references: modes, orientation, size ------------------------------------------------------
 

@@ -5,8 +5,8 @@ gives."""
 from __future__ import annotations
 
 import torch
-
 from helpers import save_t2v_and_clip_folders
+
 from e2v.config.load import load_config
 
 

@@ -12,7 +12,6 @@ import re
 import subprocess
 
 import pytest
-
 from helpers import ROOT
 
 

@@ -59,8 +59,9 @@ def _single_rank(data, tmp_path, monkeypatch):
 
 
 def test_two_ranks_share_the_reading_and_agree_with_one_rank(bad_data, tmp_path, monkeypatch):  # noqa: F811
-    from e2v.config.load import load_config  # noqa: F401  (imported before the fork)
     from helpers import ROOT
+
+    from e2v.config.load import load_config  # noqa: F401  (imported before the fork)
 
     problems_1, buckets_1 = _single_rank(bad_data, tmp_path, monkeypatch)
     assert {p[0] for p in problems_1 if p[2] == "error"} == set(BAD)  # the reference sees the three bad samples
@@ -114,6 +115,7 @@ def test_rank_workers_share_the_nodes_cores(monkeypatch):
 def test_check_dataset_fills_the_cache_training_reads(bad_data, tmp_path, monkeypatch):  # noqa: F811
     """tools/check_dataset.py then the training check: the training check opens no file."""
     from helpers import ROOT
+
     from e2v.data import preflight
     from e2v.data.dataset import index_samples
     from tools.check_dataset import main

@@ -28,9 +28,8 @@ def _sets(data: Path, cache: Path, *more: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cached_setup(demo_data, tmp_path_factory):
     """The demo data's conditions precomputed (tools/precompute.py), the tiny parts and both configs."""
-    from tools.precompute import main as precompute
-
     from e2v.models.load import load_parts
+    from tools.precompute import main as precompute
 
     cache = tmp_path_factory.mktemp("hw_cache") / "cache"
     sets = _sets(demo_data, cache)

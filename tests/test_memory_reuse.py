@@ -6,8 +6,8 @@ dtype, not fp32."""
 from __future__ import annotations
 
 import torch
-
 from helpers import ROOT
+
 from e2v.config.load import load_config
 
 

@@ -12,10 +12,9 @@ import json
 import imageio_ffmpeg
 import numpy as np
 import pytest
-from PIL import Image
-
 from helpers import ROOT
 from helpers_launch import run_train
+from PIL import Image
 
 W, H, FRAMES = 96, 64, 24
 CROP = [8, 88, 0, 64]  # the dataset's [s_x, e_x, s_y, e_y]: an 80 x 64 box

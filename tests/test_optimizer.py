@@ -14,8 +14,8 @@ import time
 
 import pytest
 import torch
-
 from helpers import ROOT
+
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import ROOT
 from helpers_launch import launch_python, launch_train, wait_all
 
@@ -21,8 +20,8 @@ BAD = {"001": "truncated", "002": "empty caption", "003": "9 frames"}
 def bad_data(demo_data, tmp_path_factory) -> Path:
     """One shared copy: 001's mp4 cut in half, 002's caption empty, 003 a 9-frame clip (the tiny
     configs need 17)."""
-    from e2v.data.media import load_video
     from e2v.data.demo import write_video
+    from e2v.data.media import load_video
 
     out = tmp_path_factory.mktemp("bad") / "data"
     shutil.copytree(demo_data, out)
@@ -90,8 +89,8 @@ def test_facts_are_cached_by_fingerprint(bad_data, cache_dir, monkeypatch, tmp_p
 
 
 def test_warnings_are_summarized(bad_data):
-    from e2v.data.sample import Problem
     from e2v.data.preflight import summarize
+    from e2v.data.sample import Problem
 
     many = [Problem(f"{i:03d}", f"{i:03d}.txt", "duplicate caption", "describe", "duplicate_caption", "warning")
             for i in range(10)]

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.make_raw_footage import generate, write_bad_inputs, write_photo_footage
 from e2v.data.prepare.clips import windows
 from e2v.data.prepare.config import PrepareConfigError, config_key, load_prepare_config
 from e2v.data.prepare.masks import iou
 from e2v.data.prepare.run import prepare
 from e2v.data.prepare.truth import reference_mask, score, truth_mask
 from tools.check_dataset import main as check_dataset
-from bench.make_raw_footage import generate, write_bad_inputs, write_photo_footage
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = (64, 64)

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.make_raw_footage import generate, write_hard_footage
 from e2v.data.prepare.clips import best_crop, choose_target, orientation_sizes
 from e2v.data.prepare.config import load_prepare_config
 from e2v.data.prepare.identity import ModelIdentity, StatisticIdentity, window_score
 from e2v.data.prepare.run import prepare
 from e2v.data.prepare.truth import score_hard
 from tools.check_dataset import main as check_dataset
-from bench.make_raw_footage import generate, write_hard_footage
 
 ROOT = Path(__file__).resolve().parent.parent
 # 17 frames at 8 fps of 96 x 160 (the footage's own size: registration works on frames this
@@ -127,7 +127,6 @@ def test_identity_measures_on_a_wrong_reference(hard_raw, tmp_path):
     scores it below its threshold and another frame of the same subject above; the learned measure
     (a tiny random CLIP tower: plumbing, not quality) loads, embeds and scores an identical crop 1."""
     import decord
-
     from helpers_prepare import save_tiny_vision_encoder
 
     truth = np.load(hard_raw / "truth/similar_cut.npz")

@@ -229,8 +229,8 @@ def test_tracking_end_to_end(sam3, tmp_path):
     models, and every frame of the window has a mask although most were never detected."""
     from transformers import Sam3Model, Sam3TrackerVideoModel
 
-    from e2v.data.prepare.run import prepare
     from bench.make_raw_footage import generate
+    from e2v.data.prepare.run import prepare
 
     raw, out = tmp_path / "raw", tmp_path / "out"
     generate(raw, videos=1, shots=1, shot_seconds=3.5)

@@ -5,7 +5,6 @@ tiny parts and must train to exactly the losses of the same weights built in cod
 then change nothing)."""
 
 import pytest
-
 from helpers import read_scalars
 from helpers_launch import launch_train, wait_all
 

@@ -5,7 +5,6 @@ the reference slots, and the memory estimate runs on them."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import ROOT
 
 CONFIGS = {  # config -> (base hub id, latent frames, h/2, w/2 tokens)

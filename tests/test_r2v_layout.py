@@ -14,9 +14,23 @@ import random
 
 import pytest
 import torch
-
-from helpers_r2v import (F, H, R2V_TINY, SIZES, W, Recorder, _batch, _cfg, _image, comfy_center_crop_bilinear,
-                         v3_prompt_embeds, v3_ref_latents, v3_resize_ref, v3_step, v3_target, v3_to_tensor)
+from helpers_r2v import (
+    R2V_TINY,
+    SIZES,
+    H,
+    Recorder,
+    W,
+    _batch,
+    _cfg,
+    _image,
+    comfy_center_crop_bilinear,
+    v3_prompt_embeds,
+    v3_ref_latents,
+    v3_resize_ref,
+    v3_step,
+    v3_target,
+    v3_to_tensor,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

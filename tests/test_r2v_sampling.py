@@ -12,10 +12,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers_launch import run_train
-from helpers_r2v import F, H, R2V_TINY, SIZES, W, _batch, _cfg, _image, v3_ref_latents, v3_resize_ref, v3_to_tensor
+from helpers_r2v import R2V_TINY, SIZES, F, H, W, _batch, _cfg, _image, v3_ref_latents, v3_resize_ref, v3_to_tensor
+from PIL import Image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,6 @@ import re
 import shlex
 
 import imageio.v3 as iio
-
 from helpers import ROOT
 from helpers_launch import run_train
 

@@ -15,16 +15,16 @@ import time
 import pytest
 import torch
 from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
-
 from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
 from helpers_launch import launch_train, run_train, wait_all
+
 # The real entry point with one test-only step: before the end-of-run export every rank runs the
 # live engine on a fixed probe (a collective under ZeRO-3), rank 0 saves the output (the wrapper
 # make smoke-real uses too).
 from bench.smokelib.probe import WRAPPER as ENGINE_PROBE_WRAPPER
+from e2v.models.tiny import build_tiny_parts
 from e2v.train.checkpoint import MANIFEST, checkpoint_problem, find_resume, prune_checkpoints, remove_stale_saves
 from e2v.train.export import load_extra_modules
-from e2v.models.tiny import build_tiny_parts
 
 
 def _probe() -> dict:

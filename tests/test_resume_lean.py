@@ -22,11 +22,11 @@ def _probe() -> dict:
 
 def _engine(stage: int):
     import deepspeed
+    from helpers import ROOT
 
     from e2v.config.load import load_config
     from e2v.models.tiny import build_tiny_parts
     from e2v.models.trainable import setup_training
-    from helpers import ROOT
 
     model = build_tiny_parts(seed=0, with_encoders=False).transformer
     cfg = load_config(str(ROOT / "configs/e2v_tiny_lora.yaml"), [], check_paths=False)

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import yaml
-
 from helpers import LAUNCHER_VARIABLES
 from helpers_launch import launch_python, launch_train, run_train, wait_all
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from PIL import Image
-
 from helpers import ROOT
+from PIL import Image
 
 
 def _cfg(*sets):
@@ -29,7 +28,7 @@ def _images():
 def test_first_step_is_a_hand_built_transformer_call(tiny_parts):
     from e2v.conditioning.encode import build_vae_condition, encode_clip_images, encode_text
     from e2v.data.dataset import collate
-    from e2v.data.media import image_to_tensor, pad_white, center_crop
+    from e2v.data.media import center_crop, image_to_tensor, pad_white
     from e2v.eval.sampling import denoise, element_item, encode_conditions
 
     cfg, images, p = _cfg(), _images(), tiny_parts
@@ -69,9 +68,9 @@ def test_trained_lora_first_call_takes_the_diffusers_i2v_inputs(viz_run):
     from diffusers import WanImageToVideoPipeline
 
     from e2v.config.load import load_config
+    from e2v.eval.sampling import generate, load_trained, make_scheduler
     from e2v.models.load import load_parts
     from e2v.models.tiny import build_tiny_parts
-    from e2v.eval.sampling import generate, load_trained, make_scheduler
 
     tool = _sample_tool()
     cfg = load_config(viz_run / "config.yaml", check_paths=False)
@@ -188,8 +187,8 @@ def test_one_reference_matches_diffusers_i2v_pipeline(tiny_parts):
 def test_t2v_matches_diffusers_wan_pipeline():
     from diffusers import WanPipeline
 
-    from e2v.models.tiny import build_tiny_parts
     from e2v.eval.sampling import generate, make_scheduler
+    from e2v.models.tiny import build_tiny_parts
 
     cfg = _cfg("e2v_type=none", "model.base=t2v")
     p = build_tiny_parts(seed=0, base="t2v")

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
+from e2v.config.schema import ConfigError
 from e2v.config.seed_formats import map_seed_flags
 
 # The seed's nested-style example (docs/formats.md, "Element keys"), verbatim except the

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import ROOT
 from helpers_launch import run_train
-from e2v.runtime.device import as_pixels
 from helpers_t2v import PROMPTS, make_npz_manifest, make_video_folder
+
+from e2v.runtime.device import as_pixels
 
 CONFIG = str(ROOT / "configs/t2v_lora.yaml")
 NPZ_FRAMES, NUM_FRAMES, SIZE = 11, 9, 32  # the npz holds more frames than a sample takes: the first 9

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from helpers import read_scalars
 
 GOLDEN = Path(__file__).with_name("golden_losses.json")

@@ -17,11 +17,11 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from helpers import ROOT
 from helpers_launch import launch_train, run_train
-from e2v.train import checkpoint as ckpt
+
 from e2v.runtime.integrity import UnsafeCheckpoint, load_rng, save_rng, weights_only_load
+from e2v.train import checkpoint as ckpt
 
 
 class Payload:

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import torch
-
 from helpers import ROOT
+
 from e2v.config.load import load_config
 from e2v.runtime.device import TF32_ATTR
 

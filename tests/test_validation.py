@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-
 from helpers import ROOT
 
 
@@ -63,9 +62,9 @@ def trained_validator(viz_run, tiny_parts):
 
     from e2v.config.load import load_config
     from e2v.data.dataset import index_samples
-    from e2v.models.tiny import build_tiny_parts
     from e2v.eval.sampling import load_trained
     from e2v.eval.validation import Validator, split_held_out
+    from e2v.models.tiny import build_tiny_parts
 
     cfg = load_config(viz_run / "config.yaml")
     assert cfg.model.preset == "tiny" and cfg.model.tiny_seed == 0  # tiny_parts are the run's frozen parts
@@ -155,8 +154,8 @@ def test_console_line_shows_difference_and_percent():
 def test_sets_alone_validate_with_videos_only(tiny_parts, demo_data, tmp_path):
     """validation.sets without held-out samples: videos at every_n_steps (and the last step), no
     losses; the config accepts it, and still rejects validation with nothing to do."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
     from e2v.data.dataset import index_samples
     from e2v.eval.validation import Validator, split_held_out
 

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-
 from helpers import ROOT
 from helpers_launch import run_train
 from helpers_t2v import make_csv_videos
@@ -52,8 +51,8 @@ def test_shipped_config_maps_the_seed_keys():
 
 def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
     """A config written with the seed's own key names maps onto the same schema, with a note per key."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
 
     (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -79,8 +78,8 @@ def test_seed_keys_load_literally(tmp_path, monkeypatch, capsys):
 def test_only_a_recognisable_seed_file_is_mapped(tmp_path, monkeypatch, capsys):
     """The seed mapping applies only to a YAML with a top-level dataset_base_path (docs/formats.md);
     it says when it sets e2v_type: none, and refuses to drop elements the file names."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
 
     (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -106,10 +105,10 @@ def test_seed_csv_elsewhere_and_short_clips_train_at_their_largest_4k_plus_1(tmp
     time_division_factor 4 trims each clip to k * 4 + 1 frames: with num_frames 17 an 11-frame clip
     trains at 9 (its first 9 frames), a 20-frame clip at 17, and a 3-frame clip is too short."""
     import numpy as np
+    from helpers_t2v import make_clip
 
     from e2v.config.load import load_config
     from e2v.data.dataset import BadSampleError, E2VDataset, index_samples
-    from helpers_t2v import make_clip
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "media/clips").mkdir(parents=True)
@@ -184,9 +183,9 @@ def test_first_logged_loss_is_the_hand_computed_x0_loss(trained_run, scalars):
     from e2v.conditioning.layout import batch_conditions
     from e2v.config.load import load_config
     from e2v.data.dataset import index_samples, make_loader
-    from e2v.train.flow import sample_sigmas
     from e2v.models.load import load_parts
     from e2v.models.trainable import setup_training
+    from e2v.train.flow import sample_sigmas
 
     run, _ = trained_run
     cfg = load_config(run / "config.yaml")

@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers import ROOT
+from PIL import Image
 
 
 def test_files_only_at_configured_steps(viz_run):
@@ -134,8 +133,8 @@ def test_contact_sheet_layout():
     ({"type": "vae_decode", "format": "pt"}, "not valid for vae_decode"),
 ])
 def test_config_rejects_bad_processors(bad, match):
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"visualization.processors=[{json.dumps(bad)}]"], check_paths=False)
@@ -148,8 +147,8 @@ def test_config_rejects_bad_processors(bad, match):
 ])
 def test_config_rejects_frames_out_of_range(key, value, match):
     """Rejected at load, not as an IndexError at the first visualization step mid-run."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "configs/e2v_tiny_lora.yaml", [f"{key}={value}"], check_paths=False)
@@ -166,8 +165,8 @@ def test_config_rejects_frames_out_of_range(key, value, match):
 def test_frames_are_bounded_by_the_shortest_bucket(sets):
     """With auto frame buckets the shortest batch bounds the index; the oracle is the bucket list
     data.py draws from (config.py keeps its own copy of the rule)."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
     from e2v.config.shapes import frame_bucket_list
 
     tiny = ROOT / "configs/e2v_tiny_lora.yaml"

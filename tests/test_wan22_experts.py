@@ -12,13 +12,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT, read_scalars
+from helpers_launch import early, early_dir, early_leader, launch_train, starts_early
 from PIL import Image
 from safetensors.torch import load_file
 
-from helpers import ROOT, read_scalars
-from helpers_launch import early, early_dir, early_leader, launch_train, starts_early
-from e2v.config.schema import ConfigError
 from e2v.config.load import load_config
+from e2v.config.schema import ConfigError
 
 TINY = ("model.preset=tiny_wan22_a14b",)
 ONE_ELEMENT = "data.elements=[{name: person, suffixes: [_person.png], vae: {repeat: 1, position: 0}}]"
@@ -139,8 +139,8 @@ def test_wan22_sigma_draw_per_expert_and_both(flow):
     draw is the unrestricted one conditioned on that range (oracle: unrestricted draws, filtered).
     Both: each micro-batch stays on one side, and the mixture is the unrestricted distribution."""
     from e2v.config.experts import EXPERTS, expert_for, sigma_range
-    from e2v.train.step import expert_sigma_range
     from e2v.train.flow import sample_sigmas
+    from e2v.train.step import expert_sigma_range
 
     n = 4000
     free = _cfg(*flow).flow
@@ -206,9 +206,9 @@ def test_wan22_clip_pathway_adds_zero_initialised_image_attention():
     """e2v_type dual on the two experts: each gains image attention (the T2V expansion's modules,
     trained in full) and keeps its 36-channel patch embedding (not retrained); at step 0 each
     expert's output with CLIP tokens equals the base expert's without them."""
-    from e2v.train.engine import prepare_for_training
     from e2v.models.load import load_parts
     from e2v.models.tiny import build_tiny_experts
+    from e2v.train.engine import prepare_for_training
 
     cfg = _cfg(*TINY, "model.expert=both", "train.trainable=[]")
     parts = load_parts(cfg, with_encoders=False)
@@ -340,11 +340,11 @@ def test_wan22_both_expert_exports_load_into_the_pipeline(wan22_runs):
     shape (expand_from_export), its LoRA (`load_into_transformer_2=True` for low noise) and its
     modules trained in full, in WanImageToVideoPipeline with CLIP: the trajectory equals our
     sampler's on the model tools/sample.py loads, and differs from the base pipeline's."""
-    from e2v.models.expand import expand_from_export
-    from e2v.train.export import load_extra_modules
-    from e2v.models.load import load_parts
     from e2v.eval.sampling import load_trained
+    from e2v.models.expand import expand_from_export
+    from e2v.models.load import load_parts
     from e2v.models.tiny import build_tiny_experts
+    from e2v.train.export import load_extra_modules
 
     run = wan22_runs["both"]
     cfg = load_config(run / "config.yaml", check_paths=False)
@@ -375,12 +375,12 @@ def test_wan22_one_expert_export_loads_into_transformer_2(wan22_runs, tmp_path):
     import importlib.util
 
     import imageio.v3 as iio
-
-    from e2v.train.export import load_extra_modules
-    from e2v.models.load import load_parts
-    from e2v.eval.sampling import load_trained
-    from e2v.models.tiny import build_tiny_experts
     from helpers_comfy import apply_diffs, split
+
+    from e2v.eval.sampling import load_trained
+    from e2v.models.load import load_parts
+    from e2v.models.tiny import build_tiny_experts
+    from e2v.train.export import load_extra_modules
 
     run = wan22_runs["low"]
     cfg = load_config(run / "config.yaml", check_paths=False)

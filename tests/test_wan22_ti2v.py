@@ -15,10 +15,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers import ROOT, read_scalars
 from helpers_launch import early, early_dir, launch_train, starts_early
+from PIL import Image
 
 TINY_TI2V = str(ROOT / "configs/e2v_wan22_ti2v_tiny.yaml")
 S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)
@@ -106,8 +105,8 @@ def test_wan22_ti2v_one_reference_equals_the_pipeline_at_every_step(ti2v_parts):
     sampled clip equals the pipeline's frames 1.. (its frame 0 is the reference's latent)."""
     from diffusers import WanImageToVideoPipeline
 
-    from e2v.runtime.device import randn
     from e2v.eval.sampling import generate, latent_shape, make_scheduler
+    from e2v.runtime.device import randn
 
     p, cfg, image = ti2v_parts, _cfg(), _image(1)
     calls = []
@@ -221,8 +220,8 @@ def test_wan22_ti2v_cached_conditions_equal_the_encoded_ones(ti2v_parts):
     """tools/precompute.py's entries (each reference on its own: the combine-after format the
     layout implies) give the encoded tensors, posterior samples drawn in the same order."""
     from e2v.conditioning.cached import compute_entry
-    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
+    from e2v.conditioning.layout import batch_conditions
 
     p = ti2v_parts
     cfg = _cfg("processors.vae.sample_mode=sample", "conditioning.target_sample_mode=sample",
@@ -250,11 +249,11 @@ def test_wan22_ti2v_text_to_video_equals_wanpipeline_and_its_lora_loads(ti2v_par
     changes its output, to what tools/sample.py's loader gives."""
     from diffusers import WanPipeline
 
+    from e2v.eval.sampling import generate, load_trained, make_scheduler
+    from e2v.models.tiny import build_tiny_parts
     from e2v.train.engine import prepare_for_training
     from e2v.train.export import export_lora
-    from e2v.eval.sampling import generate, load_trained, make_scheduler
     from e2v.train.step import draw_flow, forward_loss
-    from e2v.models.tiny import build_tiny_parts
 
     p = ti2v_parts
     cfg = _cfg("e2v_type=none", "conditioning.target_layout=overlay", "train.trainable=[]")
@@ -305,11 +304,11 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
     import transformers.masking_utils as masking
 
     from e2v.conditioning.cached import compute_entry
-    from e2v.conditioning.layout import batch_conditions
     from e2v.conditioning.encode import encode_text
-    from e2v.runtime.device import to_device
-    from e2v.models.parts import place_encoders
+    from e2v.conditioning.layout import batch_conditions
     from e2v.eval.sampling import generate
+    from e2v.models.parts import place_encoders
+    from e2v.runtime.device import to_device
     from e2v.train.step import draw_flow, forward_loss
 
     meta, cfg = torch.device("meta"), _cfg()
@@ -342,8 +341,8 @@ def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
 
 def test_wan22_ti2v_config_checks_name_the_key_and_the_fix():
     """What the model's shape allows, checked on the meta device before any weight loads."""
-    from e2v.config.schema import ConfigError
     from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
     from e2v.models.plan import preflight
 
     preflight(_cfg())
@@ -369,10 +368,9 @@ def test_wan22_ti2v_5b_yaml_plans_the_published_model(demo_data, capsys, monkeyp
     import sys
 
     import train_e2v
+    from e2v.config.bases import vae_config
     from e2v.config.load import load_config
     from e2v.models.plan import build_meta_transformer, count_params, encoder_bytes, tokens
-    from e2v.config.bases import vae_config
-
     from e2v.train import memory as em
 
     cfg = load_config(ROOT / "configs/e2v_wan22_ti2v_5b.yaml", check_paths=False)
@@ -491,10 +489,10 @@ def test_wan22_ti2v_export_loads_into_the_diffusers_pipeline_and_changes_its_out
     from diffusers import WanImageToVideoPipeline
 
     from e2v.config.load import load_config
-    from e2v.runtime.device import randn
-    from e2v.train.export import load_extra_modules
     from e2v.eval.sampling import generate, latent_shape, load_trained, make_scheduler
     from e2v.models.tiny import build_tiny_parts
+    from e2v.runtime.device import randn
+    from e2v.train.export import load_extra_modules
 
     p, image = ti2v_parts, _image(2)
     cfg = load_config(ti2v_run / "config.yaml", check_paths=False)

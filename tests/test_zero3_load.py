@@ -7,10 +7,9 @@ the rope tables must come out as from_pretrained leaves them, and fp32 under ZeR
 import shutil
 
 import pytest
-from test_pretrained_folder import pipeline_folder  # noqa: F401 (the fixture)
-
 from helpers import ROOT, ZERO3_OFFLOAD_RUN, read_scalars
 from helpers_launch import launch_train, wait_all
+from test_pretrained_folder import pipeline_folder  # noqa: F401 (the fixture)
 
 PARTITIONED = "[e2v] transformer partitioned at load (zero.Init, {}), streamed from 3 shard files"
 WHOLE = "[e2v] note: ZeRO-3, but every rank loads the whole transformer: model.zero3_init is false"
@@ -79,8 +78,8 @@ def test_expanded_t2v_base_is_partitioned_at_load_with_the_whole_loads_weights(t
     """A T2V base expanded for elements (36 channels + image attention) loads partitioned too: every
     parameter, gathered, equals the whole load's (from_pretrained + expand_for_elements, the oracle),
     the base's from the shards, the new modules' init, the widened patch embedding."""
-    import torch
     import deepspeed
+    import torch
 
     from e2v.config.load import load_config
     from e2v.models.load import load_transformer

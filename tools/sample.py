@@ -26,18 +26,17 @@ import re
 import time
 from pathlib import Path
 
-
 import torch  # noqa: E402
 
-from e2v.config.schema import ConfigError
 from e2v.config.load import load_config  # noqa: E402
-from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
+from e2v.config.schema import ConfigError
 from e2v.data.media import load_image  # noqa: E402
-from e2v.models.load import for_sampling, load_parts  # noqa: E402
-from e2v.models.weights import missing_weights  # noqa: E402
-from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
 from e2v.eval.sampling import decode, generate, load_trained  # noqa: E402
 from e2v.eval.viz import write_mp4  # noqa: E402
+from e2v.models.load import for_sampling, load_parts  # noqa: E402
+from e2v.models.precision import to_inference_dtype  # noqa: E402,F401 (tests call it from here too)
+from e2v.models.weights import missing_weights  # noqa: E402
+from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -8,7 +8,6 @@ from pathlib import Path
 from bench.gpulib.sections import CONFIGS_24GB, R2V_RUNS, SECTIONS, STEP_PHASES, WAN22_RUNS
 
 
-
 def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 

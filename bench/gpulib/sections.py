@@ -12,18 +12,31 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpulib.common import (GIB, LIMIT_GIB, LOSS_RTOL, PARTITIONED, REAL, ROOT, TORCH_ADAM, Ctx, dataset, gpu_estimate,
-                                 model_folders, precompute, run_sets, tiny_dataset, train)
+from bench.gpulib.common import (
+    GIB,
+    LIMIT_GIB,
+    LOSS_RTOL,
+    PARTITIONED,
+    REAL,
+    ROOT,
+    TORCH_ADAM,
+    Ctx,
+    dataset,
+    gpu_estimate,
+    model_folders,
+    precompute,
+    run_sets,
+    tiny_dataset,
+    train,
+)
 from bench.gpulib.fp8_section import section_fp8_14b
-
 
 
 def section_environment(ctx: Ctx) -> dict:
     import importlib.metadata as md
+    from types import SimpleNamespace
 
     import torch
-
-    from types import SimpleNamespace
 
     from e2v.runtime.adam import TORCH_ADAMW, arch_list_problem
     from e2v.train.ds_config import adam_choice

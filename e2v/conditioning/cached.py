@@ -13,8 +13,16 @@ import random
 
 import torch
 
-from e2v.conditioning.encode import (clip_names, condition_video, encode_clip_images, encode_text, encode_video_stats,
-                                     image_token_shape, pad_clip_tokens, select_elements)
+from e2v.conditioning.encode import (
+    clip_names,
+    condition_video,
+    encode_clip_images,
+    encode_text,
+    encode_video_stats,
+    image_token_shape,
+    pad_clip_tokens,
+    select_elements,
+)
 from e2v.config.schema import Config
 from e2v.config.shapes import TEXT_LEN, reference_pixel_frames
 from e2v.runtime.device import randn

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from e2v.runtime.device import as_pixels, module_device, vae_tf32
 from e2v.config.shapes import TEXT_LEN, VAE_T, latent_size
-
+from e2v.runtime.device import as_pixels, module_device, vae_tf32
 
 # --- latents -----------------------------------------------------------------------------------
 

@@ -28,8 +28,14 @@ from dataclasses import replace
 import torch
 
 from e2v.conditioning.cached import CachedReferences
-from e2v.conditioning.encode import (Conditions, EncodedReferences, condition_or_zeros, draw_choices,
-                                     finish_condition, pad_after_latents)
+from e2v.conditioning.encode import (
+    Conditions,
+    EncodedReferences,
+    condition_or_zeros,
+    draw_choices,
+    finish_condition,
+    pad_after_latents,
+)
 from e2v.conditioning.sequence import fill_slots, sequence_input, slot_frames, video_frames
 from e2v.conditioning.ti2v import pad_prefix, prefix_input
 from e2v.config.shapes import VAE_T, after_ref_frames, reference_pixel_frames

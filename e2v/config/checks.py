@@ -15,8 +15,15 @@ import torch
 
 from e2v.config.experts import check_expert_config
 from e2v.config.schema import REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape, resolve_repo_path
-from e2v.config.shapes import (PATCH, PIXELS_PER_TOKEN, VAE_T, frame_bucket_list, latent_size, nearest_valid_sizes,
-                               sequence_slots_of)
+from e2v.config.shapes import (
+    PATCH,
+    PIXELS_PER_TOKEN,
+    VAE_T,
+    frame_bucket_list,
+    latent_size,
+    nearest_valid_sizes,
+    sequence_slots_of,
+)
 
 
 def _bound_problem(value: float, bounds: dict) -> str | None:

@@ -16,7 +16,6 @@ import torch
 
 from e2v.config.schema import Config, ConfigError
 
-
 EXPERTS = ("high_noise", "low_noise")  # diffusers' `transformer`, `transformer_2`
 
 

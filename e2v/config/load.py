@@ -20,14 +20,20 @@ from typing import Any, Literal
 
 import yaml
 
-from e2v.config.checks import validate
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
 from e2v.config import schema
+from e2v.config.checks import validate
 from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
+from e2v.config.seed_formats import (
+    OLD_KEYS,
+    SEED_REGRESSION_KEYS,
+    SEED_REGRESSION_MARK,
+    is_regression_seed,
+    key_homes,
+    map_seed_json,
+    map_seed_regression,
+)
 from e2v.config.shapes import nearest_valid_size  # noqa: F401
-from e2v.config.seed_formats import (OLD_KEYS, SEED_REGRESSION_KEYS, SEED_REGRESSION_MARK, is_regression_seed,
-    key_homes, map_seed_json, map_seed_regression)
-
 
 # ---------------------------------------------------------------------------------------------
 # dict -> dataclass, with errors that name the key

@@ -23,7 +23,6 @@ first step, so a mid-run failure is rare (a file changed while training).
 
 from __future__ import annotations
 
-
 import math
 import os
 from collections import Counter
@@ -32,16 +31,22 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from e2v.data import preflight
-from e2v.data.store import CacheStore
 from e2v.config.schema import Config, ConfigError
-from e2v.data.elements import discover
-from e2v.data.sample import Sample, element_paths, sample_bucket
-from e2v.data.media import (MediaError, NoClockError, check_clock, load_image, load_video, preprocess_image,
-                            reference_tensor)
-from e2v.runtime.threads import local_ranks, one_thread_worker
+from e2v.data import preflight
 from e2v.data.buckets import Bucket, bucket_name, bucket_table, with_repeats
-
+from e2v.data.elements import discover
+from e2v.data.media import (
+    MediaError,
+    NoClockError,
+    check_clock,
+    load_image,
+    load_video,
+    preprocess_image,
+    reference_tensor,
+)
+from e2v.data.sample import Sample, element_paths, sample_bucket
+from e2v.data.store import CacheStore
+from e2v.runtime.threads import local_ranks, one_thread_worker
 
 
 class BadSampleError(RuntimeError):

@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from e2v.data.opens2v_json import Entry, EntryError, decode_mask, mask_area, parse_entry
-from e2v.data.sample import MetadataError, Problem, Sample, outside_problem, outside_root
-from e2v.data.media import MediaError, read_frame
-from e2v.data.prepare.fill import MAX_FOREGROUND_SHARE, fill_background
 from e2v.config.schema import Dataset, Element, OpenS2V
+from e2v.data.media import MediaError, read_frame
+from e2v.data.opens2v_json import Entry, EntryError, decode_mask, mask_area, parse_entry
+from e2v.data.prepare.fill import MAX_FOREGROUND_SHARE, fill_background
+from e2v.data.sample import MetadataError, Problem, Sample, outside_problem, outside_root
 
 RECIPE_VERSION = "1"  # bump when the cut itself changes: every reference is then written anew
 SUBJECT, OBJECT = "subject", "object"

@@ -37,9 +37,18 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from e2v.config.schema import Config
-from e2v.data.media import (ImageTooLargeError, MediaError, NoClockError, TooShortError, WindowError, clip_window,
-                            load_image, probe_video, supported_frames)
 from e2v.data.buckets import choose_bucket
+from e2v.data.media import (
+    ImageTooLargeError,
+    MediaError,
+    NoClockError,
+    TooShortError,
+    WindowError,
+    clip_window,
+    load_image,
+    probe_video,
+    supported_frames,
+)
 from e2v.data.sample import Problem, Sample, element_paths
 
 CACHE_VERSION = 2

@@ -6,7 +6,6 @@ e2v/data/opens2v.py) builds these."""
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

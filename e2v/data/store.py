@@ -41,10 +41,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from e2v.config.schema import Config
-from e2v.config.schema import cache_shaping_values
-from e2v.data.sample import Sample, sample_bucket
+from e2v.config.schema import Config, cache_shaping_values
 from e2v.data.media import MediaError
+from e2v.data.sample import Sample, sample_bucket
 from e2v.runtime.files import replacing
 
 CACHE_VERSION = "2"  # 2: the config part of the fingerprint is one field per declared key

@@ -31,9 +31,9 @@ import torch
 
 from e2v.conditioning.encode import Conditions, decode_latents, encode_text
 from e2v.conditioning.layout import batch_conditions, with_references
+from e2v.config.shapes import latent_size
 from e2v.data.dataset import collate, element_inputs
 from e2v.runtime.device import randn, to_device
-from e2v.config.shapes import latent_size
 from e2v.train.step import predict
 
 

@@ -60,22 +60,21 @@ import numpy as np
 import torch
 
 from e2v.conditioning.encode import Conditions
-from e2v.config.schema import ConfigError
-from e2v.data.dataset import E2VDataset, collate, element_inputs
-from e2v.data.store import CacheStore
-from e2v.runtime.device import randn, to_device
-from e2v.data.sample import element_paths
-from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
-from e2v.train.flow import add_noise, per_sample_mse
-from e2v.config.experts import trains_sigma
-from e2v.data.media import load_image
-from e2v.models.load import load_clip, load_vae, with_all_experts, with_encoders
-from e2v.eval.sampling import decode, denoise, encode_conditions, generate
-from e2v.train.step import predict, prediction_and_target
-from e2v.config.shapes import TEXT_LEN, vae_space_stride
 from e2v.conditioning.layout import stack_conditions, with_references
-from e2v.eval.viz import (GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4,
-                          write_png)
+from e2v.config.experts import trains_sigma
+from e2v.config.schema import ConfigError
+from e2v.config.shapes import TEXT_LEN, vae_space_stride
+from e2v.data.dataset import E2VDataset, collate, element_inputs
+from e2v.data.media import load_image
+from e2v.data.sample import element_paths
+from e2v.data.store import CacheStore
+from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
+from e2v.eval.sampling import decode, denoise, encode_conditions, generate
+from e2v.eval.viz import GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4, write_png
+from e2v.models.load import load_clip, load_vae, with_all_experts, with_encoders
+from e2v.runtime.device import randn, to_device
+from e2v.train.flow import add_noise, per_sample_mse
+from e2v.train.step import predict, prediction_and_target
 
 
 def hold_out_problem(cfg, num_usable: int) -> tuple[str, str] | None:

@@ -33,9 +33,8 @@ import torch
 
 from e2v.conditioning.encode import decode_latents
 from e2v.data.dataset import load_element_inputs
-from e2v.train.flow import x0_from_velocity
 from e2v.models.load import load_vae
-
+from e2v.train.flow import x0_from_velocity
 
 GAP = 2  # white pixels between tiles
 

@@ -230,8 +230,10 @@ def _rope(x_BSHD, freqs_cos, freqs_sin):
 
 def _ring_ops(q_BSHD):
     if q_BSHD.is_cuda:
-        from diffusers.models.attention_dispatch import (_native_flash_attention_backward_op,
-                                                         _native_flash_attention_forward_op)
+        from diffusers.models.attention_dispatch import (
+            _native_flash_attention_backward_op,
+            _native_flash_attention_forward_op,
+        )
 
         return _native_flash_attention_forward_op, _native_flash_attention_backward_op
     return _cpu_flash_forward_op, _cpu_flash_backward_op

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
-from e2v.config.schema import Config
 from e2v.config.experts import boundary_ratio
+from e2v.config.schema import Config
 from e2v.models.parts import CLIP_VIT_H, Parts, clip_location
 from e2v.models.tiny import TINY_CLIP_WIDTH, seeded
 

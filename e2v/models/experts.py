@@ -26,7 +26,6 @@ import torch
 
 from e2v.config.experts import EXPERTS, expert_for
 
-
 # --- the module ------------------------------------------------------------------------------------
 
 

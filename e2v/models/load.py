@@ -14,19 +14,25 @@ from typing import Any
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
-from e2v.config.schema import Config
-from e2v.runtime.device import TF32_ATTR
-from e2v.models.expand import (clip_width, expand_for_elements, expanded_config, expansion_shape, init_new_modules,
-                               needs_expansion, widened_patch_weight)
+from e2v.config.bases import resolve_pretrained, tiny_base
 from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, expert_for, trained_experts
+from e2v.config.schema import Config
+from e2v.models.expand import (
+    clip_width,
+    expand_for_elements,
+    expanded_config,
+    expansion_shape,
+    init_new_modules,
+    needs_expansion,
+    widened_patch_weight,
+)
 from e2v.models.experts import TwoExperts, map_experts, switch
 from e2v.models.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_location, place_encoders
-from e2v.config.bases import resolve_pretrained
 from e2v.models.plan import build_meta_transformer
 from e2v.models.precision import kept_in_fp32, to_inference_dtype
 from e2v.models.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer
-from e2v.config.bases import tiny_base
 from e2v.models.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
+from e2v.runtime.device import TF32_ATTR
 
 
 def load_tokenizer(cfg: Config, offline: bool = True, raise_errors: bool = False):

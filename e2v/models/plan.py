@@ -11,19 +11,18 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
+from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
+from e2v.config.experts import SUBFOLDERS, boundary_ratio, range_text, trained_experts
 from e2v.config.schema import Config
+from e2v.config.shapes import check_base
 from e2v.models.context_parallel import check_heads
 from e2v.models.expand import clip_width, expand_for_elements, expansion_shape, is_expanded, needs_expansion
-from e2v.config.experts import SUBFOLDERS, boundary_ratio, range_text, trained_experts
 from e2v.models.experts import TwoExperts
-from e2v.models.parts import CLIP_VIT_H
-from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
-from e2v.config.shapes import check_base
-from e2v.models.tiny import tiny_transformer_config
 from e2v.models.fp8 import Fp8Linear, fp8_bytes, quantize_base
-from e2v.runtime.adam import optimizer_bytes
+from e2v.models.parts import CLIP_VIT_H
+from e2v.models.tiny import tiny_transformer_config
 from e2v.models.trainable import describe_trained, full_patterns, setup_training
-
+from e2v.runtime.adam import optimizer_bytes
 
 # Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script; their
 # parameter counts, 1.42 B / 14.29 B / 16.40 B, are checked in tests/test_expand.py),
@@ -138,9 +137,7 @@ def tokens(cfg: Config) -> tuple[int, int]:
     clip's latent frames under the model's VAE (16x space for Wan2.2's), plus the references' own
     latent frames in the sequence: the clean_prefix frames in front, or the sequence layout's
     slots (SkyReels-V3: 4 more frames, ~13% more tokens at 121 frames' 31)."""
-    from e2v.config.shapes import TEXT_LEN
-    from e2v.config.shapes import PATCH, latent_size
-    from e2v.config.shapes import reference_latent_frames
+    from e2v.config.shapes import PATCH, TEXT_LEN, latent_size, reference_latent_frames
     from e2v.models.tiny import TINY_CLIP_TOKENS
 
     t, h, w = latent_size(cfg.data.num_frames, *cfg.data.resolution, vae_config(cfg))

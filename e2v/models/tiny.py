@@ -13,8 +13,8 @@ import contextlib
 import torch
 from diffusers import WanTransformer3DModel
 
-from e2v.models.parts import Parts, clip_image_processor
 from e2v.config.schema import TinyShape
+from e2v.models.parts import Parts, clip_image_processor
 
 TINY_CLIP_WIDTH = 32  # hidden size of the tiny CLIP vision model (the image tokens' width)
 TINY_CLIP_SIZE, TINY_CLIP_PATCH = 32, 8  # its input size and patch: 4 x 4 patches

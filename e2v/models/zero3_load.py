@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
-from e2v.config.schema import Config
-from e2v.runtime.device import accelerator_device
-from e2v.models.expand import expanded_config, init_new_modules, widened_patch_weight
 from e2v.config.bases import resolve_pretrained
+from e2v.config.schema import Config
+from e2v.models.expand import expanded_config, init_new_modules, widened_patch_weight
 from e2v.models.precision import kept_in_fp32
+from e2v.runtime.device import accelerator_device
 
 
 def _print0(msg: str) -> None:

@@ -31,12 +31,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e2v.runtime.distributed import barrier, gather_all, is_distributed, merge_over_ranks, share_of_work, this_rank
 from e2v.models.experts import split_names, split_state
-from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, read_base, export_meta, save_full, write_lora_exports
+from e2v.runtime.distributed import barrier, gather_all, is_distributed, merge_over_ranks, share_of_work, this_rank
 from e2v.runtime.files import write_text_atomic
-from e2v.runtime.integrity import (HASH, file_digest, load_rng, record_file, record_write, save_rng,
-                                   weights_only_checkpoint_engine, weights_only_zero_to_fp32)
+from e2v.runtime.integrity import (
+    HASH,
+    file_digest,
+    load_rng,
+    record_file,
+    record_write,
+    save_rng,
+    weights_only_checkpoint_engine,
+    weights_only_zero_to_fp32,
+)
+from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, export_meta, read_base, save_full, write_lora_exports
 
 MANIFEST = "COMPLETE"
 OPTIMIZER_FILE = "e2v_optimizer.json"  # the class that stepped the weights; a resume must use the same

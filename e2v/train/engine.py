@@ -18,8 +18,8 @@ import torch
 
 from e2v.models import context_parallel
 from e2v.models.expand import is_expanded
-from e2v.models.precision import fp32_kept_params, restore_fp32_params
 from e2v.models.fp8 import quantize_base, swap_blocks
+from e2v.models.precision import fp32_kept_params, restore_fp32_params
 from e2v.models.trainable import full_patterns, setup_training
 from e2v.runtime.adam import ADAMW_8BIT, adamw_8bit
 

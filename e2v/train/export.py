@@ -15,12 +15,18 @@ from pathlib import Path
 
 import torch
 
-from e2v.train.comfy import (check_comfy_mappable, comfy_diffs, comfy_lora, comfy_lora_unapplied, wan_original_key,
-    wan_original_state)
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
-from e2v.runtime.integrity import usual_permissions
 from e2v.runtime.files import replacing
+from e2v.runtime.integrity import usual_permissions
 from e2v.runtime.stream_safetensors import StreamedSafetensors, nbytes
+from e2v.train.comfy import (
+    check_comfy_mappable,
+    comfy_diffs,
+    comfy_lora,
+    comfy_lora_unapplied,
+    wan_original_key,
+    wan_original_state,
+)
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader

@@ -13,7 +13,6 @@ import math
 
 import torch
 
-
 SIGMA_MIN, SIGMA_MAX = 1e-4, 1.0 - 1e-4  # the draw's ends: sigma=0 makes the x0 objective trivial, 1 is pure noise
 
 

@@ -22,8 +22,8 @@ from typing import ContextManager
 
 import torch
 
-from e2v.conditioning.layout import batch_conditions
 from e2v.conditioning.encode import Conditions
+from e2v.conditioning.layout import batch_conditions
 from e2v.config.experts import boundary_ratio
 from e2v.runtime import distributed
 from e2v.runtime.device import to_device

@@ -80,14 +80,22 @@ from pathlib import Path
 
 import torch
 
-from e2v.config.load import load_config
 from e2v.config.bases import vae_config
+from e2v.config.load import load_config
 from e2v.config.schema import REPO_ROOT, Config, resolve_repo_path
 from e2v.models.context_parallel import check_heads, layout
 from e2v.models.expand import is_expanded
-from e2v.models.plan import (activation_bytes, activation_terms, build_meta_transformer, checkpoint_bytes,
-                             encoder_bytes, exchange_bytes, per_token_time, tokens)
 from e2v.models.fp8 import Fp8Linear, quantize_base
+from e2v.models.plan import (
+    activation_bytes,
+    activation_terms,
+    build_meta_transformer,
+    checkpoint_bytes,
+    encoder_bytes,
+    exchange_bytes,
+    per_token_time,
+    tokens,
+)
 from e2v.models.trainable import full_patterns, setup_training
 from e2v.runtime.adam import TORCH_ADAMW, optimizer_bytes
 

@@ -23,13 +23,21 @@ import numpy as np
 import torch
 
 from e2v.conditioning.encode import Conditions
-from e2v.runtime.device import randn
-from e2v.runtime.distributed import mean_over_ranks
+from e2v.conditioning.layout import place_references, split_prediction
 from e2v.config.experts import EXPERTS, boundary_ratio, expert_for, sigma_range, trained_experts
 from e2v.config.schema import Config
-from e2v.train.flow import (add_noise, latent_stats, loss_weighting, per_sample_mse, sample_sigmas, time_bucket,
-    velocity_target, x0_from_velocity)
-from e2v.conditioning.layout import place_references, split_prediction
+from e2v.runtime.device import randn
+from e2v.runtime.distributed import mean_over_ranks
+from e2v.train.flow import (
+    add_noise,
+    latent_stats,
+    loss_weighting,
+    per_sample_mse,
+    sample_sigmas,
+    time_bucket,
+    velocity_target,
+    x0_from_velocity,
+)
 
 
 def model_input(noisy_BCTHW: torch.Tensor, cond_BCTHW: torch.Tensor | None) -> torch.Tensor:

@@ -28,13 +28,32 @@ from PIL import Image
 
 from e2v.data.media import variable_rate
 
-from . import captions as cap
-from . import shots
-from .clips import best_crop, choose_target, cover_size, orientation_sizes, size_problem, to_cover, track, windows, write_h264
+from . import captions as cap, shots
+from .clips import (
+    best_crop,
+    choose_target,
+    cover_size,
+    orientation_sizes,
+    size_problem,
+    to_cover,
+    track,
+    windows,
+    write_h264,
+)
 from .config import PrepareConfig, as_dict, config_key
 from .identity import make_identity, window_score
-from .manifest import (MANIFEST, STATE, SUMMARY, all_records, read_record, record_path, remove_partial,
-                       sample_prefix, write_json_atomic, write_manifest)
+from .manifest import (
+    MANIFEST,
+    STATE,
+    SUMMARY,
+    all_records,
+    read_record,
+    record_path,
+    remove_partial,
+    sample_prefix,
+    write_json_atomic,
+    write_manifest,
+)
 from .masks import bbox
 from .quality import gate_failures, quality
 from .references import Choice, choose, crop_on_white, cutout_rgba, outside_positions

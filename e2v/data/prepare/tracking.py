@@ -28,8 +28,12 @@ frames_FHW3 uint8, masks_NFHW bool, presence_NF float32.
 from __future__ import annotations
 
 import numpy as np
-from transformers.image_utils import (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_STANDARD_MEAN,
-                                      IMAGENET_STANDARD_STD)
+from transformers.image_utils import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    IMAGENET_STANDARD_MEAN,
+    IMAGENET_STANDARD_STD,
+)
 
 from .config import PrepareConfigError
 from .sam_input import SamInput, to_frame
