@@ -25,6 +25,8 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       I2V-14B widths, 2 layers: under zero3_offload with activation offload a GPU holds
                       one working layer, so its peak does not grow with depth) under
                       torch.cuda.set_per_process_memory_fraction = 24 GiB: pass, or by how much they exceed
+  validation_24gb     configs/e2v_t2v_1.3b_24gb.yaml from its cache WITH validation on, under the same cap
+                      (bench/gpulib/validation_section.py): the VAE and the CLIP visit the device in turn
   activation_offload  train.activation_offload off and on at 33 x 480 x 832 (1.3B): equal losses, step
                       time, and the peak memory must drop
   offload_adam        torch's AdamW fused on ZeRO's offloaded CPU partition (the default of e2v.yaml, the
@@ -35,6 +37,8 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       through training and validation
   attention           which SDPA backend a bf16 Wan forward dispatches to (flash / efficient / cuDNN /
                       math, by the aten op that ran); math fails on a GPU
+  fp8_14b             the fp8 base at the I2V-14B widths (4 blocks) under the 24 GiB cap: peaks against
+                      e2v/train/memory.py (bench/gpulib/fp8_section.py)
 
 The verdict: FAILED when a section that ran failed, INCOMPLETE when none failed but a section or a
 check inside one was skipped (a budget too short, --allow-cpu's CPU-only limits), PASSED only when

@@ -30,6 +30,7 @@ from bench.gpulib.common import (
     train,
 )
 from bench.gpulib.fp8_section import section_fp8_14b
+from bench.gpulib.validation_section import section_validation
 
 
 def section_environment(ctx: Ctx) -> dict:
@@ -459,6 +460,7 @@ SECTIONS = (
     Section("vae_dtype", 30, section_vae_dtype, "VAE in bf16 against fp32"),
     Section("main_path", 110, section_main_path, "Main path at the I2V-14B widths (2 layers), ZeRO-3 offload"),
     Section("gpu_24gb", 120, section_24gb, "24 GB configs under a 24 GiB cap"),
+    Section("validation_24gb", 90, section_validation, "Validation of a 24 GB config under a 24 GiB cap"),
     Section("activation_offload", 70, section_activation_offload, "train.activation_offload off / on"),
     Section("offload_adam", 30, section_offload_adam, "torch's fused AdamW on the offloaded CPU partition"),
     Section("wan22", 40, section_wan22, "Wan2.2 tiny presets: training and validation"),
