@@ -246,3 +246,18 @@ def test_adamw_8bit_is_the_client_optimizer_with_nothing_built(monkeypatch):
     state = opt.state_dict()["state"][0]["__bnb_optimizer_quant_state__"]
     assert state["state1"].dtype == torch.uint8 and state["state2"].dtype == torch.uint8  # 8-bit moments
     assert adam.optimizer_bytes("adamw_8bit") == pytest.approx(6.03125) and adam.optimizer_bytes("torch_adamw") == 12
+
+
+def test_the_r2v_fp8_config_fits_24_gb_and_64_gb_of_host_ram_with_validation():
+    """The same verdict for SkyReels-V3-R2V-14B's LoRA in its sequence layout (4 reference slots:
+    39,000 tokens at 81 x 480 x 832): the figures in configs/r2v_skyreels_v3_14b_fp8_24gb.yaml's header."""
+    from e2v.train.memory import estimate
+
+    cfg = load_config(ROOT / "configs/r2v_skyreels_v3_14b_fp8_24gb.yaml", check_paths=False)
+    assert (cfg.model.base_dtype, cfg.deepspeed.optimizer, cfg.cache.enabled) == ("fp8", "adamw_8bit", True)
+    assert (cfg.conditioning.target_layout, cfg.conditioning.sequence.slots) == ("sequence", 4)
+    r = estimate(cfg, 1, 24)
+    row = r["configured"]
+    assert row["fits"] and row["gpu_total_gb"] == pytest.approx(19.9, abs=0.1)
+    assert row["validation_gb"] == pytest.approx(21.9, abs=0.1)
+    assert row["cpu_per_node_gb"] < 64 and r["load_cpu_per_node_gb"] < 64
