@@ -121,6 +121,6 @@ clean-demo:
 .PHONY: demo-r2v
 demo-r2v: demo-data
 	$(PY) tools/precompute.py --config configs/r2v_tiny.yaml --set data.datasets.0.data_root=$(DEMO_DATA)
-	$(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) train_e2v.py --config configs/r2v_tiny.yaml \
-		--set data.datasets.0.data_root=$(DEMO_DATA)
+	$(DEEPSPEED) train_e2v.py --config configs/r2v_tiny.yaml \
+		--set data.datasets.0.data_root=$(DEMO_DATA) $(TRAIN_ARGS)
 	$(PY) bench/seed_fidelity.py --run $$(ls -td runs/r2v_tiny-* | head -1) --seeds 0 1 2
