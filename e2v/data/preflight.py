@@ -286,7 +286,7 @@ def missing_optional(samples: list[Sample], cfg: Config) -> list[Problem]:
 def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = None,
                   progress: bool = True) -> list[Problem]:
     """Every problem of these samples (errors and warnings), buckets set on the usable ones.
-    Rank 0 reads the files (collect_facts); the facts are broadcast, so every rank agrees."""
+    The ranks share the reading (facts_over_ranks); rank 0's facts are broadcast, so every rank agrees."""
     unique = list({id(s): s for s in samples}.values())  # the same list on every rank (same discovery)
     facts = facts_over_ranks(cfg, unique, workers=workers, progress=progress)
     out = []

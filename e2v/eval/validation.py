@@ -38,13 +38,19 @@ on rank 0's host (the only rank that decodes) and visit the device one at a time
 part: the VAE for the decode, then the CLIP for the element similarity of the videos. Other runs
 encode with the encoders they hold (an online run keeps them on the device for training anyway; a
 cached run with `validation.sets` or a non-empty negative prompt brings them for validation:
-models.load.with_encoders). The decode is tiled (diffusers' AutoencoderKLWan tiling: frames larger
-than a 256 px tile go in overlapping tiles, so its workspace is a tile's, not the frame's);
+models.load.with_encoders; the one-at-a-time visits: models.load.visiting). The decode is tiled
+(diffusers' AutoencoderKLWan tiling: frames larger than a 256 px tile go in overlapping tiles, so
+its workspace is a tile's, not the frame's);
 docs/hardware_load.md.
 
 Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert; a run that trains one
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
+
+Length (about 460 lines): one Validator whose parts share the held-out conditions, the noise and
+the generated videos of one validation (losses, reference gaps, videos, their sheet and fidelity);
+the pieces other modules can own already live there (sampling.py, fidelity.py, viz.py,
+models.load's visits).
 
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
 """
@@ -59,11 +65,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from e2v.conditioning.cached import CachedReferences
 from e2v.conditioning.encode import Conditions
 from e2v.conditioning.layout import stack_conditions, with_references
 from e2v.config.experts import trains_sigma
 from e2v.config.schema import ConfigError
-from e2v.config.shapes import TEXT_LEN, vae_space_stride
+from e2v.config.shapes import vae_space_stride
 from e2v.data.dataset import E2VDataset, collate, element_inputs
 from e2v.data.media import load_image
 from e2v.data.sample import element_paths
@@ -71,7 +78,7 @@ from e2v.data.store import CacheStore
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.eval.sampling import decode, denoise, encode_conditions, generate
 from e2v.eval.viz import GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4, write_png
-from e2v.models.load import load_clip, load_vae, with_all_experts, with_encoders
+from e2v.models.load import load_clip, load_vae, visiting, with_all_experts, with_encoders
 from e2v.runtime.device import randn, to_device
 from e2v.train.flow import add_noise, per_sample_mse
 from e2v.train.step import predict, prediction_and_target
@@ -119,18 +126,6 @@ def reads_cache(cfg) -> bool:
     the cache holds (its caption-dropout embedding)."""
     v = cfg.validation
     return cfg.cache.enabled and not v.sets and not (v.guidance_scale > 1 and v.negative_prompt)
-
-
-@contextlib.contextmanager
-def visiting(module: torch.nn.Module, device):
-    """`module` on `device` while the context is open, then back on the host (its memory freed)."""
-    module.to(device)
-    try:
-        yield module
-    finally:
-        module.to("cpu")
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
@@ -217,11 +212,8 @@ class Validator:
                 for i in range(len(ds)):
                     batch = to_device(collate([ds[i]]), self.device)
                     self.conds.append(encode_conditions(parts, cfg, batch, gen))  # encoded, or the cache's entries
-                    if cache is None:
-                        continue
-                    empty = batch["shared"][0]["empty_text"]  # [L, D]: encode_text([""]) before its zero padding
-                    self.empty_text_BLD = torch.zeros(1, TEXT_LEN, empty.shape[-1], device=empty.device)
-                    self.empty_text_BLD[0, : empty.shape[0]] = empty
+                    if cache is not None and self.empty_text_BLD is None:  # the cache's "", padded as a dropped caption
+                        self.empty_text_BLD = CachedReferences(batch, parts).text([True])
         return self.conds
 
     @torch.no_grad()

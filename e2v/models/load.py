@@ -316,6 +316,18 @@ def with_encoders(parts: Parts, cfg: Config, device, host: dict | None = None):
             torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def visiting(module: torch.nn.Module, device):
+    """`module` on `device` while the context is open, then back on the host (its memory freed)."""
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to("cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def for_sampling(model, device, dtype: torch.dtype):
     """The transformer ready to sample on `device` in `dtype` (precision.to_inference_dtype). Two
     experts (a TwoExperts) stay on the host and take turns on the device, swapped at the boundary:

@@ -153,7 +153,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
             text = json.dumps(data, indent=2, default=sorted).encode()
             mine[str(partial / name)] = record_write(partial / name, lambda f: f.write(text))
         if _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE):  # a checkpoint exports alone
-            mine[str(partial / BASE_FILE)] = record_file(partial / BASE_FILE)
+            mine[str(partial / BASE_FILE)] = _base_record(partial / BASE_FILE)
         for name in RECOVERY_SCRIPTS:  # DeepSpeed's rank 0 copies them in without its engine
             if (partial / name).is_file():
                 mine[str(partial / name)] = record_file(partial / name)
@@ -174,6 +174,20 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
         prune_checkpoints(ckpt_root, keep_last)
     barrier()
     return final
+
+
+_BASE_RECORDS: dict = {}  # (device, inode, size, mtime_ns) -> record_file's record, for _base_record
+
+
+def _base_record(path: Path) -> dict:
+    """record_file of a checkpoint's BASE_FILE, hashed once per process for the run's one file:
+    every save hard-links the same inode (rank 0 wrote it at the start of this run), so only a
+    copy (a new inode) or a rewritten file is read and hashed again."""
+    st = Path(path).stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _BASE_RECORDS:
+        _BASE_RECORDS[key] = record_file(path)
+    return _BASE_RECORDS[key]
 
 
 def _link_or_copy(src: Path, dst: Path) -> bool:

@@ -79,11 +79,7 @@ def register_shot(frames_FHW3: np.ndarray) -> tuple[np.ndarray | None, dict]:
     # the test footage registered 5x wrong at 48 x 80 (fine at 96 x 160)
     orb = _orb()
     matcher = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
-
-    def features(frame):
-        return orb.detectAndCompute(cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2GRAY), None)
-
-    feats = [features(fr) for fr in frames_FHW3]
+    feats = [_features(orb, fr) for fr in frames_FHW3]
     step_F33 = np.repeat(np.eye(3)[None], f, axis=0)  # step[i]: frame i -> frame i + 1
     worst = 10 ** 9
     for i in range(f - 1):
@@ -116,13 +112,17 @@ def _orb():
     return cv2.ORB_create(nfeatures=800, edgeThreshold=15, patchSize=15, fastThreshold=8)
 
 
+def _features(orb, frame_HW3: np.ndarray):
+    """ORB keypoints and descriptors of the grey frame."""
+    return orb.detectAndCompute(cv2.cvtColor(np.ascontiguousarray(frame_HW3), cv2.COLOR_RGB2GRAY), None)
+
+
 def background_held(frames_FHW3: np.ndarray) -> float:
     """The largest share, over the frame pairs (first, last), (first, middle), (middle, last), of
     matched ORB features that stayed within 1.5 px: the background of a still camera stays put."""
     orb, matcher = _orb(), cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
     f = len(frames_FHW3)
-    feats = {i: orb.detectAndCompute(cv2.cvtColor(np.ascontiguousarray(frames_FHW3[i]), cv2.COLOR_RGB2GRAY), None)
-             for i in {0, f // 2, f - 1}}
+    feats = {i: _features(orb, frames_FHW3[i]) for i in {0, f // 2, f - 1}}
     best = 0.0
     for i, j in ((0, f - 1), (0, f // 2), (f // 2, f - 1)):
         (k0, d0), (k1, d1) = feats[i], feats[j]
@@ -238,7 +238,7 @@ class ClassicalBackend:
         return found
 
     def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int], emitted: list[str],
-                   view: int) -> tuple[np.ndarray, float]:
+                   view: int) -> tuple[np.ndarray, float, float]:
         """The clean background from the track frames at `positions`, as the camera sees it at track
         frame `view`: their median, with the pixels the foreground covers in most of them (the
         median shows foreground there), the emitted objects and (a moving camera) what no frame saw

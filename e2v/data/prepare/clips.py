@@ -115,18 +115,9 @@ def size_problem(height: int, width: int, target_hw: tuple[int, int], min_scale:
     return None
 
 
-def to_target(frames_FHW3: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray:
-    """Centre crop to the target's aspect and resize (the trainer's center_crop arithmetic and
-    antialiased bicubic: e2v.data.media.frames_to_video) -> uint8 frames_FHW3 at the target size."""
-    video_CFHW = frames_to_video(np.ascontiguousarray(frames_FHW3), *target_hw, "center_crop", "bicubic")
-    return video_CFHW.permute(1, 2, 3, 0).numpy()
-
-
-def frames_to_crop(frames_FHW3: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int] | None) -> np.ndarray:
-    """Source frames as a sample shows them: the centre crop (crop None), or resized to cover the
-    target and cropped at (y0, x0) (the manifest's `crop`)."""
-    if crop is None:
-        return to_target(frames_FHW3, target_hw)
+def frames_to_crop(frames_FHW3: np.ndarray, target_hw: tuple[int, int], crop: tuple[int, int]) -> np.ndarray:
+    """Source frames as a sample shows them: resized to cover the target and cropped at (y0, x0)
+    (the manifest's `crop`)."""
     (y0, x0), (th, tw) = crop, target_hw
     return to_cover(frames_FHW3, target_hw)[:, y0:y0 + th, x0:x0 + tw]
 

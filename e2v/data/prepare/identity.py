@@ -23,6 +23,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from .masks import bbox
+
 CHECK_FRAMES = 4  # window frames the reference is compared with: enough for a median, cheap
 
 
@@ -43,9 +45,14 @@ def signature(frame_HW3: np.ndarray, mask_HW: np.ndarray) -> np.ndarray:
 
 class StatisticIdentity:
     name = "statistic"
+    describe = staticmethod(signature)
+
+    @staticmethod
+    def compare(sa: np.ndarray, sb: np.ndarray) -> float:
+        return float(np.minimum(sa, sb).sum())
 
     def similarity(self, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-        return float(np.minimum(signature(*a), signature(*b)).sum())
+        return self.compare(self.describe(*a), self.describe(*b))
 
 
 class ModelIdentity:
@@ -72,9 +79,9 @@ class ModelIdentity:
 
     def embed(self, frame_HW3: np.ndarray, mask_HW: np.ndarray) -> np.ndarray:
         torch = self.torch
-        ys, xs = np.nonzero(mask_HW)
-        crop = frame_HW3[ys.min():ys.max() + 1, xs.min():xs.max() + 1].copy()
-        crop[~mask_HW[ys.min():ys.max() + 1, xs.min():xs.max() + 1]] = 128  # the surround is not the element
+        y0, y1, x0, x1 = bbox(mask_HW)
+        crop = frame_HW3[y0:y1, x0:x1].copy()
+        crop[~mask_HW[y0:y1, x0:x1]] = 128  # the surround is not the element
         x = cv2.resize(crop, (self.side, self.side), interpolation=cv2.INTER_AREA)
         x_13SS = (torch.from_numpy(x).permute(2, 0, 1)[None].float() / 255 - self.mean) / self.std
         with torch.no_grad():
@@ -87,9 +94,15 @@ class ModelIdentity:
                 e = out.pooler_output if getattr(out, "pooler_output", None) is not None else out.last_hidden_state[:, 0]
         return e.float().reshape(-1).cpu().numpy()
 
-    def similarity(self, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-        ea, eb = self.embed(*a), self.embed(*b)
+    def describe(self, frame_HW3: np.ndarray, mask_HW: np.ndarray) -> np.ndarray:
+        return self.embed(frame_HW3, mask_HW)
+
+    @staticmethod
+    def compare(ea: np.ndarray, eb: np.ndarray) -> float:
         return float(ea @ eb / max(float(np.linalg.norm(ea) * np.linalg.norm(eb)), 1e-9))
+
+    def similarity(self, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+        return self.compare(self.embed(*a), self.embed(*b))
 
 
 def make_identity(cfg, device: str = "cpu"):
@@ -109,4 +122,5 @@ def window_score(measure, frames_FHW3: np.ndarray, masks_FHW: np.ndarray, window
     if not shown:
         return None
     pick = [shown[i] for i in np.unique(np.linspace(0, len(shown) - 1, min(CHECK_FRAMES, len(shown))).round().astype(int))]
-    return float(np.median([measure.similarity(reference, (frames_FHW3[p], masks_FHW[p])) for p in pick]))
+    ref = measure.describe(*reference)  # once, not once per window frame (a model forward each)
+    return float(np.median([measure.compare(ref, measure.describe(frames_FHW3[p], masks_FHW[p])) for p in pick]))

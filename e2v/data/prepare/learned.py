@@ -111,7 +111,7 @@ class LearnedBackend:
         return out
 
     def background(self, frames_FHW3: np.ndarray, shot: ShotMasks, positions: list[int], emitted: list[str],
-                   view: int) -> tuple[np.ndarray, float]:
+                   view: int) -> tuple[np.ndarray, float, float]:
         """The frame at `positions` the emitted elements cover least, them filled; that share, twice
         (the foreground's and the filled share are one here; `view` is the classical backend's, for
         a moving camera: a detector's frame is its own view)."""

@@ -10,6 +10,11 @@ renamed, the video last, so the trainer never discovers a sample whose reference
 A bad input (unreadable, no video stream, too small, ...) gets a record saying what happened and
 never stops the run.
 
+Length (about 490 lines): every stage is a call into its own module (shots, clips, the backends,
+references, identity, quality, captions, manifest, summary, sheet); what stays here is their order
+and the per-video bookkeeping that resumption needs (counts, reasons, the record), which split
+across files would have to be threaded through every stage by hand.
+
 Legend: F frames, H/W target height/width; frames_FHW3 uint8 RGB, masks_FHW bool.
 """
 
@@ -29,6 +34,7 @@ from PIL import Image
 from e2v.data.media import variable_rate
 
 from . import captions as cap, shots
+from .classical import warp
 from .clips import (
     best_crop,
     choose_target,
@@ -396,14 +402,10 @@ def views_of(plate_HW3: np.ndarray, to_ref_F33, view: int, window: tuple[int, in
     n, (h, w) = window[1] - window[0], plate_HW3.shape[:2]
     if to_ref_F33 is None:
         return np.broadcast_to(plate_HW3, (n, h, w, 3)), np.zeros((n, h, w), bool)
-    import cv2
-
-    plates, uncovered = [], []
-    for f in range(*window):  # view -> reference -> frame f
-        m = np.linalg.inv(to_ref_F33[f]) @ to_ref_F33[view]
-        plates.append(cv2.warpPerspective(np.ascontiguousarray(plate_HW3), m, (w, h)))
-        uncovered.append(cv2.warpPerspective(np.ones((h, w), np.uint8), m, (w, h), flags=cv2.INTER_NEAREST) == 0)
-    return np.stack(plates), np.stack(uncovered)
+    mats = [np.linalg.inv(to_ref_F33[f]) @ to_ref_F33[view] for f in range(*window)]  # view -> reference -> frame f
+    plates = warp([plate_HW3] * n, mats, (h, w))
+    uncovered = warp([np.ones((h, w), np.uint8)] * n, mats, (h, w), nearest=True)
+    return np.stack(plates), np.stack(uncovered) == 0
 
 
 @dataclass
