@@ -219,21 +219,23 @@ def memory_plan(transformer: torch.nn.Module, cfg: Config) -> dict:
             "gradient_bytes": width * trainable, "optimizer_bytes": optimizer_bytes(cfg.deepspeed.optimizer) * trainable}
 
 
-def checkpoint_bytes(trainable: int, frozen: int, width: int, zero_stage: int) -> dict:
+def checkpoint_bytes(trainable: int, frozen: int, width: int, zero_stage: int, optim_bytes: float = 12) -> dict:
     """Bytes one checkpoint save writes, all ranks together (estimate; pickle framing adds a little
-    per tensor): AdamW's fp32 master copy and two moments of every trained parameter (12 B each),
+    per tensor): the optimizer's state of every trained parameter (`optim_bytes` each,
+    e2v.runtime.adam.optimizer_bytes: 12 for AdamW's fp32 master copy and two moments),
     plus under ZeRO-1/2 the trained module weights in the training precision (`width` bytes; under
     ZeRO-3 the module state holds empty partitions). A save leaves the frozen weights out
     (e2v/train/checkpoint.py); `before` is the save with them (DeepSpeed's default, `width` bytes
     each, once: ZeRO-2's frozen fragments share storage with the module state, ZeRO-3's are the
     partitions). Every save is written, hashed and kept `train.keep_last` times."""
-    after = 12 * trainable + (width * trainable if zero_stage < 3 else 0)
+    after = optim_bytes * trainable + (width * trainable if zero_stage < 3 else 0)
     return {"after": after, "before": after + width * frozen, "frozen": width * frozen}
 
 
-def checkpoint_line(params: int, trainable: int, width: int, zero_stage: int, keep_last: int) -> str:
+def checkpoint_line(params: int, trainable: int, width: int, zero_stage: int, keep_last: int,
+                    optim_bytes: float = 12) -> str:
     """The plan's line on checkpoint size: per save, with and without the frozen weights."""
-    b, gib = checkpoint_bytes(trainable, params - trainable, width, zero_stage), 1024 ** 3
+    b, gib = checkpoint_bytes(trainable, params - trainable, width, zero_stage, optim_bytes), 1024 ** 3
     kept = f", {keep_last} kept" if keep_last else ", all kept"
     return (f"checkpoint per save (estimate): {b['after'] / gib:.2f} GiB (trained weights + optimizer state{kept}); "
             f"the frozen {b['frozen'] / gib:.2f} GiB stay in the model folder (saving them too: "
@@ -319,7 +321,7 @@ def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, fu
         f"weights, gradients and optimizer are totals over all GPUs, sharded by ZeRO-{zero.get('stage', 0)}"
         f"{', ' + ' and '.join(offload) + ' offloaded to CPU' if offload else ''}",
         checkpoint_line(plan["params"], plan["trainable_params"], 2 if cfg.train.mixed_precision == "bf16" else 4,
-                        zero.get("stage", 0), cfg.train.keep_last),
+                        zero.get("stage", 0), cfg.train.keep_last, optimizer_bytes(cfg.deepspeed.optimizer)),
         activation_line(transformer, cfg),
     ])
 

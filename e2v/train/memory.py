@@ -253,7 +253,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
     # Cheapest that fits: least offloading first (faster), checkpointing only when needed.
     best = next((r for r in rows if r["fits"]), None)
     stage = json.loads(resolve_repo_path(cfg.deepspeed.config).read_text())["zero_optimization"]["stage"]
-    ckpt_bytes = checkpoint_bytes(counts.trainable, counts.frozen, e, stage)
+    ckpt_bytes = checkpoint_bytes(counts.trainable, counts.frozen, e, stage, optimizer_bytes(cfg.deepspeed.optimizer))
     return dict(trainable=counts.trainable, frozen=counts.frozen, fp8=counts.fp8, largest_layer=counts.largest_layer,
                 checkpoint_gb={k: v / GB for k, v in ckpt_bytes.items()}, validation_parts_gb={k: v / GB for k, v in val.items()},
                 video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
