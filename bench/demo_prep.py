@@ -12,9 +12,7 @@ Every stage's seconds are printed; the raw footage and the prepared set are kept
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.make_raw_footage import generate, write_hard_footage  # noqa: E402
+from e2v.runtime.launch import read_scalars, train_command  # noqa: E402
 
 # the demo's clip shape: configs/e2v_tiny_lora.yaml's (17 frames at 64 x 64), at 8 fps
 PREP_SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "clips.windows_per_shot=2",
@@ -32,8 +31,7 @@ PREP_SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", 
 
 def last_gap(run_dir: Path) -> tuple[int, float, float]:
     """(step, shuffle gap, relative shuffle gap) at the run's last validation."""
-    rows = [json.loads(line) for line in (run_dir / "scalars.jsonl").read_text().splitlines()]
-    val = [r for r in rows if "val/reference_gap_shuffle_rel" in r]
+    val = [r for _, r in sorted(read_scalars(run_dir).items()) if "val/reference_gap_shuffle_rel" in r]
     if not val:
         raise SystemExit(f"no validation scalars in {run_dir / 'scalars.jsonl'}")
     r = val[-1]
@@ -65,15 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     runs = ROOT / "runs" / "demo_prep"
     before = set(runs.glob("*")) if runs.exists() else set()
-    with socket.socket() as sock:  # a free port: another run on this machine may hold deepspeed's default
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    train = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(a.num_gpus), "--master_port", str(port),
-             str(ROOT / "train_e2v.py"),
-             "--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), "--set", f"data.datasets.0.data_root={a.out}",
-             "--set", f"output_dir={runs}", "--set", f"train.max_steps={a.steps}",
-             "--set", f"train.checkpoint_every={a.steps}", "--set", "visualization.enabled=false",
-             "--set", "validation.num_videos=0"]
+    # on a free port: another run on this machine may hold deepspeed's default
+    train = train_command(str(ROOT / "configs/e2v_tiny_lora.yaml"), f"data.datasets.0.data_root={a.out}",
+                          f"output_dir={runs}", f"train.max_steps={a.steps}", f"train.checkpoint_every={a.steps}",
+                          "visualization.enabled=false", "validation.num_videos=0", num_gpus=a.num_gpus)
     if subprocess.call(train) != 0:
         raise SystemExit("training failed (its log above says why)")
     times["train"] = time.perf_counter() - t0

@@ -123,6 +123,10 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # the scripts it starts (tools/*.py, bench/bench.py) import e2v from this checkout, installed or not
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
     packages = prepare_packages(args.wheels, args.no_install)
     cuda = problem is None
     out_dir = args.out or (ROOT / "bench" if cuda else ROOT / "bench" / "tmp")

@@ -280,17 +280,14 @@ def write_hard_footage(out: Path, height: int = 96, width: int = 160, fps: float
             if k and dissolve:  # a cross-fade: the last `dissolve` frames of the previous shot blend into this one
                 a0 = len(frames) - dissolve
                 w = np.linspace(0, 1, dissolve + 2)[1:-1, None, None, None]
-                prev = np.stack(frames[a0:])
-                frames[a0:] = list((prev * (1 - w) + f[:dissolve] * w).round().astype(np.uint8))
+                frames[a0:] = list((np.stack(frames[a0:]) * (1 - w) + f[:dissolve] * w).round().astype(np.uint8))
                 clean[a0:] = list((np.stack(clean[a0:]) * (1 - w) + c[:dissolve] * w).round().astype(np.uint8))
                 dissolves.append([a0, a0 + dissolve - 1])
                 ranges[-1][1] = a0
                 f, c, m = f[dissolve:], c[dissolve:], [x[dissolve:] for x in m]
-                start = len(frames)
-            else:
-                start = len(frames)
-                if k:
-                    cuts.append(start)
+            elif k:
+                cuts.append(len(frames))
+            start = len(frames)
             ranges.append([start, start + len(f)])
             frames += list(f)
             clean += list(c)

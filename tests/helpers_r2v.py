@@ -41,7 +41,7 @@ def _batch(cfg, images_per_sample: list[dict], seed: int = 0) -> dict:
 
 
 class Recorder(torch.nn.Module):
-    """The transformer, with the inputs of its last call kept."""
+    """The transformer, with the inputs of every call kept (`calls`, in order)."""
 
     def __init__(self, model):
         super().__init__()

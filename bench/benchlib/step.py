@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import io
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from bench.benchlib.common import PRESETS, Phases, timed_functions
 from e2v.models.load import load_parts
 from e2v.models.tiny import tiny_transformer_config
 from e2v.runtime.distributed import init_distributed
+from e2v.runtime.launch import free_port
 from e2v.train import loop
 from e2v.train.ds_config import resolve_deepspeed_config
 from e2v.train.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
@@ -36,10 +36,7 @@ from e2v.train.runlog import Log
 
 def init_single_rank() -> None:
     """A one-process gloo (or NCCL) group, so deepspeed.initialize runs inside this process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     init_distributed()
 
 
