@@ -181,3 +181,34 @@ def test_config_keys_of_the_demo_and_their_errors():
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(ROOT / "configs/e2v_tiny.yaml", sets, check_paths=False)
+
+
+def test_copying_videos_hit_in_the_sequence_layout_whose_background_is_letterboxed(tiny_parts, demo_data, tmp_path):
+    """SkyReels-V3's loader letterboxes the demo's wide background between white bands; the subject
+    colour is still read against the background where the clip shows it, so the samples' own clips
+    score 1 (read against the letterboxed condition, the bands' departure hid the subject)."""
+    from e2v.config.load import load_config
+    from e2v.data.dataset import index_samples
+    from e2v.eval.fidelity import subject_colour
+    from e2v.eval.validation import Validator, split_held_out
+
+    cfg = load_config(ROOT / "configs/r2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}"])
+    _, held_out = split_held_out(index_samples(cfg, verbose=False), cfg)
+    v = Validator(cfg, held_out, tiny_parts, tmp_path, rank=0, device="cpu", dtype=torch.float32)
+    videos = clips(v)
+    swapped = videos[[v.partner(k) for k in range(len(videos))]]
+    out = v.fidelity(videos, swapped, tiny_parts)
+    assert out["val/sample_reference_match"] == 1.0 and out["val/sample_reference_swap"] == 1.0
+
+    condition = v.element_inputs()[0]["vae"]["background"]
+    assert (condition[0] == 255).all() and not (v.plate(v.held_out_images()[0]["background"])[0] == 255).all()
+    colours = [subject_colour(x, condition) for x in videos]  # the old reading, against the white bands
+    hits = sum(int(np.argmin([np.linalg.norm(c - element_colour_of(v, j)) for j in range(len(videos))])) == k
+               for k, c in enumerate(colours))
+    assert hits < len(videos), hits
+
+
+def element_colour_of(v, j: int) -> np.ndarray:
+    from e2v.eval.fidelity import element_colour
+
+    return element_colour(np.asarray(v.held_out_images()[j]["person"]))

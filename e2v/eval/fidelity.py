@@ -6,7 +6,8 @@ demo's). The subject's colour is read from its reference: the median of the pixe
 white surround (`element_colour`). In a generated video it is measured on blocks of VAE_S x VAE_S
 pixels, VAE_S the VAE's spatial stride (what one latent position holds: the tiny VAE decodes each block to one colour, a real VAE
 blurs a little across them): every block's departure from the background reference at the same
-place (the reference as the condition shows it; without one, the block's median over the frames),
+place (the background reference through the clip's own resize, whatever preprocessing the condition
+gives it; without one, the block's median over the frames),
 blocks on the mixing line between the background and a distractor's colour (the object) left out,
 and the median colour of the 1% of blocks that depart most (`subject_colour`). Those are the blocks
 the subject covers most: a partly covered block is a mix with the background, and the fewer of

@@ -72,7 +72,7 @@ from e2v.config.experts import trains_sigma
 from e2v.config.schema import ConfigError
 from e2v.config.shapes import vae_space_stride
 from e2v.data.dataset import E2VDataset, collate, element_inputs
-from e2v.data.media import load_image
+from e2v.data.media import frames_to_video, load_image
 from e2v.data.sample import element_paths
 from e2v.data.store import CacheStore
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
@@ -371,6 +371,17 @@ class Validator:
             self.images = [{k: load_image(p, limit) for k, p in element_paths(s).items()} for s in self.samples]
         return self.images
 
+    def plate(self, background) -> np.ndarray | None:
+        """A background reference (PIL) where the clip shows it: through the clip's own resize
+        (data.video_resize, data.reshape_mode), not the condition's preprocessing. The two agree for
+        A2's `center_crop` background; a letterboxed one (`fit_pad_white`: SkyReels-V3's loader) is
+        shrunk between white bands, and the subject colour read against it would be read off the bands."""
+        if background is None:
+            return None
+        d = self.cfg.data
+        frames = frames_to_video(np.asarray(background)[None], *d.resolution, d.video_resize, d.reshape_mode)
+        return frames[:, 0].permute(1, 2, 0).numpy()
+
     def partner(self, k: int) -> int:
         """The held-out sample whose references video k is compared with (and, swapped, made with)."""
         return (k + 1) % len(self.samples)
@@ -437,7 +448,7 @@ class Validator:
 
             def measured(video, j):  # video made with the references of held-out sample j
                 distractors = [element_colour(np.asarray(images[j][d])) for d in sc.distractors if d in images[j]]
-                return subject_colour(video, refs[j]["vae"].get(sc.background), distractors, block)
+                return subject_colour(video, self.plate(images[j].get(sc.background)), distractors, block)
 
             out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
                                                          list(range(len(videos))))
