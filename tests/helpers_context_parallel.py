@@ -159,3 +159,51 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     }
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
+
+
+def sequence_layout(ulysses: int, ring: int, rank: int) -> dict:
+    """The sequence layout under context parallelism: the tiny T2V transformer (16 channels, no
+    image attention) called through the training step's `predict` on 5 noisy video frames and 4
+    reference slots (2 kept references, 2 zero slots), split over 2 ranks, against itself whole:
+    the video frames' prediction (the slots' dropped) and the parameter gradients of its mean square
+    summed over the group."""
+    from e2v.conditioning.encode import Conditions
+    from e2v.models import context_parallel
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.train.step import predict
+
+    cfg = _cfg(ulysses, ring)
+    model = build_tiny_parts(seed=0, base="t2v", with_encoders=False).transformer.requires_grad_(True)
+    g = torch.Generator().manual_seed(3)
+    slots = torch.cat([torch.randn(2, 16, 2, 8, 8, generator=g), torch.zeros(2, 16, 2, 8, 8)], dim=2)
+    c = Conditions(latents_BCTHW=torch.randn(2, 16, 5, 8, 8, generator=g),
+                   text_BLD=torch.randn(2, 512, 32, generator=g), ref_latents_BCNhw=slots, ref_layout="after")
+    noisy, timestep = torch.randn(2, 16, 5, 8, 8, generator=g), torch.tensor([300.0, 700.0])
+
+    def run():
+        video = predict(model, noisy, timestep, c, c.text_BLD, torch.float32)
+        video.square().mean().backward()
+        grads = _grads(model)
+        model.zero_grad()
+        return video.detach(), grads
+
+    ref, ref_grads = run()
+    mpu = context_parallel.enable(model, cfg, context_parallel.layout(cfg, rank, 2))
+    out, grads = run()
+    for v in grads.values():
+        torch.distributed.all_reduce(v, group=mpu.get_sequence_parallel_group())
+    return {"shape": list(out.shape), "out": (out - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
+            "grad_scale": max(v.abs().max().item() for v in ref_grads.values())}
+
+
+def sequence_worker(rank: int, world: int, port: int, out: str) -> None:
+    """The sequence-layout cases, Ulysses 2 and ring 2, in a process group of their own."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from e2v.runtime.distributed import init_distributed
+
+    torch.set_num_threads(1)
+    init_distributed()
+    result = {"ulysses": sequence_layout(2, 1, rank), "ring": sequence_layout(1, 2, rank)}
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()

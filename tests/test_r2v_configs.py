@@ -12,6 +12,7 @@ CONFIGS = {  # config -> (base hub id, latent frames, h/2, w/2 tokens)
     "r2v_t2v_14b": ("Wan-AI/Wan2.1-T2V-14B-Diffusers", 21, 30, 52),
     "r2v_skyreels_v3_14b_lora": ("Skywork/SkyReels-V3-R2V-14B", 31, 45, 80),
     "r2v_skyreels_v3_14b": ("Skywork/SkyReels-V3-R2V-14B", 31, 45, 80),
+    "r2v_wan22_t2v_a14b": ("Wan-AI/Wan2.2-T2V-A14B-Diffusers", 21, 30, 52),
 }
 
 
@@ -53,3 +54,18 @@ def test_r2v_memory_estimate_runs_offline(name, gpus, capsys, monkeypatch):
     em.main()
     out = capsys.readouterr().out
     assert "configured" in out and "fits" in out
+
+
+def test_r2v_wan22_t2v_config_trains_one_released_expert_at_875():
+    """Wan2.2-T2V-A14B: two experts, the switch at timestep 875 (its model_index.json), each expert
+    a plain 16-channel T2V transformer taken as released; model.base t2v (which widens a
+    one-transformer base) is refused with the fix."""
+    from e2v.config.experts import boundary_ratio, trained_experts
+    from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
+
+    path = str(ROOT / "configs/r2v_wan22_t2v_a14b.yaml")
+    cfg = load_config(path, check_paths=False)
+    assert boundary_ratio(cfg) == 0.875 and trained_experts(cfg) == ("high_noise",)
+    with pytest.raises(ConfigError, match=r"model.base: t2v .*remove model.base"):
+        load_config(path, ["model.base=t2v"], check_paths=False)

@@ -103,6 +103,39 @@ def test_r2v_eight_steps_equal_v3s_loop(t2v_parts, guidance, guidance_img):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
+def test_r2v_on_wan22_t2v_experts_each_step_goes_to_the_pipelines_expert():
+    """Wan2.2-T2V-A14B in the sequence layout (the tiny two-expert preset with model.base t2v:
+    16-channel experts): our sampler on the two experts equals V3's loop whose transformer call is
+    WanPipeline's switch (t >= boundary_ratio x 1000: `transformer`, else `transformer_2`), written
+    here; both experts ran, and they differ."""
+    from e2v.config.experts import TINY_BOUNDARY_RATIO
+    from e2v.eval.sampling import denoise
+    from e2v.models.load import load_parts
+
+    cfg = _cfg(2, "model.preset=tiny_wan22_a14b", "model.expert=both")
+    parts = load_parts(cfg)
+    two = parts.transformer
+    assert [e.config.in_channels for e in two.experts.values()] == [16, 16]
+    c = _conditions(parts, cfg, {"e0": _image(4, SIZES[2]), "e1": _image(5, SIZES[3])})
+    noise = torch.randn(c.latents_BCTHW.shape, generator=torch.Generator().manual_seed(2))
+    ran = []
+
+    def wan_pipeline_switch(hidden_states, timestep, **kwargs):
+        expert = two.high_noise if timestep[0] >= TINY_BOUNDARY_RATIO * 1000 else two.low_noise
+        ran.append(expert is two.high_noise)
+        return expert(hidden_states=hidden_states, timestep=timestep, **kwargs)
+
+    with torch.no_grad():
+        ours = denoise(two, c, None, noise, num_steps=8, guidance_scale=1.0, shift=5.0)
+        theirs = v3_denoise(wan_pipeline_switch, noise, c.ref_latents_BCNhw, c.text_BLD, None, steps=8, guidance=1.0,
+                            guidance_img=None)
+        probe = dict(hidden_states=torch.cat([noise, c.ref_latents_BCNhw], 2), timestep=torch.tensor([950]),
+                     encoder_hidden_states=c.text_BLD, return_dict=False)
+        differ = (two.high_noise(**probe)[0] - two.low_noise(**probe)[0]).abs().max()
+    assert True in ran and False in ran and differ > 1e-2
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
 # --- a LoRA trained through the launcher, in a plain diffusers WanPipeline ---------------------------
 
 

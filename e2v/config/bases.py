@@ -27,6 +27,12 @@ def resolve_pretrained(name: str) -> str:
         return name
 
 
+def tiny_expert_base(model) -> str:
+    """Which tiny experts the two-expert preset builds: Wan2.2-T2V-A14B's shape (16 input channels)
+    with model.base t2v, else Wan2.2-I2V-A14B's (36)."""
+    return "t2v" if model.base == "t2v" else "i2v_a14b"
+
+
 def tiny_base(model) -> str:
     """Which tiny transformer a config's `model` section builds: ti2v (preset tiny_ti2v), t2v
     (preset tiny, base t2v) or i2v."""

@@ -31,7 +31,8 @@ TINY_PRESET = "tiny_wan22_a14b"  # two tiny experts built in code (e2v/models/ti
 # boundary_ratio of the released two-expert pipelines, for a hub id that is not downloaded: diffusers'
 # conversion script (scripts/convert_wan_to_diffusers.py) writes 0.9 for Wan2.2-I2V-A14B, Wan2.2's own
 # config (wan/configs/wan_i2v_A14B.py) has `boundary = 0.900`.
-KNOWN_BOUNDARY_RATIOS = {"Wan-AI/Wan2.2-I2V-A14B-Diffusers": 0.9}
+# Wan2.2-T2V-A14B: 0.875 in its diffusers model_index.json and in wan_t2v_A14B.py (`boundary = 0.875`).
+KNOWN_BOUNDARY_RATIOS = {"Wan-AI/Wan2.2-I2V-A14B-Diffusers": 0.9, "Wan-AI/Wan2.2-T2V-A14B-Diffusers": 0.875}
 
 
 TINY_BOUNDARY_RATIO = 0.9  # the real I2V-A14B's
@@ -124,8 +125,10 @@ def check_expert_config(cfg: Config) -> None:
                           f">= {boundary * NUM_TRAIN_TIMESTEPS:g} go to the high-noise one); set high_noise, low_noise "
                           "(one expert loaded and trained: fits one GPU) or both (weights, gradients and optimizer "
                           "state double)")
-    if cfg.model.base == "t2v":
-        raise ConfigError(f"model.base: t2v, but {base}'s experts already have the I2V input channels: set model.base: i2v")
+    if cfg.model.base == "t2v" and cfg.model.preset is None:  # the tiny preset's t2v: Wan2.2-T2V-A14B-shaped experts
+        raise ConfigError(f"model.base: t2v widens a one-transformer T2V base, but {base}'s experts are taken as "
+                          "released: remove model.base (Wan2.2-I2V-A14B's experts have the I2V input channels; "
+                          "Wan2.2-T2V-A14B's take conditioning.target_layout: sequence)")
     if cfg.uses_clip and cfg.model.preset is None and cfg.model.image_encoder is None:
         raise ConfigError(f"e2v_type: {cfg.e2v_type} needs a CLIP image encoder, and {base} ships none (its experts "
                           "have no image attention; training adds it, zero-initialised): set model.image_encoder "

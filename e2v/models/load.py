@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
-from e2v.config.bases import resolve_pretrained, tiny_base
+from e2v.config.bases import resolve_pretrained, tiny_base, tiny_expert_base
 from e2v.config.experts import EXPERTS, SUBFOLDERS, boundary_ratio, expert_for, trained_experts
 from e2v.config.schema import Config
 from e2v.models.expand import (
@@ -134,7 +134,7 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
         parts = build_tiny_parts(cfg.model.tiny_seed, base=tiny_base(cfg.model), shape=cfg.model.tiny,
                                  informative_vae=cfg.model.tiny_vae == "informative", with_encoders=with_encoders)
         if experts:  # the encoders are the Wan2.1 preset's; the transformer is the two tiny experts
-            experts = build_tiny_experts(cfg.model.tiny_seed, experts, cfg.model.tiny)
+            experts = build_tiny_experts(cfg.model.tiny_seed, experts, cfg.model.tiny, tiny_expert_base(cfg.model))
             parts.transformer = TwoExperts(experts, boundary_ratio(cfg))
         if with_transformer:
             parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
@@ -203,7 +203,7 @@ def load_base_experts(cfg: Config, names, image_width: int) -> dict[str, HostExp
     """The named experts' base weights on the host, expanded as training expands them: from the
     pretrained folder's files, mapped (host_expert); the tiny preset's, built in memory."""
     if cfg.model.preset is not None:
-        built = build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny)
+        built = build_tiny_experts(cfg.model.tiny_seed, names, cfg.model.tiny, tiny_expert_base(cfg.model))
         return {name: HostExpert(dict(e.config), e.state_dict())
                 for name, e in ((n, expanded(e, cfg, image_width)) for n, e in built.items())}
     folder = Path(resolve_pretrained(cfg.model.pretrained))

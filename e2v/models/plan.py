@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
-from e2v.config.bases import resolve_pretrained, tiny_base, vae_config
+from e2v.config.bases import resolve_pretrained, tiny_base, tiny_expert_base, vae_config
 from e2v.config.experts import SUBFOLDERS, boundary_ratio, range_text, trained_experts
 from e2v.config.schema import Config
 from e2v.config.shapes import check_base
@@ -53,6 +53,8 @@ KNOWN_WAN_CONFIGS = {
     # Each of the two experts (transformer/, transformer_2/): the 14B shape with the I2V input channels
     # and no image attention (diffusers' conversion script, "Wan2.2-I2V-14B-720p"); 14.29 B parameters.
     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 36},
+    # Wan2.2-T2V-A14B's experts: the Wan2.1 T2V-14B shape (diffusers' conversion script, "Wan2.2-T2V-A14B").
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": {**_WAN_COMMON, **_WAN_14B, "in_channels": 16},
 }
 
 
@@ -62,7 +64,7 @@ def transformer_config(cfg: Config, expert: str = "high_noise") -> dict:
     (KNOWN_WAN_CONFIGS; no download)."""
     if cfg.model.preset is not None:
         two = boundary_ratio(cfg) is not None
-        return tiny_transformer_config("i2v_a14b" if two else tiny_base(cfg.model), cfg.model.tiny)
+        return tiny_transformer_config(tiny_expert_base(cfg.model) if two else tiny_base(cfg.model), cfg.model.tiny)
     local = Path(resolve_pretrained(cfg.model.pretrained)) / SUBFOLDERS[expert] / "config.json"
     if local.exists():
         return dict(WanTransformer3DModel.load_config(str(local.parent)))

@@ -56,14 +56,16 @@ def tiny_transformer_config(base: str = "i2v", shape: TinyShape | None = None) -
     return cfg
 
 
-def build_tiny_experts(seed: int, names, shape: TinyShape | None = None) -> dict[str, WanTransformer3DModel]:
+def build_tiny_experts(seed: int, names, shape: TinyShape | None = None,
+                       base: str = "i2v_a14b") -> dict[str, WanTransformer3DModel]:
     """The tiny two-expert preset's experts (e2v/config/experts.py), each from its own seed, so either one
-    is the same whether it is built alone or with the other."""
+    is the same whether it is built alone or with the other; `base` (config.bases.tiny_expert_base):
+    i2v_a14b, or t2v for Wan2.2-T2V-A14B's shape."""
     experts = {}
     for k, name in enumerate(("high_noise", "low_noise")):
         if name in names:
             with seeded(seed + 1000 * (k + 1)):
-                experts[name] = WanTransformer3DModel(**tiny_transformer_config("i2v_a14b", shape))
+                experts[name] = WanTransformer3DModel(**tiny_transformer_config(base, shape))
     return experts
 
 
