@@ -192,7 +192,8 @@ def test_copying_videos_hit_in_the_sequence_layout_whose_background_is_letterbox
     from e2v.eval.fidelity import subject_colour
     from e2v.eval.validation import Validator, split_held_out
 
-    cfg = load_config(ROOT / "configs/r2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}"])
+    cfg = load_config(ROOT / "configs/r2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}",
+                                                       "data.elements.2.vae.preprocess=fit_pad_white"])
     _, held_out = split_held_out(index_samples(cfg, verbose=False), cfg)
     v = Validator(cfg, held_out, tiny_parts, tmp_path, rank=0, device="cpu", dtype=torch.float32)
     videos = clips(v)
