@@ -9,6 +9,10 @@ import signal
 
 import torch
 
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v")
+
 
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -79,7 +83,7 @@ def single_process_env() -> bool:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
                       MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
-    print("[e2v] no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
+    log.info("no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
     return True
 
 
