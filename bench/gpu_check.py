@@ -73,6 +73,8 @@ import sys
 import time
 from pathlib import Path
 
+# The GPU check runs with the machine's own interpreter, e2v not installed in it (`make gpu-check`
+# installs no package: docs/gpu.md): e2v and bench are found from the checkout's root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command  # noqa: E402,F401

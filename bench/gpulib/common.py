@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+# The GPU check runs with the machine's own interpreter, e2v not installed in it (`make gpu-check`
+# installs no package: docs/gpu.md): e2v and bench are found from the checkout's root.
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GIB = 2**30
