@@ -10,6 +10,7 @@ import signal
 import torch
 
 from e2v.runtime.log import get_logger
+from e2v.runtime.ports import free_port
 
 log = get_logger("e2v")
 
@@ -58,11 +59,7 @@ def init_distributed() -> None:
 def port_in_use(port: str) -> str:
     """The one line for a rendezvous port another program holds (most often a second run on this
     machine: the deepspeed launcher's default is always 29500), with a port free now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
+    free = free_port()
     return (f"distributed: port {port} (MASTER_PORT) is already in use on this machine, by another run or "
             f"program; start with another: deepspeed --master_port {free} ..., or make ... MASTER_PORT={free} "
             "(the Makefile finds a free port when none is given)")
@@ -75,14 +72,9 @@ def single_process_env() -> bool:
     (deepspeed, torchrun, SLURM with these variables) is left as it is."""
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return False
-    import socket
-
-    with socket.socket() as s:  # a port free now; the group binds it at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                      MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+                      MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))  # the group binds it at once
     log.info("no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
     return True
 
