@@ -300,9 +300,9 @@ def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = N
 
 # --- the check spread over the ranks ----------------------------------------------------------------
 
-# A generous cost of one sample's read on one worker: bench/bench_preflight.py measured ~0.1 s per
-# 64x64 demo clip (bench/results/preflight.json); a 480p clip decodes its tail from the last
-# keyframe and its references at full size, so several times that, and the timeout adds 4x on top.
+# A generous cost of one sample's read on one worker: a 64x64 demo clip takes a small fraction of
+# it (bench/RESULTS.md, section 8); a 480p clip decodes its tail from the last keyframe and its
+# references at full size, so several times that, and the timeout adds 4x on top.
 CHECK_S_PER_SAMPLE = 2.0
 LONG_CHECK_S = 600  # a check expected to take longer is told to pre-fill the cache (tools/check_dataset.py)
 MIN_TIMEOUT_S = 1800  # the gather's group never waits less than this

@@ -32,8 +32,8 @@ def init_distributed() -> None:
     """`deepspeed.init_distributed` with NCCL on CUDA, gloo elsewhere.
 
     On the CPU accelerator DeepSpeed JIT-compiles a shared-memory op (`deepspeed_shm_comm`) at
-    every first init. Only `inference_all_reduce` uses it, never training; the compile costs ~30 s
-    on a fresh 2-core machine, and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
+    every first init. Only `inference_all_reduce` uses it, never training; the compile costs tens of
+    seconds (bench/RESULTS.md, section 7: `ds_shm_comm_build`), and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
     cleared when a build is killed, after which every later run waits on it forever, printing
     nothing. So CPU runs opt out of the op (set E2V_DS_SHM_COMM=1 to keep it)."""
     import deepspeed
