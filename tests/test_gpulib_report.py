@@ -71,7 +71,8 @@ def test_fp8_estimate_is_the_memory_models_row_for_the_same_counts():
     from e2v.models.plan import tokens
     from e2v.train.memory import GB, OVERHEAD_GB, counts_of, dequant_bytes, estimate
 
-    cfg = load_config(Path(__file__).resolve().parent.parent / CONFIG, check_paths=False)
+    root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+    cfg = load_config(root / CONFIG, check_paths=False)
     model, _ = _model(cfg, real=False)  # the tiny widths --allow-cpu runs
     c = counts_of(model)
     assert c.fp8 > 0 and c.fp8_largest > 0 and c.trainable > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-E2V = Path(__file__).resolve().parent.parent / "e2v"
+E2V = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()) / "e2v"
 
 
 def prints_outside_main(source: str) -> list[int]:

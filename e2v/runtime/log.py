@@ -15,7 +15,7 @@ The rule: code in e2v/ never prints, it logs here (and needs no `if rank == 0`: 
 the one exception is a command's own report, what the user ran the command to read (check_dataset's
 table, make_demo_dataset's verdict), printed untagged by the command's `main(argv)` (tools/*.py, or
 the e2v module a tools/ script is the thin front of). A function that makes such a report returns
-its text, so a library caller can log it instead. tests/test_log_rule.py holds e2v/ to this.
+its text, so a library caller can log it instead. A test (test_log_rule.py) holds e2v/ to this.
 """
 
 from __future__ import annotations
