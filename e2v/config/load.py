@@ -33,7 +33,7 @@ from e2v.config.seed_formats import (
     map_seed_json,
     map_seed_regression,
 )
-from e2v.config.shapes import nearest_valid_size  # noqa: F401
+from e2v.config.shapes import nearest_valid_size
 from e2v.runtime.log import get_logger
 
 log = get_logger("e2v.config")
