@@ -20,7 +20,7 @@ DEMO_PREP ?= demo_prep
 # machine does not meet the first on deepspeed's fixed default (29500). `make demo MASTER_PORT=29600`
 # (or MASTER_PORT in the environment) chooses one. TRAIN_ARGS: more flags for the demo runs, e.g.
 # TRAIN_ARGS="--set train.max_steps=50".
-MASTER_PORT ?= $(shell $(PY) -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+MASTER_PORT ?= $(shell $(PY) -c 'from e2v.runtime.ports import free_port; print(free_port())')
 TRAIN_ARGS ?=
 DEEPSPEED = $(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) --master_port $(MASTER_PORT)
 

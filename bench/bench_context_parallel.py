@@ -30,10 +30,12 @@ import threading
 import time
 from pathlib import Path
 
+# bench/ is the maintainers' harness, not part of the installed package: `python bench/<script>.py`
+# finds its sibling modules (bench.*) from the checkout's root.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from e2v.runtime.launch import free_port  # noqa: E402
+from e2v.runtime.ports import free_port  # noqa: E402
 
 MODEL = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=36, out_channels=16,
              text_dim=32, freq_dim=256, ffn_dim=1024, num_layers=4, cross_attn_norm=True,

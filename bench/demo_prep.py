@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+# bench/ is the maintainers' harness, not part of the installed package: `python bench/<script>.py`
+# finds its sibling modules (bench.*) from the checkout's root.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 

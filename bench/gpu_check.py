@@ -73,11 +73,13 @@ import sys
 import time
 from pathlib import Path
 
+# The GPU check runs with the machine's own interpreter, e2v not installed in it (`make gpu-check`
+# installs no package: docs/gpu.md): e2v and bench are found from the checkout's root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command  # noqa: E402,F401
-from bench.gpulib.report import _ok, write_report  # noqa: E402
-from bench.gpulib.sections import CONFIGS_24GB, NAMES, SECTIONS, WAN22_RUNS, verdict_24gb  # noqa: E402,F401
+from bench.gpulib.common import REAL, ROOT, TINY, Ctx, demo_data_command, verdict_24gb  # noqa: F401
+from bench.gpulib.report import _ok, write_report
+from bench.gpulib.sections import CONFIGS_24GB, NAMES, SECTIONS, WAN22_RUNS  # noqa: F401
 
 # --- the call -----------------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ import argparse
 import colorsys
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -29,9 +28,7 @@ import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from e2v.data.prepare.clips import write_h264  # noqa: E402
+from e2v.data.prepare.clips import write_h264
 
 MIN_CONTRAST = 70  # levels (max channel) between the subject / object colour and the background's
 

@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from e2v.config.load import load_config  # noqa: E402
-from e2v.data.dataset import index_samples  # noqa: E402
-from e2v.eval.sampling import load_trained  # noqa: E402
-from e2v.eval.validation import Validator, split_held_out  # noqa: E402
-from e2v.models.load import load_parts  # noqa: E402
+from e2v.config.load import load_config
+from e2v.data.dataset import index_samples
+from e2v.eval.sampling import load_trained
+from e2v.eval.validation import Validator, split_held_out
+from e2v.models.load import load_parts
 
 KEYS = ("val/sample_reference_match", "val/sample_reference_swap", "val/reference_gap_shuffle_rel")
 

@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+# bench/ is the maintainers' harness, not part of the installed package: `python bench/<script>.py`
+# finds its sibling modules (bench.*) from the checkout's root.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

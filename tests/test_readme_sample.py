@@ -33,7 +33,7 @@ def _sample(run, demo_data, out, capsys):
     capsys.readouterr()
     with contextlib.chdir(ROOT):
         assert main(argv[2:]) in (None, 0)
-    assert f"[sample] config: {run / 'config.yaml'}" in capsys.readouterr().out
+    assert f"[e2v sample] config: {run / 'config.yaml'}" in capsys.readouterr().out
     return iio.imread(out)
 
 

@@ -19,11 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-from e2v.config.load import load_config  # noqa: E402
-from e2v.eval.viz import decode_pixels, frame_strip, labelled_sheet, to_uint8, vstack, write_mp4, write_png  # noqa: E402
-from e2v.models.load import load_vae  # noqa: E402
+from e2v.config.load import load_config
+from e2v.eval.viz import decode_pixels, frame_strip, labelled_sheet, to_uint8, vstack, write_mp4, write_png
+from e2v.models.load import load_vae
 
 LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
 

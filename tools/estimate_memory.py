@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from e2v.config.load import load_config  # noqa: E402
-from e2v.config.schema import Config  # noqa: E402
-from e2v.train.memory import (  # noqa: E402
+from e2v.config.load import load_config
+from e2v.config.schema import Config
+from e2v.train.memory import (
     KNOWN_MODELS,
     ModelCounts,
     advise,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from e2v.runtime.integrity import UnsafeCheckpoint  # noqa: E402
-from e2v.train.checkpoint import export_checkpoint, read_latest  # noqa: E402
+from e2v.runtime.integrity import UnsafeCheckpoint
+from e2v.train.checkpoint import export_checkpoint, read_latest
 
 
 def main() -> None:

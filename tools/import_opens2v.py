@@ -23,11 +23,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from e2v.config.load import load_config  # noqa: E402
+from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.media import MediaError, clip_window, probe_video  # noqa: E402
-from e2v.data.opens2v import read_opens2v, summary_line  # noqa: E402
-from e2v.data.sample import MetadataError, Problem, element_paths  # noqa: E402
+from e2v.data.media import MediaError, clip_window, probe_video
+from e2v.data.opens2v import read_opens2v, summary_line
+from e2v.data.sample import MetadataError, Problem, element_paths
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 

@@ -19,14 +19,14 @@ import time
 
 import torch
 
-from e2v.conditioning.cached import compute_entry, shared_entry  # noqa: E402
-from e2v.config.load import load_config  # noqa: E402
+from e2v.conditioning.cached import compute_entry, shared_entry
+from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.dataset import BadSampleError, E2VDataset, index_samples, loader_workers  # noqa: E402
-from e2v.data.media import MediaError  # noqa: E402
+from e2v.data.dataset import BadSampleError, E2VDataset, index_samples, loader_workers
+from e2v.data.media import MediaError
 from e2v.data.store import CacheStore, bad_entries_message
-from e2v.models.load import load_parts  # noqa: E402
-from e2v.runtime.hostmem import return_freed_memory  # noqa: E402
+from e2v.models.load import load_parts
+from e2v.runtime.hostmem import return_freed_memory
 
 
 class _Pixels(torch.utils.data.Dataset):

@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from e2v.data.prepare.config import PrepareConfigError, load_prepare_config  # noqa: E402
-from e2v.data.prepare.run import prepare  # noqa: E402
+from e2v.data.prepare.config import PrepareConfigError, load_prepare_config
+from e2v.data.prepare.run import prepare
 
 
 def _barrier(world: int):

@@ -192,6 +192,18 @@ def render_measured(measured: dict) -> list[str]:
     return lines + [""]
 
 
+def render_preflight(pre: dict) -> list[str]:
+    """Section 8: the start-up data check's cost per clip (bench/results/preflight.json, written by
+    bench/bench_preflight.py), which e2v/data/preflight.py's timeout sizing cites."""
+    per_clip = pre["workers"] / pre["clips_per_s_first"]
+    return ["## 8. The data check's cost (bench/bench_preflight.py)", "",
+            f"The data check before step 1 (e2v/data/preflight.py) over {pre['clips']} clips ({pre['clip']}), "
+            f"{pre['workers']} workers, {pre['machine']}, {pre['date']}, load {pre['load_avg']:.1f}: the first check "
+            f"{pre['first_check_s']:.1f} s ({pre['clips_per_s_first']} clips/s, {per_clip:.2f} s a clip on one "
+            f"worker); a restart, answered from its cache, {pre['restart_s']:.1f} s. {pre['usable']} of "
+            f"{pre['clips']} usable.", ""]
+
+
 def render(bench_dir: Path = BENCH_DIR) -> Path:
     # this benchmark's sections only (steps*, data): results/ also holds other tools' files
     # (smoke_real.json from bench/smoke_real.py, gpu.json from bench/gpu_check.py)
@@ -242,6 +254,8 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         lines += render_prepare(json.loads((bench_dir / "results" / "prepare.json").read_text()))
     if (bench_dir / "results" / "measured.json").exists():  # kept by hand: the figures code comments cite
         lines += render_measured(json.loads((bench_dir / "results" / "measured.json").read_text()))
+    if (bench_dir / "results" / "preflight.json").exists():  # bench/bench_preflight.py's
+        lines += render_preflight(json.loads((bench_dir / "results" / "preflight.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

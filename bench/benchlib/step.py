@@ -26,7 +26,7 @@ from bench.benchlib.common import PRESETS, Phases, timed_functions
 from e2v.models.load import load_parts
 from e2v.models.tiny import tiny_transformer_config
 from e2v.runtime.distributed import init_distributed
-from e2v.runtime.launch import free_port
+from e2v.runtime.ports import free_port
 from e2v.train import loop
 from e2v.train.ds_config import resolve_deepspeed_config
 from e2v.train.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+# The GPU check runs with the machine's own interpreter, e2v not installed in it (`make gpu-check`
+# installs no package: docs/gpu.md): e2v and bench are found from the checkout's root.
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GIB = 2**30
@@ -184,5 +187,39 @@ def gpu_estimate(config: str, sets: list[str], gpu_mem_gb: float = LIMIT_GIB) ->
 
     cfg = load_config(str(ROOT / config), sets, check_paths=False)
     row = estimate(cfg, 1, gpu_mem_gb)["configured"]
-    return {"gpu_total_gib": round(row["gpu_total_gb"], 2), "fits": row["fits"],
-            "activations_gib": round(row["activations_gb"], 2), "params_gib": round(row["params_gb"], 2)}
+    return {"gpu_total_gib": round(row["gpu_total_gb"], 2), "validation_gib": round(row["validation_gb"], 2),
+            "fits": row["fits"], "activations_gib": round(row["activations_gb"], 2), "params_gib": round(row["params_gb"], 2)}
+
+
+def capped_sets(ctx: Ctx, name: str, kind: str, data: Path, steps: int, validation: tuple[str, ...] = ()) -> list[str]:
+    """The --set list of a 24 GB config's capped run: the model folders of `kind`, run_sets, the run's
+    own cache folder; `validation` replaces run_sets' validation keys (validation off)."""
+    folders = model_folders(ctx, kind)
+    sets = [f"model.pretrained={folders['t2v']}", f"model.image_encoder={folders['clip']}"]
+    sets += [s for s in run_sets(ctx, name, data, steps, ctx.sizes.frames) if not (validation and s.startswith("validation."))]
+    return sets + list(validation) + [f"cache.dir={ctx.work / ('cache_' + name)}"]
+
+
+def capped_run(ctx: Ctx, name: str, config: str, sets: list[str]) -> dict:
+    """A 24 GB config from its cache (tools/precompute.py first, uncapped), then trained capped at
+    LIMIT_GIB: the precompute, tools/estimate_memory.py's row, the run and its verdict (verdict_24gb)."""
+    r = {"precompute": precompute(ctx, config, sets), "estimate": gpu_estimate(config, sets)}
+    if r["precompute"]["rc"] != 0:
+        return {**r, "passed": False}
+    r["run"] = train(ctx, name, config, sets, fraction_gib=LIMIT_GIB)
+    return {**r, **verdict_24gb(r["run"])}
+
+
+def verdict_24gb(run: dict) -> dict:
+    """Pass, or by how much the run exceeded the cap: what the allocator held at its peak plus the
+    allocation it was refused (the out-of-memory message's "Tried to allocate"). Without a peak
+    read (a crash before the wrapper's exit hook), only the refused size: an upper bound, since the
+    process held at most the cap."""
+    oom = run.get("oom") or ("out of memory" in run.get("log_text_tail", "").lower() and run["log_text_tail"]) or ""
+    if not oom:
+        return {"passed": run["passed"], "exceeds_by_gib": None}
+    m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB)", oom)
+    refused = (float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024)) if m else None
+    held = run.get("max_memory_reserved_gib") or run.get("max_memory_allocated_gib")
+    exceeds = round(held + refused - LIMIT_GIB, 2) if held is not None and refused is not None else None
+    return {"passed": False, "oom": True, "refused_gib": refused, "exceeds_by_gib": exceeds}

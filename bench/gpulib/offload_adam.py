@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+# The GPU check runs with the machine's own interpreter, e2v not installed in it (`make gpu-check`
+# installs no package: docs/gpu.md): e2v and bench are found from the checkout's root.
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 STEPS = 3

@@ -109,7 +109,7 @@ def e2v_modules() -> list[str]:
 def import_problems() -> dict[str, str]:
     """{what: why it cannot be imported} for NEEDS, DEEP and the e2v modules the check runs (empty:
     all import), and the ffmpeg binary imageio-ffmpeg carries. In this process."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # the GPU machine's interpreter has no install of e2v (docs/gpu.md)
     out = {}
 
     def attempt(what: str, fn) -> None:

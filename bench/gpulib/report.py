@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.gpulib.fp8_section import ESTIMATE_RTOL
 from bench.gpulib.sections import CONFIGS_24GB, R2V_RUNS, SECTIONS, STEP_PHASES, WAN22_RUNS
 
 
@@ -117,10 +118,40 @@ def _render_24gb(r: dict) -> list[str]:
             est = x["estimate"]["gpu_total_gib"]
             est40 = f" (40 layers: {x['estimate_40_layers']['gpu_total_gib']:.1f})" if "estimate_40_layers" in x else ""
             out.append(f"| {name} | {_ok(x)} | {est:.1f}{est40} | {_f(run.get('max_memory_allocated_gib'))} | "
-                       f"{_f(run.get('max_memory_reserved_gib'))} | {_f(x.get('exceeds_by_gib'))}"
-                       f"{' (refused ' + _f(x.get('refused_gib')) + ')' if x.get('oom') else ''} | "
+                       f"{_f(run.get('max_memory_reserved_gib'))} | {_exceeds(x)} | "
                        f"{_f(run.get('step_time_after_first_s'))} |")
     return out + ["", f"Each under torch.cuda.set_per_process_memory_fraction = {r.get('limit_gib')} GiB of the card."]
+
+
+def _exceeds(x: dict) -> str:
+    return f"{_f(x.get('exceeds_by_gib'))}{' (refused ' + _f(x.get('refused_gib')) + ')' if x.get('oom') else ''}"
+
+
+def _render_validation(r: dict) -> list[str]:
+    run, est = r.get("run", {}), r.get("estimate", {})
+    out = RUN_HEADER + ([_run_line("validation_24gb", run)] if run else [])
+    if "precompute" in r and r["precompute"].get("rc"):
+        out += ["", f"The precompute failed (rc {r['precompute']['rc']}): nothing was trained."]
+    size = (f"{r['frames']} frames at {' x '.join(map(str, r['resolution']))}"
+            + ("" if r.get("real_size") else " (tiny sizes, not the training shape)")) if "frames" in r else "-"
+    return out + ["", f"Validated at steps {r.get('validated_steps', '-')} (losses {run.get('val_loss', '-')}); "
+                      f"video written: {'yes' if r.get('video_written') else 'NO'}; {size}. Estimate "
+                      f"{_f(est.get('gpu_total_gib'), '{:.1f}')} GiB training, {_f(est.get('validation_gib'), '{:.1f}')} "
+                      f"GiB the validation phase; max reserved {_f(run.get('max_memory_reserved_gib'))} GiB; exceeds by "
+                      f"{_exceeds(r)} GiB; under torch.cuda.set_per_process_memory_fraction = {r.get('limit_gib')} GiB."]
+
+
+def _render_fp8(r: dict) -> list[str]:
+    ratios = r.get("measured_to_estimate", {})
+    out = ["| phase | peak allocated GiB | estimate GiB | peak / estimate |", "|---|---|---|---|"]
+    out += [f"| {k} | {_f(r.get(f'peak_{k}_gib'))} | {_f(r.get(f'estimate_{k}_gib'))} | {_f(ratios.get(k), '{:.3f}')} |"
+            for k in ("train", "validation")]
+    oom = [f"Out of memory under the cap: {r['oom']}"] if r.get("oom") else []
+    peaks = f" Peaks: {r['peaks']}." if "peaks" in r else ""
+    return out + ["", f"{r.get('layers')} blocks at the I2V-14B widths, their fp8 weights on the host "
+                      f"({_f(r.get('fp8_on_host_gib'))} GiB), built in {_f(r.get('build_s'), '{:.1f}')} s; loss "
+                      f"{_f(r.get('loss'), '{:.4f}')}. Passed when each peak is within {ESTIMATE_RTOL:.0%} of "
+                      f"e2v.train.memory's estimate.{peaks}"] + oom
 
 
 def _render_offload(r: dict) -> list[str]:
@@ -152,7 +183,8 @@ def _render_offload_adam(r: dict) -> list[str]:
 
 
 RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae_dtype": _render_vae,
-             "main_path": _render_main, "gpu_24gb": _render_24gb, "activation_offload": _render_offload,
+             "main_path": _render_main, "gpu_24gb": _render_24gb, "validation_24gb": _render_validation,
+             "fp8_14b": _render_fp8, "activation_offload": _render_offload,
              "wan22": _render_wan22, "r2v": lambda r: _render_wan22(r, R2V_RUNS), "attention": _render_attention,
              "offload_adam": _render_offload_adam}
 

@@ -10,7 +10,7 @@ Registered in bench/gpulib/sections.py's SECTIONS as
 
 from __future__ import annotations
 
-from bench.gpulib.common import LIMIT_GIB, REAL, Ctx, dataset, gpu_estimate, model_folders, precompute, run_sets, train
+from bench.gpulib.common import LIMIT_GIB, REAL, Ctx, capped_run, capped_sets, dataset
 
 CONFIG = "configs/e2v_t2v_1.3b_24gb.yaml"
 
@@ -25,23 +25,14 @@ def validation_sets(steps: int) -> list[str]:
 def section_validation(ctx: Ctx) -> dict:
     """2 steps of the 1.3B 24 GB config from its cache with validation, capped at 24 GiB: passed
     when it ran, logged validation losses at steps 0 and 2, and wrote the video."""
-    from bench.gpulib.sections import verdict_24gb
-
     steps, name = 2, "validation_24gb"
     data = dataset(ctx, "data_validation", samples=4)  # 2 held out, 2 to train on
-    folders = model_folders(ctx, "1.3b")
-    sets = [f"model.pretrained={folders['t2v']}", f"model.image_encoder={folders['clip']}"]
-    sets += [s for s in run_sets(ctx, name, data, steps, ctx.sizes.frames) if not s.startswith("validation.")]
-    sets += validation_sets(steps) + [f"cache.dir={ctx.work / ('cache_' + name)}"]
-    out = {"limit_gib": LIMIT_GIB, "precompute": precompute(ctx, CONFIG, sets)}
-    out["estimate"] = gpu_estimate(CONFIG, sets)
-    if out["precompute"]["rc"] != 0:
-        return {**out, "passed": False}
-    run = train(ctx, name, CONFIG, sets, fraction_gib=LIMIT_GIB)
-    out["run"] = run
-    out.update(verdict_24gb(run))
+    sets = capped_sets(ctx, name, "1.3b", data, steps, validation=tuple(validation_sets(steps)))
+    out = {"limit_gib": LIMIT_GIB, **capped_run(ctx, name, CONFIG, sets)}
+    if "run" not in out:
+        return out
     video = ctx.work / "runs" / name / "samples" / f"step_{steps:06d}" / "00.mp4"
-    out["validated_steps"] = sorted(run.get("val_loss", {}))
+    out["validated_steps"] = sorted(out["run"].get("val_loss", {}))
     out["video_written"] = video.is_file() and video.stat().st_size > 0
     out["frames"], out["resolution"] = ctx.sizes.frames, list(ctx.sizes.resolution)
     out["real_size"] = ctx.sizes == REAL

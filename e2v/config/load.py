@@ -33,7 +33,10 @@ from e2v.config.seed_formats import (
     map_seed_json,
     map_seed_regression,
 )
-from e2v.config.shapes import nearest_valid_size  # noqa: F401
+from e2v.config.shapes import nearest_valid_size
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v.config")
 
 # ---------------------------------------------------------------------------------------------
 # dict -> dataclass, with errors that name the key
@@ -244,7 +247,7 @@ def load_raw(path: str | Path) -> dict:
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
         raw, notes = map_seed_regression(raw, str(path)) if is_regression_seed(raw) else (raw, [])
     for note in notes:
-        print(f"[e2v config] {note}")
+        log.info(note)
     return raw
 
 

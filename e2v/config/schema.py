@@ -162,7 +162,8 @@ class Data:
     small_bucket: Literal["error", "repeat", "drop"] = "error"
     remove_common_llm_caption_prefixes: bool = False
     # DataLoader worker processes per rank; null = auto: with CUDA min(4, CPU cores per local rank)
-    # (decoding 81 x 480 x 832 takes ~1 s: on the main thread it stalls the GPU), without CUDA 0.
+    # (a sample's load at 81 x 480 x 832, bench/RESULTS.md section 3, on the main thread stalls the
+    # GPU), without CUDA 0.
     num_workers: Optional[int] = bounded(None, min=0)
     prefetch_factor: int = bounded(2, min=1)
     on_bad_sample: Literal["error", "skip"] = "error"
@@ -266,8 +267,8 @@ class Model:
     tiny_seed: int = cached(0)
     tiny_vae: Literal["informative", "random"] = cached("informative")
     zero3_init: bool = True  # ZeRO-3 + pretrained: partition the transformer at load, stream it from rank 0
-    # The fp32 VAE's matmuls and convolutions in TF32 on Ampere+ GPUs (~3x faster encodes, ~1e-3
-    # relative rounding); false: full fp32. No effect without CUDA.
+    # The fp32 VAE's matmuls and convolutions in TF32 on Ampere+ GPUs (faster encodes for a small
+    # relative rounding: bench/RESULTS.md, section 7: `vae_tf32`); false: full fp32. No effect without CUDA.
     vae_tf32: bool = True
     # A two-expert base (Wan2.2-I2V-A14B): the expert trained, high_noise (timesteps >= boundary_ratio x
     # 1000) or low_noise, alone; or both (memory doubles). Required there, an error elsewhere (e2v/config/experts.py).

@@ -46,7 +46,10 @@ from e2v.data.media import (
 )
 from e2v.data.sample import Sample, element_paths, sample_bucket
 from e2v.data.store import CacheStore
+from e2v.runtime.log import EVERY_RANK, get_logger
 from e2v.runtime.threads import local_ranks, one_thread_worker
+
+log = get_logger("e2v.data")
 
 
 class BadSampleError(RuntimeError):
@@ -93,8 +96,8 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     if warnings is not None:
         warnings.extend(notes)
     if verbose and notes:
-        print("[e2v data] warnings (they train; tools/check_dataset.py writes the full list):\n  "
-              + "\n  ".join(preflight.summarize(notes)))
+        log.info("warnings (they train; tools/check_dataset.py writes the full list):\n  "
+                 + "\n  ".join(preflight.summarize(notes)))
     if errors:
         lines = "\n  ".join(str(p) for p in errors[:20])
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
@@ -104,7 +107,7 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
                                        "data.on_bad_sample: skip to train without them; tools/check_dataset.py "
                                        "lists every problem)")
         if verbose:
-            print(f"[e2v data] left out: {msg}")
+            log.info(f"left out: {msg}")
         if excluded is not None:
             excluded.extend(errors)
     if not samples:
@@ -194,7 +197,7 @@ class E2VDataset(torch.utils.data.Dataset):
                     ) from e
                 self.known_bad[s.dataset, s.id] = str(e)
                 skipped.append((s.id, str(e)))
-                print(f"[e2v data] skipped bad sample {s.id}: {e}", flush=True)  # counted by the loop too
+                log.warning(f"skipped bad sample {s.id}: {e}", extra=EVERY_RANK)  # counted by the loop too
         first = [(sid, err) for (_, sid), err in self.known_bad.items()][:3]
         raise BadSampleError(f"every sample of bucket {bucket_name(sample_bucket(self.samples[index], self.cfg))} "
                              f"failed to load; first: {first}")
@@ -284,9 +287,7 @@ def make_loader(cfg: Config, samples: list[Sample], *, rank: int, world: int, st
         samples = [s for s in samples if sample_bucket(s, cfg) not in small]
         if not samples:
             raise BadSampleError(f"data.small_bucket: drop left no samples:\n{table}")
-    if rank == 0:
-        print(f"[e2v data] {len(samples)} samples in {len(Counter(sample_bucket(s, cfg) for s in samples))} "
-              f"bucket(s):\n{table}")
+    log.info(f"{len(samples)} samples in {len(Counter(sample_bucket(s, cfg) for s in samples))} bucket(s):\n{table}")
     cache = CacheStore(cfg) if cfg.cache.enabled else None
     if cache is not None:
         cache.verify_all(samples)  # a missing or stale entry fails now, not hours in

@@ -417,8 +417,9 @@ def generate(out: Path, params: dict) -> None:
     shutil.rmtree(out / TMP)
 
 
-def verify(out: Path, params: dict) -> None:
-    """Decode every video with decord (as the trainer does) and compare with the rendered frames."""
+def verify(out: Path, params: dict) -> str:
+    """Decode every video with decord (as the trainer does) and compare with the rendered frames;
+    the verdict as one line."""
     errors = []
     for index, ident in enumerate(ids(params["num_samples"])):
         spec = draw_sample(params["seed"], index, params["size"], params["frames"])
@@ -434,8 +435,8 @@ def verify(out: Path, params: dict) -> None:
         if decoded.shape != rendered.shape:
             sys.exit(f"error: {ident}.mp4 decodes to {decoded.shape}, wrote {rendered.shape}")
         errors.append(np.abs(decoded.astype(np.int16) - rendered).mean())
-    print(f"decode check: {len(errors)} videos round-trip in shape; mean abs colour error "
-          f"{np.mean(errors):.2f} / 255 (worst video {np.max(errors):.2f})")
+    return (f"decode check: {len(errors)} videos round-trip in shape; mean abs colour error "
+            f"{np.mean(errors):.2f} / 255 (worst video {np.max(errors):.2f})")
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -490,9 +491,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def dry_run(args) -> dict:
+def dry_run(args) -> tuple[dict, str]:
     """Sample 0 drawn at the asked size, its first and last frame rendered (the drawing works at
-    that size), and the plan: files per sample, bytes of one raw clip."""
+    that size), and the plan: files per sample, bytes of one raw clip; with the plan in one line."""
     spec = draw_sample(args.seed, 0, args.size, args.frames)
     ends = render_video({**spec, "frames": 2, "subject": {**spec["subject"], "path": spec["subject"]["path"][::args.frames - 1]},
                          "object": {**spec["object"], "path": spec["object"]["path"][::args.frames - 1]}})
@@ -501,16 +502,17 @@ def dry_run(args) -> dict:
             "files_per_sample": len(expected_files({**vars(args), "num_samples": 1})),
             "rendered_frames_shape": list(ends.shape), "raw_clip_bytes": clip_bytes,
             "npz_bytes_total": clip_bytes * args.num_samples if args.video_format == "npz" else None}
-    print(f"dry run: would write {args.num_samples} samples x {plan['files_per_sample']} files to {args.out_dir}, "
-          f"{args.frames} x {args.size} x {args.size} .{args.video_format} (raw clip {clip_bytes / 2**20:.0f} MiB); "
-          f"frames 0 and {args.frames - 1} of sample 0 rendered: {tuple(ends.shape)}")
-    return plan
+    return plan, (f"dry run: would write {args.num_samples} samples x {plan['files_per_sample']} files to "
+                  f"{args.out_dir}, {args.frames} x {args.size} x {args.size} .{args.video_format} (raw clip "
+                  f"{clip_bytes / 2**20:.0f} MiB); frames 0 and {args.frames - 1} of sample 0 rendered: "
+                  f"{tuple(ends.shape)}")
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command (tools/make_demo_dataset.py): its report goes to stdout."""
     args = parse_args(argv)
     if args.dry_run:
-        dry_run(args)
+        print(dry_run(args)[1])
         return
     params = {k: getattr(args, k) for k in ("num_samples", "size", "frames", "seed", "write_meta")}
     if args.video_format != "mp4":  # mp4 folders keep their marker (and so stay complete) as before
@@ -522,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     status = "kept complete dataset" if reason is None else f"wrote ({reason})"
     seconds = time.perf_counter() - start
     if args.verify:
-        verify(args.out_dir, params)
+        print(verify(args.out_dir, params))
     print(f"{status}: {args.num_samples} samples, {args.size}x{args.size}, {args.frames} frames, "
           f"{args.out_dir}, {seconds:.2f}s")
 

@@ -432,7 +432,7 @@ def frames_to_video(frames_FHWC: np.ndarray, height: int, width: int, resize_mod
 
     The crop box is center_crop's arithmetic. Bicubic and bilinear resize the whole clip at once
     with torch's antialiased filter on uint8 (PIL's filter family: pixels within 2 levels of a
-    per-frame PIL resize, 4x faster at 81 x 480 x 832, see bench/RESULTS.md); area and nearest go
+    per-frame PIL resize, several times faster at 81 x 480 x 832: bench/RESULTS.md, section 3); area and nearest go
     through PIL frame by frame."""
     if frames_FHWC.dtype != np.uint8 or frames_FHWC.ndim != 4 or frames_FHWC.shape[-1] != 3:
         raise MediaError(f"frames must be uint8 [F,H,W,3], got {frames_FHWC.dtype} {frames_FHWC.shape}")

@@ -39,6 +39,9 @@ from e2v.data.media import MediaError, read_frame
 from e2v.data.opens2v_json import Entry, EntryError, decode_mask, mask_area, parse_entry
 from e2v.data.prepare.fill import MAX_FOREGROUND_SHARE, fill_background
 from e2v.data.sample import MetadataError, Problem, Sample, outside_problem, outside_root
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v.data")
 
 RECIPE_VERSION = "1"  # bump when the cut itself changes: every reference is then written anew
 SUBJECT, OBJECT = "subject", "object"
@@ -369,7 +372,7 @@ def _sample(e: Entry, opts: OpenS2V, rules: ClassRules, elements: list[Element],
 
 def summary_line(ds: Dataset, index: OpenS2VIndex) -> str:
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(index.dropped.items())) or "none"
-    return (f"[e2v data] opens2v {ds.metadata_path}: {index.entries} entries -> {len(index.samples)} samples, "
+    return (f"opens2v {ds.metadata_path}: {index.entries} entries -> {len(index.samples)} samples, "
             f"{len(index.problems)} problems; left out: {dropped}")
 
 
@@ -377,5 +380,5 @@ def discover_opens2v(ds: Dataset, elements: list[Element], allow_outside_root: b
                      ) -> tuple[list[Sample], list[Problem]]:
     """e2v.data.elements.discover's `opens2v` source: the samples and problems, the drop counts printed once."""
     index = read_opens2v(ds, elements, allow_outside_root)
-    print(summary_line(ds, index), flush=True)
+    log.info(summary_line(ds, index))
     return index.samples, index.problems

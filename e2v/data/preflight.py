@@ -50,6 +50,9 @@ from e2v.data.media import (
     supported_frames,
 )
 from e2v.data.sample import Problem, Sample, element_paths
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v.data")
 
 CACHE_VERSION = 2
 SMALL_REFERENCE = 4  # a reference whose longer side is under 1/4 of the target's: a warning
@@ -203,7 +206,7 @@ def _save_cache(path: Path, facts: dict) -> None:
         tmp.write_text(json.dumps(facts))
         os.replace(tmp, path)
     except OSError as e:  # a read-only home: the check still ran, only the restart is slower
-        print(f"[e2v data] note: data check cache not written ({e})", file=sys.stderr)
+        log.warning(f"note: data check cache not written ({e})")
 
 
 def _pool(workers: int):
@@ -297,9 +300,9 @@ def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = N
 
 # --- the check spread over the ranks ----------------------------------------------------------------
 
-# A generous cost of one sample's read on one worker: bench/bench_preflight.py measured ~0.1 s per
-# 64x64 demo clip (bench/results/preflight.json); a 480p clip decodes its tail from the last
-# keyframe and its references at full size, so several times that, and the timeout adds 4x on top.
+# A generous cost of one sample's read on one worker: a 64x64 demo clip takes a small fraction of
+# it (bench/RESULTS.md, section 8); a 480p clip decodes its tail from the last keyframe and its
+# references at full size, so several times that, and the timeout adds 4x on top.
 CHECK_S_PER_SAMPLE = 2.0
 LONG_CHECK_S = 600  # a check expected to take longer is told to pre-fill the cache (tools/check_dataset.py)
 MIN_TIMEOUT_S = 1800  # the gather's group never waits less than this
@@ -326,7 +329,7 @@ def long_check_note(todo: int, cached: int, world: int, workers: int) -> str | N
     expected = check_seconds(todo, world, workers)
     if expected <= LONG_CHECK_S:
         return None
-    return (f"[e2v data] checking {todo} samples ({cached} cached) over {world} rank(s) x {workers} worker(s): "
+    return (f"checking {todo} samples ({cached} cached) over {world} rank(s) x {workers} worker(s): "
             f"~{expected / 60:.0f} min before step 1 (the ranks wait up to "
             f"{gather_timeout_s(todo, world, workers) / 60:.0f} min for it). On a set this large, fill the "
             f"check's cache once beforehand: `python tools/check_dataset.py --config <this run's config>` on "
@@ -372,7 +375,7 @@ def facts_over_ranks(cfg: Config, unique: list[Sample], *, workers: int | None =
         plan = {"todo": todo, "cached": len(unique) - len(todo)}
         note = long_check_note(len(todo), plan["cached"], world, workers)
         if note:
-            print(note, flush=True)
+            log.info(note)
     plan = share.broadcast(plan)
     todo = plan["todo"]
     mine = todo[rank::world]
@@ -396,8 +399,8 @@ def facts_over_ranks(cfg: Config, unique: list[Sample], *, workers: int | None =
         if todo:
             _save_cache(path, {**stored, **{keys[i]: read[i] for i in todo}})
             if progress:
-                print(f"[e2v data] checked {len(todo)} sample(s) over {world} rank(s) in "
-                      f"{max(s for _, s in parts):.0f} s ({plan['cached']} cached)", flush=True)
+                log.info(f"checked {len(todo)} sample(s) over {world} rank(s) in "
+                         f"{max(s for _, s in parts):.0f} s ({plan['cached']} cached)")
         facts = [{**(read[i] if i in read else stored[keys[i]]), "cut_error": cut[i]} for i in positions]
     facts = share.broadcast(facts)
     share.close()

@@ -44,13 +44,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from e2v.config.load import load_config  # noqa: E402
+from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.config.shapes import TEXT_LEN  # noqa: E402
-from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats  # noqa: E402
-from e2v.data.elements import discover, orphan_files  # noqa: E402
-from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate  # noqa: E402
-from e2v.data.preflight import (  # noqa: E402
+from e2v.config.shapes import TEXT_LEN
+from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats
+from e2v.data.elements import discover, orphan_files
+from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate
+from e2v.data.preflight import (
     cut_references,
     fingerprint,
     map_samples,
@@ -60,9 +60,9 @@ from e2v.data.preflight import (  # noqa: E402
     store_facts,
     summarize,
 )
-from e2v.data.prepare.manifest import PREPARE_FILES  # noqa: E402
-from e2v.data.sample import MetadataError, Problem, Sample  # noqa: E402
-from e2v.eval.validation import hold_out_problem  # noqa: E402
+from e2v.data.prepare.manifest import PREPARE_FILES
+from e2v.data.sample import MetadataError, Problem, Sample
+from e2v.eval.validation import hold_out_problem
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning

@@ -80,8 +80,11 @@ from e2v.eval.sampling import decode, denoise, encode_conditions, generate
 from e2v.eval.viz import GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4, write_png
 from e2v.models.load import load_clip, load_vae, visiting, with_all_experts, with_encoders
 from e2v.runtime.device import randn, to_device
+from e2v.runtime.log import get_logger
 from e2v.train.flow import add_noise, per_sample_mse
 from e2v.train.step import predict, prediction_and_target
+
+log = get_logger("e2v")
 
 
 def hold_out_problem(cfg, num_usable: int) -> tuple[str, str] | None:
@@ -177,8 +180,7 @@ class Validator:
                 scalars.update(video_scalars)
         finally:
             model.train(was_training)
-        if self.rank == 0:
-            print(f"\n[e2v] validation step {step}: {summary(scalars, written)}")
+        log.info(f"\nvalidation step {step}: {summary(scalars, written)}")
         return scalars
 
     @contextlib.contextmanager

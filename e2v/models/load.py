@@ -31,8 +31,11 @@ from e2v.models.parts import CLIP_VIT_H, Parts, clip_image_processor, clip_locat
 from e2v.models.plan import build_meta_transformer
 from e2v.models.precision import kept_in_fp32, to_inference_dtype
 from e2v.models.tiny import build_tiny_experts, build_tiny_parts, build_tiny_tokenizer
-from e2v.models.zero3_load import _print0, load_transformer_zero3, zero3_load_blocker
+from e2v.models.zero3_load import load_transformer_zero3, zero3_load_blocker
 from e2v.runtime.device import TF32_ATTR
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v")
 
 
 def load_tokenizer(cfg: Config, offline: bool = True, raise_errors: bool = False):
@@ -73,7 +76,7 @@ def load_transformer(cfg: Config, subfolder: str = "transformer", ds_config: dic
         expand_to = expansion_shape(cfg, image_width, config["in_channels"]) if needs_expansion(config, cfg) else None
         return load_transformer_zero3(folder, ds_config, tdtype, expand_to, seed=cfg.model.tiny_seed)
     if blocker != "not ZeRO-3":
-        _print0(f"[e2v] note: ZeRO-3, but every rank loads the whole transformer: {blocker}")
+        log.info(f"note: ZeRO-3, but every rank loads the whole transformer: {blocker}")
     transformer = WanTransformer3DModel.from_pretrained(path, subfolder=subfolder, torch_dtype=tdtype,
                                                         low_cpu_mem_usage=True)
     return expanded(transformer, cfg, image_width), None

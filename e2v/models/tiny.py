@@ -38,8 +38,8 @@ def seeded(seed: int):
 
 
 def tiny_transformer_config(base: str = "i2v", shape: TinyShape | None = None) -> dict:
-    """By default (`model.tiny` unset) 2 heads x 12, 2 layers: ~30k parameters, 12 ms a step on a
-    2-core CPU (measured); `shape` (the config's `model.tiny`) sizes it, as the demo does. ti2v is
+    """By default (`model.tiny` unset) 2 heads x 12, 2 layers: ~30k parameters, milliseconds a step
+    on a 2-core CPU (bench/RESULTS.md, section 7: `tiny_step`); `shape` (the config's `model.tiny`) sizes it, as the demo does. ti2v is
     Wan2.2 TI2V-5B's layout: 48 latent channels in and out, no image attention."""
     shape = shape or TinyShape()
     cfg = dict(

@@ -16,8 +16,8 @@ carries 6 numbers: the group's mean RGB, and the change of RGB from the group's 
 half (coarse motion; 0 for frame 0 and for still references).  Rank 6 inside 16 channels is fine
 for a diffusion model: the other 10 directions are constant.  Measured (tests/test_tiny_vae.py):
 probe R^2 1.000 vs -0.2 random; decoded video vs the 8x8-blurred group-mean target 35 dB PSNR
-(vs the half-group target the decoder actually aims at: 79 dB); encode of 2 x [3,17,64,64] ~10 ms
-on one CPU thread (the random preset: ~55 ms); 43k parameters.
+(vs the half-group target the decoder actually aims at: 79 dB); 43k parameters; its encode's
+speed against the random preset's: bench/RESULTS.md, section 7: `tiny_vae_encode`.
 
 How the Wan blocks are made to do that (read `autoencoder_kl_wan.py` alongside):
 - `num_res_blocks=0` and equal widths: the encoder's down path is conv_in + 3 Resamples; the
@@ -327,8 +327,8 @@ def build_tiny_vae(seed: int = 0, informative: bool = True) -> AutoencoderKLWan:
         if informative:
             # 8 channels = groups A and B (see `_set_informative_weights`).  The decoder's
             # upsamplers halve the width, so 8 is also what carries one 4-channel group through.
-            # num_res_blocks=0: no residual blocks in the encoder's down path (5x faster encode;
-            # they would be identities anyway), one per decoder up block, two in each mid block.
+            # num_res_blocks=0: no residual blocks in the encoder's down path (a faster encode,
+            # bench/RESULTS.md, section 7: `tiny_vae_encode`; they would be identities anyway), one per decoder up block, two in each mid block.
             vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=Z_DIM, dim_mult=[1, 1, 1, 1],
                                    num_res_blocks=0, temperal_downsample=[False, True, True])
         else:

@@ -14,13 +14,9 @@ from e2v.config.schema import Config
 from e2v.models.expand import expanded_config, init_new_modules, widened_patch_weight
 from e2v.models.precision import kept_in_fp32
 from e2v.runtime.device import accelerator_device
+from e2v.runtime.log import get_logger
 
-
-def _print0(msg: str) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(msg, flush=True)
+log = get_logger("e2v")
 
 
 def zero3_load_blocker(cfg: Config, ds_config: dict | None, subfolder: str = "transformer") -> str | None:
@@ -129,9 +125,9 @@ def load_transformer_zero3(folder: Path, ds_config: dict, dtype: torch.dtype,
     missing = sorted(set(params) - seen)
     if missing:
         raise RuntimeError(f"{folder}: no file value for {len(missing)} parameters, e.g. {missing[:5]}")
-    _print0(f"[e2v] transformer partitioned at load (zero.Init, {str(dtype).removeprefix('torch.')}), "
-            f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}"
-            + (", expanded for elements" if expand_to is not None else ""))
+    log.info(f"transformer partitioned at load (zero.Init, {str(dtype).removeprefix('torch.')}), "
+             f"streamed from {len(files)} shard file{'s' if len(files) != 1 else ''}"
+             + (", expanded for elements" if expand_to is not None else ""))
     return model, fp32_file_values
 
 

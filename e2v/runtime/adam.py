@@ -35,7 +35,9 @@ CHOICES = (TORCH_ADAMW, DEEPSPEED_ADAM, ADAMW_8BIT)
 # An arch entry DeepSpeed 0.19's op builder parses: it reads "major.minor[+PTX]" with int(), so
 # torch's family suffixes ("9.0a", "10.0f") stop the build with "invalid literal for int()".
 _ARCH_ENTRY = re.compile(r"\d+\.\d+(\+PTX)?")
-STALE_LOCK_S = 600  # a JIT build of either Adam op takes ~1 min; a lock older than this outlived its build
+# Many times a JIT build of either Adam op (bench/RESULTS.md, section 7: `adam_jit_build`): a build
+# lock older than this outlived its build.
+STALE_LOCK_S = 600
 
 
 def arch_list_problem(arch_list: str | None) -> str | None:

@@ -9,6 +9,11 @@ import signal
 
 import torch
 
+from e2v.runtime.log import get_logger
+from e2v.runtime.ports import free_port
+
+log = get_logger("e2v")
+
 
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -27,8 +32,8 @@ def init_distributed() -> None:
     """`deepspeed.init_distributed` with NCCL on CUDA, gloo elsewhere.
 
     On the CPU accelerator DeepSpeed JIT-compiles a shared-memory op (`deepspeed_shm_comm`) at
-    every first init. Only `inference_all_reduce` uses it, never training; the compile costs ~30 s
-    on a fresh 2-core machine, and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
+    every first init. Only `inference_all_reduce` uses it, never training; the compile costs tens of
+    seconds (bench/RESULTS.md, section 7: `ds_shm_comm_build`), and torch's build lock (`~/.cache/torch_extensions/*/lock`) is never
     cleared when a build is killed, after which every later run waits on it forever, printing
     nothing. So CPU runs opt out of the op (set E2V_DS_SHM_COMM=1 to keep it)."""
     import deepspeed
@@ -54,11 +59,7 @@ def init_distributed() -> None:
 def port_in_use(port: str) -> str:
     """The one line for a rendezvous port another program holds (most often a second run on this
     machine: the deepspeed launcher's default is always 29500), with a port free now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
+    free = free_port()
     return (f"distributed: port {port} (MASTER_PORT) is already in use on this machine, by another run or "
             f"program; start with another: deepspeed --master_port {free} ..., or make ... MASTER_PORT={free} "
             "(the Makefile finds a free port when none is given)")
@@ -71,15 +72,10 @@ def single_process_env() -> bool:
     (deepspeed, torchrun, SLURM with these variables) is left as it is."""
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return False
-    import socket
-
-    with socket.socket() as s:  # a port free now; the group binds it at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                      MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
-    print("[e2v] no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
+                      MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))  # the group binds it at once
+    log.info("no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
     return True
 
 

@@ -11,11 +11,11 @@ so far instead of what is alive.
 `return_freed_memory` fixes the threshold at 4 MiB (which also stops glibc from moving it) and
 the heap's trim threshold with it, once, at the start of a process: a block of a layer's weights
 (4.5 MiB and up in Wan2.1-1.3B, more in 14B) is then its own mapping and goes back when freed,
-while the many smaller temporaries keep reusing heap memory. Measured on CPU with the real 1.3B
-shapes (bench/smoke_real.py's runs): the E2V run under ZeRO-3 with 2 ranks peaks at 16.5 GiB
-instead of 20.6 (same losses; wall 254 s against 244); a lower threshold, 256 KiB, gains little
-more (15.9 GiB) and makes the CPU steps of the T2V LoRA run 50% slower, every activation becoming
-a fresh mapping whose pages the kernel must zero. (On a GPU the host's large blocks are the
+while the many smaller temporaries keep reusing heap memory. On CPU with the real 1.3B shapes
+(bench/smoke_real.py's runs) it lowers the peak of the E2V run under ZeRO-3 by a fifth with the
+same losses; a lower threshold, 256 KiB, gains little more and makes the CPU steps of the T2V LoRA
+run slower, every activation becoming a fresh mapping whose pages the kernel must zero (the
+figures: bench/RESULTS.md, section 7: `malloc_threshold`). (On a GPU the host's large blocks are the
 offloaded optimizer's and the checkpoints' copies; not measured there.)
 
 It leaves things as they are where the user has chosen: E2V_MALLOC=default, MALLOC_MMAP_THRESHOLD_

@@ -173,7 +173,7 @@ def load_rng(path: Path) -> dict:
 
 # --- checksums -----------------------------------------------------------------------------------
 
-HASH = "sha256"  # ~0.9 s per GB on one core with SHA instructions (README, "Trust and safety")
+HASH = "sha256"  # its cost per GB of one core: bench/RESULTS.md, section 7: `sha256_per_gb`
 
 
 def file_digest(path: Path) -> str:

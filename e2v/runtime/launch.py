@@ -9,24 +9,9 @@ import json
 import sys
 from pathlib import Path
 
+from e2v.runtime.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-_ports: set[int] = set()
-
-
-def free_port() -> int:
-    """A free port, never one handed out before in this process: launches started side by side
-    bind theirs only seconds later."""
-    import socket
-
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ports:
-            _ports.add(port)
-            return port
 
 
 def train_command(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), script: Path | None = None) -> list[str]:

@@ -10,6 +10,12 @@ message is built with plain newlines; leading newlines stay in front of the tag 
 progress bar's line). Records at WARNING and below go to stdout, ERROR and above to stderr, both
 looked up when written (a test's captured streams see them). Rank: the process group's when it is
 up, else the launcher's RANK variable (start-up, before the group exists), else 0.
+
+The rule: code in e2v/ never prints, it logs here (and needs no `if rank == 0`: the handler asks);
+the one exception is a command's own report, what the user ran the command to read (check_dataset's
+table, make_demo_dataset's verdict), printed untagged by the command's `main(argv)` (tools/*.py, or
+the e2v module a tools/ script is the thin front of). A function that makes such a report returns
+its text, so a library caller can log it instead. A test (test_log_rule.py) holds e2v/ to this.
 """
 
 from __future__ import annotations

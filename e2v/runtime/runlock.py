@@ -21,6 +21,9 @@ import socket
 from pathlib import Path
 
 from e2v.runtime.files import write_text_atomic
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v")
 
 LOCK_FILE = "run.lock"
 
@@ -75,8 +78,8 @@ def lock_run_folder(run_dir: Path, rank: int) -> RunLock | None:
         try:
             lock = RunLock(run_dir)
             if lock.previous.get("pid"):
-                print(f"[e2v] {lock.path}: taken over from pid {lock.previous['pid']} on "
-                      f"{lock.previous.get('host')}, which has ended")
+                log.info(f"{lock.path}: taken over from pid {lock.previous['pid']} on "
+                         f"{lock.previous.get('host')}, which has ended")
         except RunFolderBusy as e:
             error = str(e)
     if dist.is_available() and dist.is_initialized():
@@ -107,6 +110,6 @@ def cut_scalars(path: Path, first_step: int) -> int:
             dropped += 1
     if dropped:
         write_text_atomic(path, "".join(f"{line}\n" for line in kept))
-        print(f"[e2v] {path}: dropped {dropped} line(s) of steps >= {first_step}, logged by an earlier run "
-              "past the point this run starts from")
+        log.info(f"{path}: dropped {dropped} line(s) of steps >= {first_step}, logged by an earlier run "
+                 "past the point this run starts from")
     return dropped

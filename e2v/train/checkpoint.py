@@ -44,7 +44,10 @@ from e2v.runtime.integrity import (
     weights_only_checkpoint_engine,
     weights_only_zero_to_fp32,
 )
+from e2v.runtime.log import get_logger
 from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, export_meta, read_base, save_full, write_lora_exports
+
+log = get_logger("e2v.checkpoint")
 
 MANIFEST = "COMPLETE"
 OPTIMIZER_FILE = "e2v_optimizer.json"  # the class that stepped the weights; a resume must use the same
@@ -209,7 +212,7 @@ def remove_stale_saves(ckpt_root: Path) -> list[Path]:
     deleted folders."""
     stale = sorted(p for p in Path(ckpt_root).glob(f"step_*{PARTIAL}") if p.is_dir())
     for p in stale:
-        print(f"[e2v checkpoint] removing {p}: left by a save that did not finish")
+        log.info(f"removing {p}: left by a save that did not finish")
         shutil.rmtree(p, ignore_errors=True)
     return stale
 
@@ -331,27 +334,24 @@ def find_resume(resume: str, run_dir: Path | None) -> Path | None:
         if root is None or not root.exists():
             return None
         pointed, why = read_latest(root)
-        if pointed is None and (root / "latest").exists() and this_rank() == 0:
-            print(f"[e2v checkpoint] ignoring {root / 'latest'}: {why}")
+        if pointed is None and (root / "latest").exists():
+            log.info(f"ignoring {root / 'latest'}: {why}")
         if pointed is not None:
             problem = checkpoint_problem(pointed) if pointed.is_dir() else "the folder is missing"
             if problem is None:
                 return pointed
-            if this_rank() == 0:
-                print(f"[e2v checkpoint] skipping {pointed} (named by {root / 'latest'}): {problem}")
+            log.info(f"skipping {pointed} (named by {root / 'latest'}): {problem}")
         found = [p for p in complete_checkpoints(root) if p != pointed]  # sizes match; newest first below
         newest = _step(found[-1]) if found else -1
         for p in sorted(root.glob("step_*")):  # say why anything newer than the pick is not used
             m = re.match(r"step_(\d+)", p.name)
-            if p not in found and p != pointed and m and int(m.group(1)) > newest and this_rank() == 0:
-                print(f"[e2v checkpoint] skipping {p}: "
-                      f"{checkpoint_problem(p, checksums=False) or 'not a checkpoint folder'}")
+            if p not in found and p != pointed and m and int(m.group(1)) > newest:
+                log.info(f"skipping {p}: {checkpoint_problem(p, checksums=False) or 'not a checkpoint folder'}")
         for p in reversed(found):
             problem = checkpoint_problem(p)
             if problem is None:
                 return p
-            if this_rank() == 0:
-                print(f"[e2v checkpoint] skipping {p}: {problem}")
+            log.info(f"skipping {p}: {problem}")
         return None
     path = Path(resume)
     problem = checkpoint_problem(path)

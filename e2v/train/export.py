@@ -18,6 +18,7 @@ import torch
 from e2v.models.experts import each_expert, plain_name, split_names, split_state
 from e2v.runtime.files import replacing
 from e2v.runtime.integrity import usual_permissions
+from e2v.runtime.log import get_logger
 from e2v.runtime.stream_safetensors import StreamedSafetensors, nbytes
 from e2v.train.comfy import (
     check_comfy_mappable,
@@ -27,6 +28,8 @@ from e2v.train.comfy import (
     wan_original_key,
     wan_original_state,
 )
+
+log = get_logger("e2v.export")
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 COMFY_FILE = "pytorch_lora_weights_comfyui.safetensors"  # LoRA + trained modules as `.diff`: ComfyUI's LoRA loader
@@ -366,11 +369,11 @@ def write_lora_exports(out_dir: Path, lora: dict, extra, meta: dict, base: dict 
                 kept += k
                 diff_keys.update({name: (key, tuple(d.shape)) for key, d in diffs.items()})
             if kept:
-                print(f"[e2v export] {len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
-                      f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
+                log.info(f"{len(kept)} trained tensors the base model lacks (e.g. {kept[0]}) cannot be "
+                         f"differences in {COMFY_FILE}: they are in {COMFY_EXTRA_FILE} (full weights) only")
             comfy, comfy_ok = comfy_lora(lora, meta["lora"]["lora_alpha"]), True
         except ValueError as e:
-            print(f"[e2v export] no {COMFY_FILE}: {e}")
+            log.info(f"no {COMFY_FILE}: {e}")
     with contextlib.ExitStack() as stack:
         def writer(file: str, entries: dict):
             return stack.enter_context(StreamedSafetensors(stack.enter_context(replacing(out_dir / file)), entries))
@@ -401,7 +404,7 @@ def write_lora_exports(out_dir: Path, lora: dict, extra, meta: dict, base: dict 
     if unapplied:
         shape["comfyui_lora_not_applied"] = unapplied
         shape["comfyui_note"] = comfy_unapplied_note(unapplied)
-        print(f"[e2v export] warning: {shape['comfyui_note']}")
+        log.warning(f"warning: {shape['comfyui_note']}")
     (out_dir / MODEL_FILE).write_text(json.dumps(shape, indent=2))
     usual_permissions(*(out_dir / f for f in (LORA_FILE, COMFY_FILE, EXTRA_FILE, COMFY_EXTRA_FILE, MODEL_FILE)))
 

@@ -135,6 +135,13 @@ def count_model(cfg: Config) -> ModelCounts:
     if cfg.model.base_dtype == "fp8":
         quantize_base(model, full_patterns(cfg, expanded))
     setup_training(model, cfg, expanded=expanded)
+    return counts_of(model)
+
+
+def counts_of(model) -> ModelCounts:
+    """The counts of a transformer as built for training (its LoRA and trained modules set up, an
+    fp8 base quantised), on any device: what count_model reads from its meta-device build, and what
+    a measured run (bench/gpulib/fp8_section.py) compares its peaks with."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -183,6 +190,12 @@ def fp8_on_host(cfg: Config, c: ModelCounts) -> tuple[float, float]:
     return n * per_block, 2 * per_block
 
 
+def dequant_bytes(c: ModelCounts, elem_bytes: int) -> int:
+    """One fp8 layer's weight dequantised to the training dtype in the forward and again in the
+    backward (e2v/models/fp8.py): the largest layer's, twice."""
+    return 2 * elem_bytes * c.fp8_largest
+
+
 def validation_bytes(cfg: Config, s: int, ctx: int, c: ModelCounts, e: int, cp: int) -> dict:
     """What the validation phase adds on the GPU to the resident training state (weights, gradients,
     optimizer, buffers): the transformer's inference activations (no grad: one block's working set
@@ -227,8 +240,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
     encoders = sum(encoder_bytes(cfg).values())  # resident on every GPU unless the cache replaces them
     val = validation_bytes(cfg, s, ctx, counts, e, u * r)
     host_fp8, in_flight = fp8_on_host(cfg, counts)
-    # One fp8 layer's weight is dequantised in the forward and again in the backward (e2v/models/fp8.py).
-    dequant = 2 * e * counts.fp8_largest
+    dequant = dequant_bytes(counts, e)
     rows = []
     for ds_name in SHIPPED[:2] if counts.fp8 else SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e, optimizer=cfg.deepspeed.optimizer)

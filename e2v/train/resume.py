@@ -28,7 +28,10 @@ from pathlib import Path
 import yaml
 
 from e2v.runtime import distributed
+from e2v.runtime.log import get_logger
 from e2v.train import checkpoint as ckpt
+
+log = get_logger("e2v")
 
 # keys whose change makes the checkpoint's tensors or their partitioning unusable
 STRUCTURAL = ("model.", "lora.", "e2v_type", "train.trainable", "train.mixed_precision", "deepspeed.", "parallel.",
@@ -144,6 +147,6 @@ def pick_checkpoint(mode: str | None, config: dict, run_dir: Path, rank: int) ->
     kind, line = distributed.broadcast(verdict, rank)
     if kind == "error":
         raise SystemExit(f"resume error: {line}")
-    if rank == 0 and line:
-        print(f"[e2v] {line}")
+    if line:
+        log.info(line)
     return found

@@ -32,6 +32,7 @@ import numpy as np
 from PIL import Image
 
 from e2v.data.media import variable_rate
+from e2v.runtime.log import EVERY_RANK, get_logger
 
 from . import captions as cap, shots
 from .classical import warp
@@ -64,7 +65,9 @@ from .masks import bbox
 from .quality import gate_failures, quality
 from .references import Choice, choose, crop_on_white, cutout_rgba, outside_positions
 from .sheet import write_sheet
-from .summary import print_summary, summarize
+from .summary import describe, summarize
+
+log = get_logger("e2v.prepare")
 
 # Files in the input folder that are never sources: sidecars, tables, images, our own state.
 NOT_VIDEO = {".txt", ".csv", ".jsonl", ".json", ".png", ".jpg", ".jpeg", ".npz", ".npy", ".md", ".part", ".yaml"}
@@ -457,8 +460,8 @@ def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool 
         record = read_record(out, str(s.relative_to(input_dir)))
         if record is None or record.get("config_key") != fingerprint:
             todo.append(s)
-    print(f"[prepare rank {rank}/{world}] {len(sources)} source files: {len(sources) - len(todo)} finished before, "
-          f"{len(todo)} to do -> {out}")
+    log.info(f"rank {rank}/{world}: {len(sources)} source files: {len(sources) - len(todo)} finished before, "
+             f"{len(todo)} to do -> {out}", extra=EVERY_RANK)
     preparer = Preparer(cfg, input_dir, out, device) if todo else None
     for s in tqdm(todo, desc=f"prepare rank {rank}", position=rank, dynamic_ncols=True,
                   mininterval=1 if sys.stderr.isatty() else 30):
@@ -480,11 +483,11 @@ def prepare(cfg: PrepareConfig, input_dir: Path, out: Path, *, no_caption: bool 
     n = write_manifest(out, records)
     summary = summarize(records, cfg)
     write_json_atomic(out / SUMMARY, summary)
-    print_summary(summary)
-    print(f"[prepare] {n} samples -> {out}; manifest {out / MANIFEST}")
+    log.info(describe(summary))
+    log.info(f"{n} samples -> {out}; manifest {out / MANIFEST}")
     if cfg.check.run and check is not None and not summary.get("no_samples"):
         argv = check_argv(cfg, out)
-        print("[prepare] check: tools/check_dataset.py " + " ".join(argv))
+        log.info("check: tools/check_dataset.py " + " ".join(argv))
         summary["check_exit_code"] = check(argv)
         write_json_atomic(out / SUMMARY, summary)
     return summary

@@ -72,14 +72,13 @@ def summarize(records: list[dict], cfg: PrepareConfig) -> dict:
     return summary
 
 
-def print_summary(summary: dict) -> None:
-    print("[prepare] counts:")
-    for k, v in summary["counts"].items():
-        print(f"  {k:<48} {v}")
-    print(f"[prepare] references outside their window: {summary['references_outside_window']}")
-    print("[prepare] seconds per minute of footage: " +
-          ", ".join(f"{k} {v}" for k, v in summary["seconds_per_footage_minute"].items()))
-    print("[prepare] per video:")
+def describe(summary: dict) -> str:
+    """The summary as the lines the preparer says at its end: counts, timings, one line per video."""
+    lines = ["counts:", *(f"  {k:<48} {v}" for k, v in summary["counts"].items()),
+             f"references outside their window: {summary['references_outside_window']}",
+             "seconds per minute of footage: " +
+             ", ".join(f"{k} {v}" for k, v in summary["seconds_per_footage_minute"].items()),
+             "per video:"]
     for n in summary["inputs"]:
         line = f"  {n['status'].upper():<8} {n['source']}" + (f" [{n['kind']}]" if n.get("kind") else "")
         if n["status"] == "done":
@@ -90,9 +89,8 @@ def print_summary(summary: dict) -> None:
             line += "; " + ", ".join(f"{k} {v}" for k, v in n["reasons"].items())
         if n["notes"]:
             line += f" ({'; '.join(n['notes'])})"
-        print(line)
+        lines.append(line)
     if len(summary["sample_sizes_hw"]) > 1:
-        print(f"[prepare] samples come in {len(summary['sample_sizes_hw'])} sizes: train with "
-              f"data.resolution_buckets: {summary['sample_sizes_hw']}")
-    for line in summary["length_advice"]:
-        print(f"[prepare] {line}")
+        lines.append(f"samples come in {len(summary['sample_sizes_hw'])} sizes: train with "
+                     f"data.resolution_buckets: {summary['sample_sizes_hw']}")
+    return "\n".join(lines + summary["length_advice"])
