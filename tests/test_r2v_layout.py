@@ -256,7 +256,7 @@ def test_r2v_sampling_without_a_required_reference_is_named(tmp_path):
     import numpy as np
     from PIL import Image
 
-    import tools.sample as sample
+    import e2v.eval.sample_cli as sample
 
     path = tmp_path / "object.png"
     Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(path)

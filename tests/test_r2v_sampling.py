@@ -155,7 +155,7 @@ def lora_run(demo_data, tmp_path_factory):
 def test_r2v_lora_in_diffusers_wanpipeline_with_v3s_loop_equals_tools_sample(lora_run, tmp_path, monkeypatch):
     from diffusers import WanPipeline
 
-    import tools.sample as sample
+    import e2v.eval.sample_cli as sample
     from e2v.data.media import load_image
     from e2v.models.tiny import build_tiny_parts
 
