@@ -36,7 +36,7 @@ def close_process_group() -> None:
 
 def shared_root(tmp_path_factory) -> Path:
     """A folder every pytest-xdist worker of this session sees (the parent of the workers' own
-    temporary folders), for what they share: the demo data and the early runs. Read-only to tests."""
+    temporary folders), for what they share: the demo data. Read-only to tests."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
     root.mkdir(exist_ok=True)
