@@ -1,4 +1,5 @@
 """What the tests share besides fixtures: the repository root, the one-process group's teardown,
+`train_e2v.main` in this process,
 the folder the pytest-xdist workers share, the tiny preset saved as a user's folders, a model that
 ignores its references, the settings of the session's shared runs, and the launch helpers of the
 package (e2v/runtime/launch.py: the command, free ports, a run's scalars). Import from here, never
@@ -32,6 +33,25 @@ def close_process_group() -> None:
     for cache in (groups._ALL_TO_ALL_GROUP, groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP,
                   groups._EXPERT_PARALLEL_GROUP_RANKS, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
         cache.clear()
+
+
+def train_main(*argv: str):
+    """`python train_e2v.py argv` in this process (`train_e2v.main(argv)`, one process, no launcher):
+    the code it exits with (a SystemExit's, which the interpreter would print as the one line on
+    stderr; None when main returns). For the start-up checks: what they print is the test's
+    captured output (capsys), and any process group main made is closed after it."""
+    import torch.distributed as dist
+
+    import train_e2v
+
+    try:
+        train_e2v.main(list(argv))
+        return None
+    except SystemExit as e:
+        return e.code
+    finally:
+        if dist.is_initialized():
+            close_process_group()
 
 
 def shared_root(tmp_path_factory) -> Path:

@@ -111,7 +111,7 @@ SAVED_SHAPE = dict(heads=4, head_dim=32, ffn=256, layers=2, frames=5, size=32)  
 
 def saved_bytes(ulysses: int, rank: int, checkpointing: bool) -> int:
     """Bytes autograd keeps for backward on this rank (storage-deduplicated, parameters left out),
-    the measure tests/test_estimate_memory.py holds the formula to, for a model bigger than the
+    the measure tests/unit/test_estimate_memory.py holds the formula to, for a model bigger than the
     tiny one (its activations dominate)."""
     from diffusers import WanTransformer3DModel
 

@@ -10,39 +10,12 @@ import shutil
 import numpy as np
 import pytest
 from helpers import ROOT, read_scalars
-from helpers_cache import encoder_guard_env
+from helpers_cache import encoder_guard_env, make_mixed_dataset
 from helpers_launch import launch_train, wait_all
 
 from e2v.config.load import load_config
 from e2v.data.dataset import index_samples
 from e2v.data.store import CacheError, CacheStore
-
-
-def make_mixed_dataset(root, n_square=4, n_wide=4, bad_element=False):
-    """Square 17-frame clips and wide 9-12-frame clips (two buckets), each with a person image;
-    bad_element adds a square sample whose image is unreadable (found at load, not at indexing)
-    and one with no person image at all (the required element: left out at indexing)."""
-    from PIL import Image
-
-    from e2v.data.demo import write_video
-
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    specs = [(17, 64, 64)] * n_square + [(9 + i % 4, 64, 112) for i in range(n_wide)]
-    for i, (f, h, w) in enumerate(specs):
-        base = rng.integers(0, 255, 3)
-        frames = np.clip(base + rng.integers(-40, 40, (f, h, w, 3)), 0, 255).astype(np.uint8)
-        write_video(root / f"{i:03d}.mp4", frames)
-        (root / f"{i:03d}.txt").write_text(f"clip number {i} of colour {base.tolist()}")
-        Image.fromarray(rng.integers(0, 255, (40, 32, 3), dtype=np.uint8)).save(root / f"{i:03d}_person.png")
-    if bad_element:
-        write_video(root / "bad.mp4", np.zeros((17, 64, 64, 3), np.uint8))
-        (root / "bad.txt").write_text("a sample whose reference image is broken")
-        (root / "bad_person.png").write_bytes(b"not a png")
-        write_video(root / "noref.mp4", np.zeros((17, 64, 64, 3), np.uint8))
-        (root / "noref.txt").write_text("a sample without its required person image")
-    return root
-
 
 MIXED = ("data.resolution_buckets=[[64,64],[64,112]]", "data.auto_frame_buckets=true", "data.frame_buckets=[9,17]",
          "validation.every_n_steps=0", "visualization.enabled=false", "train.micro_batch_size=2",

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from helpers import ROOT
-from helpers_firstday import make, ports_of
+from helpers_make import make, ports_of
 
 
 def test_two_demo_quick_runs_side_by_side(demo_data, tmp_path):

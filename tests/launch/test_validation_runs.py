@@ -38,7 +38,7 @@ def test_logged_at_steps_and_videos_written(viz_run):
             gap = d[f"val/loss_{name}_refs"] - d["val/loss"]
             assert d[f"val/reference_gap_{tag}"] == pytest.approx(gap, rel=1e-6, abs=1e-12)
             assert d[f"val/reference_gap_{tag}_rel"] == pytest.approx(gap / d["val/loss"], rel=1e-6, abs=1e-12)
-        # the held-out videos against their references (e2v/eval/fidelity.py; tests/test_fidelity.py checks the values)
+        # the held-out videos against their references (e2v/eval/fidelity.py; tests/unit/test_fidelity.py checks the values)
         assert 0 <= d["val/sample_reference_match"] <= 1 and 0 <= d["val/sample_reference_swap"] <= 1
         for tag in ("val/element_similarity", "val/element_similarity_gap", "val/element_similarity_person",
                     "val/element_similarity_gap_background"):

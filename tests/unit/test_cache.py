@@ -129,7 +129,7 @@ for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_m
 
 def test_a_cached_run_validates_and_visualizes_with_encoders_loaded_on_demand(demo_data, tiny_parts, tmp_path):
     """With cache.enabled the encoders are not resident: validation that needs them (here a
-    negative prompt the cache does not hold; tests/test_hw_validation.py covers validation from
+    negative prompt the cache does not hold; tests/unit/test_hw_validation.py covers validation from
     the cache) loads them for the time it runs, visualization loads the VAE for each dump. Oracle: the same Validator / Visualizer given
     the resident encoders; the numbers and the contact sheet must be identical."""
     from PIL import Image

@@ -116,7 +116,7 @@ def test_context_parallel_transformer_equals_whole_sequence_transformer(spawned,
 
 def test_context_parallel_activation_formula_matches_saved_bytes_per_rank(spawned):
     """Per rank of a Ulysses-2 group, the bytes autograd keeps for backward against
-    e2v.models.plan.activation_bytes at cp=2 (within 20%, as tests/test_estimate_memory.py holds the
+    e2v.models.plan.activation_bytes at cp=2 (within 20%, as tests/unit/test_estimate_memory.py holds the
     unsplit formula), and clearly below the unsplit formula."""
     from helpers_context_parallel import SAVED_SHAPE as s
 

@@ -97,7 +97,7 @@ def test_small_bucket_is_named_never_dropped_silently():
 
 
 def test_index_assigns_buckets_from_the_clips(tmp_path):
-    from tests.test_cache import make_mixed_dataset
+    from helpers_cache import make_mixed_dataset
 
     data = make_mixed_dataset(tmp_path / "d", n_square=2, n_wide=3)
     (tmp_path / "d/004.mp4").write_bytes(b"broken")

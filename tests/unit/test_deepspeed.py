@@ -31,7 +31,7 @@ def test_every_auto_field_is_filled_from_the_yaml(name):
     assert '"auto"' in json.dumps(raw) and '"auto"' not in json.dumps(cpu) + json.dumps(gpu)
     assert cpu["train_batch_size"] == 3 * 2 * 2 and cpu["bf16"]["enabled"] is True
     assert cpu["optimizer"]["params"]["lr"] == 3e-4
-    # torch's AdamW on every device by default (tests/test_optimizer.py: DeepSpeed's Adam by name)
+    # torch's AdamW on every device by default (tests/unit/test_optimizer.py: DeepSpeed's Adam by name)
     assert cpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["torch_adam"] is True
     zero = cpu["zero_optimization"]
     assert zero["stage"] == (3 if "zero3" in name else 2)

@@ -187,7 +187,7 @@ def test_with_cuda_torch_adamw_is_fused_where_the_fp32_partition_lives(ds_file, 
     """Under ZeRO the optimizer steps one flat fp32 partition: on the GPU, or on the CPU under
     optimizer offload, where torch's fused CPU AdamW runs it (DeepSpeed told so by
     zero_force_ds_cpu_optimizer: false). Fused AdamW does not need the parameters on the GPU.
-    tests/test_optimizer.py: DeepSpeed's Adam by name, and its preflight."""
+    tests/unit/test_optimizer.py: DeepSpeed's Adam by name, and its preflight."""
     from e2v.train.ds_config import adam_choice, resolve_deepspeed_config
 
     cfg = make_cfg(deepspeed__config=ds_file)

@@ -10,7 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from helpers_firstday import HOLD_ALL
+from helpers import ROOT, train_main
+
+HOLD_ALL = ("validation.num_samples: 8 samples held out for validation, but the dataset has 8 usable, so none "
+            "is left to train on; hold out fewer (--set validation.num_samples=1), or none (--set "
+            "validation.every_n_steps=0: no validation)")
 
 
 def _run(root, name: str, steps: list[int], saved_at: float) -> None:
@@ -173,3 +177,15 @@ def test_readme_commands_run_in_the_venv():
     assert used >= {"python", "deepspeed", "tensorboard"}
     venv_bin = Path(sys.executable).parent
     assert all((venv_bin / p).is_file() for p in used), used
+
+
+def test_training_refuses_a_hold_out_of_every_sample_in_one_line(demo_data, tmp_path, capsys):
+    """The real entry point (one process, no launcher): the same line, no traceback (a SystemExit
+    with the message), and nothing built: the optimizer and model lines come after the check and
+    are never printed."""
+    code = train_main("--config", str(ROOT / "configs/e2v_tiny_lora.yaml"),
+                      *[a for s in (f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+                                    "validation.every_n_steps=2", "validation.num_samples=8") for a in ("--set", s)])
+    assert code == f"config error: {HOLD_ALL}"
+    out = capsys.readouterr().out
+    assert "[e2v] optimizer" not in out and "frozen encoders loaded" not in out

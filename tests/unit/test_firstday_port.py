@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 from helpers import ROOT
-from helpers_firstday import make, ports_of
+from helpers_make import make, ports_of
 
 
 def test_make_targets_take_master_port_and_find_a_free_one_by_default():

@@ -118,7 +118,7 @@ def test_full_export_streams_what_save_pretrained_writes(tmp_path, max_shard_byt
 def test_lora_export_streams_the_modules_trained_in_full(tmp_path, monkeypatch):
     """export_lora of a 'trained' tiny LoRA run (configs/e2v_tiny_lora.yaml: LoRA plus modules in
     full) writes the same files as the whole-dict path (trained_state then write_lora_exports
-    given dicts, whose files tests/test_export.py and test_comfy_checkpoint.py check against
+    given dicts, whose files tests/unit/test_export.py and test_comfy_checkpoint.py check against
     the trained and base weights), while no more than one gathered module tensor is alive."""
     import json
 

@@ -207,10 +207,15 @@ def test_the_benchmark_states_no_step_of_its_own():
     assert set(loop.PHASES) >= {"data_wait", "conditioning", "forward_and_loss", "backward", "optimizer"}
 
 
-def test_no_test_imports_conftest():
+def test_no_test_imports_conftest_or_another_test():
     """Test helpers live in tests/helpers*.py; conftest.py holds fixtures and hooks only, so pytest
-    alone imports it (a second import under another name would start a second warm server)."""
-    importing = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
-                 if any(target.split(".")[0] == "conftest" for target, _ in _imports(p))]
-    assert not importing, f"import from helpers / helpers_launch instead of conftest: {importing}"
+    alone imports it (a second import under another name would start a second warm server), and a
+    test file imports no other test file (what two share is a helper module both import); test
+    files live in tests/unit/ or tests/launch/ only (tests/conftest.py: the folder is the suite)."""
+    files = sorted((ROOT / "tests").rglob("*.py"))
+    importing = [str(p.relative_to(ROOT)) for p in files
+                 if any(target.split(".")[0] == "conftest" or any(part.startswith("test_") for part in target.split("."))
+                        for target, _ in _imports(p))]
+    assert not importing, f"import from helpers / helpers_launch / helpers_<topic> instead: {importing}"
     assert len((ROOT / "tests/conftest.py").read_text().splitlines()) < 250
+    assert {p.parent.name for p in files if p.name.startswith("test_")} == {"unit", "launch"}

@@ -68,7 +68,7 @@ def test_manifest_and_files(prepared):
     out, summary = prepared
     counts = summary["counts"]
     # the generator's props stand still: no second moving region, so no evidence of an object and
-    # none invented (classical.static_objects finds them: tests/test_prepare_hard.py)
+    # none invented (classical.static_objects finds them: tests/unit/test_prepare_hard.py)
     assert counts["elements_none_object"] == 6 and "elements_object" not in counts
     assert not list(out.glob("*_object.png"))
     rows = [json.loads(line) for line in (out / "prepare_manifest.jsonl").read_text().splitlines()]
@@ -191,7 +191,7 @@ def test_real_photographs(tmp_path):
 @pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors
 def test_learned_path_plumbing(tmp_path):
     """A tiny random-weight Sam3Model and a tiny captioner (nothing downloaded) through the whole
-    learned path, detecting on every frame (tracking: tests/test_prepare_tracking.py): masks are
+    learned path, detecting on every frame (tracking: tests/unit/test_prepare_tracking.py): masks are
     random, so the filters are opened; the elements are cut with the model's masks and the caption
     is the model's."""
     from helpers_prepare import save_tiny_captioner, save_tiny_sam3

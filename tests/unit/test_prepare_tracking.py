@@ -21,7 +21,7 @@ from e2v.data.prepare.masks import bbox, iou
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors
 ROOT = Path(__file__).resolve().parents[2]
 H, W = 48, 80  # frames the size of no model's input: every resize is exercised
-# 17-frame 64x64 clips at 8 fps (tests/test_prepare_data.py's), detections on every 4th track frame,
+# 17-frame 64x64 clips at 8 fps (tests/unit/test_prepare_data.py's), detections on every 4th track frame,
 # the filters opened (random weights: scores and masks mean nothing)
 SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "check.run=false",
         "elements.detect_every=4", "elements.min_score=0", "elements.min_sharpness=0", "elements.min_area_share=0",

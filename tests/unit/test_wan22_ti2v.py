@@ -273,7 +273,7 @@ def test_wan22_ti2v_text_to_video_equals_wanpipeline_and_its_lora_loads(ti2v_par
 
 
 def test_wan22_ti2v_layout_stays_on_the_models_device(ti2v_parts):
-    """The meta device standing in for CUDA (tests/test_devices.py): reference frames, their zero
+    """The meta device standing in for CUDA (tests/unit/test_devices.py): reference frames, their zero
     padding, the per-token timesteps, the step's loss and the sampler all stay on the models'
     device, online and from the cache."""
     import transformers.masking_utils as masking
@@ -375,7 +375,7 @@ def test_wan22_ti2v_5b_yaml_plans_the_published_model(demo_data, capsys, monkeyp
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_wan22_per_token_timesteps_activation_formula(heads, head_dim, ffn, layers, frames, size, checkpointing):
     """tools/estimate_memory.py's per-token timestep terms against the bytes autograd saves for a
-    48-channel Wan transformer given one timestep per token (tests/test_estimate_memory.py's
+    48-channel Wan transformer given one timestep per token (tests/unit/test_estimate_memory.py's
     measurement), within 20%."""
     from diffusers import WanTransformer3DModel
     from helpers_memory import _saved_bytes

@@ -1,14 +1,11 @@
-"""What tests/unit/test_firstday.py and tests/launch/test_firstday_runs.py share."""
+"""`make` from a test, as a user types it, with the venv running the tests (tests/unit/test_firstday_port.py,
+tests/launch/test_firstday_port_runs.py)."""
 
 from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
-
-HOLD_ALL = ("validation.num_samples: 8 samples held out for validation, but the dataset has 8 usable, so none "
-            "is left to train on; hold out fewer (--set validation.num_samples=1), or none (--set "
-            "validation.every_n_steps=0: no validation)")
 
 VENV = Path(sys.executable).parent.parent  # the venv running the tests is the one make should use
 
