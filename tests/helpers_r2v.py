@@ -5,7 +5,6 @@ never from the project's helpers; and the tiny configs, images and batches the r
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from helpers import ROOT
 from PIL import Image, ImageOps
@@ -134,8 +133,6 @@ def v3_step(model, noisy: torch.Tensor, refs: torch.Tensor, t: torch.Tensor, tex
     timestep = t.expand(noisy.shape[0])
     pred = model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     return hidden, timestep, pred[:, :, : noisy.shape[2]]
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def v3_scheduler(shift: float = 5.0):

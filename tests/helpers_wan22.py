@@ -1,4 +1,5 @@
-"""What tests/unit/test_wan22_experts.py and tests/launch/test_wan22_experts_runs.py share."""
+"""What the Wan2.2 tests share (tests/unit/test_wan22_experts.py, tests/unit/test_wan22_ti2v.py and their
+launch halves in tests/launch/): the reference image, the two-expert pipeline oracle, the tiny TI2V parts."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
+S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)
 
-def _image(seed=1):
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+
+def _image(seed: int = 1, size: int = S) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
 
 
 def _pipe(parts, high, low, **kw):
@@ -39,18 +42,9 @@ def _our_latents(model, parts, cfg, image):
                     num_steps=SAMPLE["steps"], guidance_scale=SAMPLE["guidance"], shift=3.0,
                     negative_prompt=SAMPLE["negative_prompt"])
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)
-
 
 @pytest.fixture(scope="module")
 def ti2v_parts():
     from e2v.models.tiny import build_tiny_parts
 
     return build_tiny_parts(seed=0, base="ti2v")
-
-
-def _image(seed: int, size: int = S) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))

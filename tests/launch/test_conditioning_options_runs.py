@@ -1,7 +1,9 @@
 """Every element and conditioning option of the E2V config, against independent oracles: A2's
 arithmetic computed by hand, a second code path (hand-built condition videos through one VAE
 encode, per-element encodes), diffusers' I2V pipeline patched the way A2's fork samples the
-posterior, and the tiny VAE's known structure (latent frame k = pixel group k)."""
+posterior, and the tiny VAE's known structure (latent frame k = pixel group k).
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_conditioning_options.py."""
 
 from __future__ import annotations
 

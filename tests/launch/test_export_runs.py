@@ -6,7 +6,9 @@ holds only keys ComfyUI's LoRA loader takes, maps back through diffusers' own Wa
 applied as ComfyUI applies it, gives the same output, also for a LoRA outside the blocks; modules
 the base lacks stay full weights; exported files get the umask's permissions; tools/export_lora.py
 rebuilds the same files offline from the checkpoint folder; a full fine-tune exports a bf16
-diffusers model that keeps diffusers' fp32 modules in fp32."""
+diffusers model that keeps diffusers' fp32 modules in fp32.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_export.py."""
 
 import json
 import subprocess

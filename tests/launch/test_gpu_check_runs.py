@@ -3,7 +3,9 @@ report written from a result dict, the budget that skips what the remaining time
 the report rewritten after every section), the data at the real size (a dry build at 81 x 832 x 832:
 480 x 832 after the trainer's crop), and every section's logic at tiny sizes on the CPU (--allow-cpu):
 the environment, VAE and attention sections in this process; the step section's bench processes;
-the main path, the 24 GB configs, activation offload and Wan2.2 through the (warm) launcher."""
+the main path, the 24 GB configs, activation offload and Wan2.2 through the (warm) launcher.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_gpu_check.py."""
 
 import json
 import time

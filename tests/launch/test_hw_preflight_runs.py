@@ -1,6 +1,8 @@
 """The start-up check of what later phases need (e2v/eval/preflight_deps.py): a missing mp4 writer,
 an unloadable tokenizer or an unwritable folder stops every rank before any weight is read, with
-one line that names the fix."""
+one line that names the fix.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_hw_preflight.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The data check before the first step (e2v/data/preflight.py): a copy of the demo data with a
 truncated mp4, an empty caption and a 9-frame clip. Training with the defaults stops before
 step 1 naming all three (2 ranks stop together), `skip` trains without them and counts them,
-`--dry_run` and tools/check_dataset.py report them; the facts are cached by file fingerprint."""
+`--dry_run` and tools/check_dataset.py report them; the facts are cached by file fingerprint.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_preflight.py."""
 
 from __future__ import annotations
 

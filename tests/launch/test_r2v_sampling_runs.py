@@ -3,7 +3,9 @@ driven by hand with the references re-attached at every step and the scheduler s
 video's frames only, and Phantom's three-pass dual guidance; then a LoRA trained through the
 launcher on the tiny T2V preset, loaded into a plain diffusers `WanPipeline` with
 `load_lora_weights`, denoised by a loop written here as V3's pipeline runs it, against
-tools/sample.py: the same latents within 1e-5."""
+tools/sample.py: the same latents within 1e-5.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_r2v_sampling.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ run, removing a stale `.partial` save, and its exported LoRA reproduces in plain
 live engine's output at the end of training; a truncated newest checkpoint is detected and the
 previous one used. The interrupted part runs with gradient checkpointing, which must not change
 the losses. Checkpoint housekeeping (prune by step, `latest` over an abandoned branch) is tested
-on folders made here."""
+on folders made here.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_resume.py."""
 
 import json
 import os

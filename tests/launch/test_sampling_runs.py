@@ -2,7 +2,9 @@
 references), and, for a trained LoRA loaded as tools/sample.py loads it, a call on the inputs
 diffusers' WanImageToVideoPipeline builds for one reference; with one reference (and for T2V) it
 reproduces diffusers' own Wan pipelines; tools/sample.py writes mp4s with the configured frame
-count from a trained tiny LoRA, and in bf16 keeps diffusers' fp32 modules in fp32."""
+count from a trained tiny LoRA, and in bf16 keeps diffusers' fp32 modules in fp32.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_sampling.py."""
 
 from __future__ import annotations
 

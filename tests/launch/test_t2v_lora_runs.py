@@ -1,6 +1,8 @@
 """The text-to-video LoRA recipe (configs/t2v_lora.yaml, docs/formats.md): an .npz JSONL
 manifest, `e2v_type: none` on the 16-channel T2V transformer, LoRA on the attention projections;
-the exported LoRA in a plain diffusers `WanPipeline`."""
+the exported LoRA in a plain diffusers `WanPipeline`.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_t2v_lora.py."""
 
 import copy
 

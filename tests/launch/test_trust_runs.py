@@ -2,7 +2,9 @@
 `--resume` and by tools/export_lora.py) before it runs; a file changed in place (same size) or an
 unreadable `latest` makes `--resume latest` fall back, naming the file; the RNG state is stored as
 data and restores exactly; a second run in a live run's folder stops naming the holder, a dead
-holder's lock is taken over; a resumed run logs each step once."""
+holder's lock is taken over; a resumed run logs each step once.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_trust.py."""
 
 import json
 import shutil

@@ -1,6 +1,8 @@
 """The video-regression recipe (configs/video_regression.yaml, docs/formats.md): a CSV of
 clips, `flow.objective: x0` (loss on the clean-latent estimate x_t - sigma * v), timesteps drawn
-only from `denoising_step_list`, and the seed's logged names."""
+only from `denoising_step_list`, and the seed's logged names.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_video_regression.py."""
 
 import random
 

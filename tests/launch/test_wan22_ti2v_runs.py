@@ -4,7 +4,9 @@ latent frames before the clip, per-token timestep 0, loss on the clip's frames) 
 references as written out by hand; plain text-to-video on TI2V equals `WanPipeline(expand_timesteps=
 True)`; the cache, the devices, the config checks, the real model's plan; and one tiny run through
 the deepspeed launcher whose export loads into the diffusers pipeline and changes its output.
-Every test name has `wan22` in it (`pytest -k wan22`)."""
+Every test name has `wan22` in it (`pytest -k wan22`).
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_wan22_ti2v.py."""
 
 from __future__ import annotations
 

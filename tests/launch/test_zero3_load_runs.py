@@ -2,7 +2,9 @@
 rank holding only its partitions, and streamed from rank 0 one tensor at a time from sharded
 safetensors. It must train to exactly the losses of the whole-model load (diffusers'
 from_pretrained on every rank, `model.zero3_init: false`): bf16, where the fp32-kept modules and
-the rope tables must come out as from_pretrained leaves them, and fp32 under ZeRO-3 + offload."""
+the rope tables must come out as from_pretrained leaves them, and fp32 under ZeRO-3 + offload.
+
+This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_zero3_load.py."""
 
 import shutil
 

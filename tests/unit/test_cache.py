@@ -1,7 +1,9 @@
 """The conditioning cache against a second code path: batch_conditions on the same raw batch with the
 same RNG states must give what it assembles from the cached entries (every
 cacheable mode, dropouts, posterior samples). Then the real tools: precompute, stale and missing
-entries, and a cached training run against an encoding one (mixed sizes, 2 processes, batch 2)."""
+entries, and a cached training run against an encoding one (mixed sizes, 2 processes, batch 2).
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_cache_runs.py."""
 
 import dataclasses
 import os

@@ -3,7 +3,9 @@
 original names (a full fine-tune's, a LoRA run's with the LoRA fused) converts back through
 diffusers' own single-file conversion (the independent key map) to the fused transformer bit for
 bit. With a ComfyUI checkout ($E2V_COMFYUI) its own loaders are the oracle: the single file loads
-to the fused weights, and its LoRA load leaves exactly the named tensors unapplied."""
+to the fused weights, and its LoRA load leaves exactly the named tensors unapplied.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_comfy_checkpoint_runs.py."""
 
 import json
 

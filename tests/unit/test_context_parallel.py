@@ -5,18 +5,7 @@ wrapper alone and the whole tiny transformer, Ulysses 2 and ring 2 (with gradien
 against the same computation on the whole sequence; the activation formula against the bytes a
 rank of a Ulysses-2 group saves for backward.
 
-Training runs (`deepspeed train_e2v.py`, started with the session), each compared with a run of the
-session that has no context parallelism (so the baselines cost nothing here):
-  u2       2 processes, Ulysses 2, the viz run's training settings (its held-out split, checkpoints,
-           export; validation losses at steps 0 and 4, no videos or visualizations, which leave the
-           training alone)                                          = viz_run, 1 process
-  dp2_r2   4 processes, 2 data-parallel groups x ring 2, the ZeRO-3 + offload run's settings, its
-           first 3 steps                                            = zero3_offload_run, 2 processes
-  resumed  2 processes, Ulysses 2, resumed from u2's step-2 checkpoint (after u2)
-                                                                    = u2's and viz_run's steps 3, 4
-Ulysses with several data-parallel groups takes the same groups and reduction as ring (the group is
-the context-parallel group either way); the in-process tests cover both exchanges.
-"""
+The training runs with context parallelism against runs without it: tests/launch/test_context_parallel_runs.py."""
 
 from __future__ import annotations
 

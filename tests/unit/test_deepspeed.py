@@ -2,7 +2,9 @@
 optimizer offload plus gradient checkpointing and the activation-offload key, give the losses of
 the ZeRO-3-offload run; a non-finite loss stops a 2-process run naming step, ranks and samples, after
 saving nothing from that step; under bf16 the modules diffusers keeps in fp32 stay fp32 (checked
-against diffusers' own bf16 loading), and trainable weights keep fp32 master copies."""
+against diffusers' own bf16 loading), and trainable weights keep fp32 master copies.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_deepspeed_runs.py."""
 
 import json
 

@@ -1,6 +1,8 @@
 """T2V -> E2V expansion (`pytest -k expand`): the widened model equals the T2V model exactly at
 step 0, the new modules get gradients and train in full, the plan of the real Wan sizes is right
-without weights, and a tiny T2V-base E2V run's export rebuilds the trained model in plain diffusers."""
+without weights, and a tiny T2V-base E2V run's export rebuilds the trained model in plain diffusers.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_expand_runs.py."""
 
 from __future__ import annotations
 

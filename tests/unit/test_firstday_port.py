@@ -1,7 +1,9 @@
 """Two runs on one machine: the Makefile gives each launch a free rendezvous port (MASTER_PORT, or
 one found when the recipe starts) instead of deepspeed's fixed 29500, and a port another program
 holds stops the run in one line naming the fix (e2v/runtime/distributed.py), not torch's
-EADDRINUSE traceback."""
+EADDRINUSE traceback.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_firstday_port_runs.py."""
 
 from __future__ import annotations
 

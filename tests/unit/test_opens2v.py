@@ -1,7 +1,9 @@
 """The `opens2v` source on a fixture in OpenS2V-5M's own JSON schema (docs/formats.md, "OpenS2V-5M"),
 built here from generated clips and masks RLE-encoded with pycocotools: the references equal the
 masks' pixels, the crop box reaches video and references alike, the valid frame range is kept,
-every defect is named by the validator, and a tiny run trains from it through the launcher."""
+every defect is named by the validator, and a tiny run trains from it through the launcher.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_opens2v_runs.py."""
 
 from __future__ import annotations
 

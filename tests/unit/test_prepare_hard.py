@@ -3,7 +3,9 @@ write_hard_footage: scikit-image's photographs, a pan and a zoom, a subject that
 half its shot, two subjects, a dissolve, a hard cut between two textures of similar colours, a
 portrait clip, two shots of one place, a still shot with a large subject): every cut and dissolve found, no reference showing another subject, the still
 subject dropped and named, pans registered, the portrait kept portrait; the identity check on a
-wrong reference with both measures; a run that writes nothing exits non-zero with the fix."""
+wrong reference with both measures; a run that writes nothing exits non-zero with the fix.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_prepare_hard_runs.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ run, removing a stale `.partial` save, and its exported LoRA reproduces in plain
 live engine's output at the end of training; a truncated newest checkpoint is detected and the
 previous one used. The interrupted part runs with gradient checkpointing, which must not change
 the losses. Checkpoint housekeeping (prune by step, `latest` over an abandoned branch) is tested
-on folders made here."""
+on folders made here.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_resume_runs.py."""
 
 import json
 

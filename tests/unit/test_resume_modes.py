@@ -1,7 +1,9 @@
 """`--resume` says what it does (e2v/train/resume.py): latest with nothing to resume stops, auto
 starts fresh saying so (run as `python train_e2v.py`, without the launcher: one process trains), a shape-changing key (LoRA rank) stops naming it, an optimizer setting
 (lr) stops naming it, a schedule change (max_steps) is applied, named and recorded in config.yaml,
-and without run_id auto passes over a newer folder that holds no checkpoint (a failed start's)."""
+and without run_id auto passes over a newer folder that holds no checkpoint (a failed start's).
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_resume_modes_runs.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The text-to-video LoRA recipe (configs/t2v_lora.yaml, docs/formats.md): an .npz JSONL
 manifest, `e2v_type: none` on the 16-channel T2V transformer, LoRA on the attention projections;
-the exported LoRA in a plain diffusers `WanPipeline`."""
+the exported LoRA in a plain diffusers `WanPipeline`.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_t2v_lora_runs.py."""
 
 import random
 

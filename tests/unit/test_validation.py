@@ -1,7 +1,9 @@
 """Validation: logged by the real run at steps 0, n, 2n; identical when run twice on the same
 weights (and the same as the engine's numbers, recomputed from the exported LoRA); leaves the
 training RNG alone (losses and videos); the reference gaps are exactly 0 for a model that ignores
-its references; `validation.sets` alone (no held-out samples) still generates videos."""
+its references; `validation.sets` alone (no held-out samples) still generates videos.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_validation_runs.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The video-regression recipe (configs/video_regression.yaml, docs/formats.md): a CSV of
 clips, `flow.objective: x0` (loss on the clean-latent estimate x_t - sigma * v), timesteps drawn
-only from `denoising_step_list`, and the seed's logged names."""
+only from `denoising_step_list`, and the seed's logged names.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_video_regression_runs.py."""
 
 import pytest
 import torch

@@ -1,6 +1,8 @@
 """Visualizations: files at exactly the configured steps with the right shapes (from a real
 `deepspeed train_e2v.py` run), the dumper's formats in-process, the contact-sheet layout, and
-tools/dump_visualizations.py rendering saved latents later."""
+tools/dump_visualizations.py rendering saved latents later.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_viz_runs.py."""
 
 from __future__ import annotations
 

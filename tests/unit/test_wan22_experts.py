@@ -3,7 +3,9 @@ oracle: its boundary switch on base experts, and two runs of the real entry poin
 exports load into the pipeline (one expert: `load_into_transformer_2=True` only; both experts,
 with image attention added for the CLIP pathway) and reproduce our sampler's trajectory. Plus the
 config rules of `model.expert`, the per-expert sigma draw, the zero-initialised expansion, and the
-memory plan of the released model. `pytest -k wan22` selects them all."""
+memory plan of the released model. `pytest -k wan22` selects them all.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_wan22_experts_runs.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 rank holding only its partitions, and streamed from rank 0 one tensor at a time from sharded
 safetensors. It must train to exactly the losses of the whole-model load (diffusers'
 from_pretrained on every rank, `model.zero3_init: false`): bf16, where the fp32-kept modules and
-the rope tables must come out as from_pretrained leaves them, and fp32 under ZeRO-3 + offload."""
+the rope tables must come out as from_pretrained leaves them, and fp32 under ZeRO-3 + offload.
+
+This file: the in-process tests; the ones that train through the launcher are in tests/launch/test_zero3_load_runs.py."""
 
 import pytest
 from helpers import ROOT
