@@ -27,7 +27,6 @@ collects)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -45,7 +44,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # after the variables above: what they import may import torch
-from helpers import VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, close_process_group, shared_root  # noqa: E402
+from helpers import VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, built_once, close_process_group  # noqa: E402
 from helpers_launch import _running, _WarmServer, launch_train  # noqa: E402
 
 # Fixtures that test files of both folders use, defined beside the helpers they build on.
@@ -108,14 +107,7 @@ def demo_data(tmp_path_factory) -> Path:
     """8 demo samples, made once per session by whichever worker comes first."""
     from e2v.data.demo import main
 
-    out = shared_root(tmp_path_factory) / "demo" / "data"
-    out.parent.mkdir(exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out.parent / "done").exists():
-            main([str(out), "--num-samples", "8"])
-            (out.parent / "done").touch()
-    return out
+    return built_once(tmp_path_factory, "demo_data", lambda out: main([str(out), "--num-samples", "8"]))
 
 
 @pytest.fixture(scope="module")

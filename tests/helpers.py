@@ -7,7 +7,9 @@ from conftest (tests/conftest.py holds the fixtures and the hooks)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 from pathlib import Path
 
 from e2v.runtime.launch import free_port as _free_port, read_scalars, train_command  # noqa: F401  (the tests' names)
@@ -56,11 +58,27 @@ def train_main(*argv: str):
 
 def shared_root(tmp_path_factory) -> Path:
     """A folder every pytest-xdist worker of this session sees (the parent of the workers' own
-    temporary folders), for what they share: the demo data. Read-only to tests."""
+    temporary folders), for what they share (`built_once`). Read-only to tests."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
     root.mkdir(exist_ok=True)
     return root
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """shared_root/name, filled by `build(folder)` once per session by whichever pytest-xdist worker
+    asks first (the others wait on its lock), for what tests of several files read and none
+    changes: the demo data, the prepared hard footage. Read-only to tests."""
+    root = shared_root(tmp_path_factory)
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            (root / f"{name}.done").touch()
+    return out
 
 
 def save_t2v_and_clip_folders(root: Path, clip_layout: str = "pipeline") -> tuple[Path, Path, int]:

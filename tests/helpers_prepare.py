@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import built_once
 
 from bench.make_raw_footage import write_hard_footage
 from e2v.data.prepare.config import load_prepare_config
@@ -186,14 +187,19 @@ def _prepare(raw: Path, out: Path, *sets: str) -> dict:
                    check=check_dataset)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hard_raw(tmp_path_factory) -> Path:
-    raw = tmp_path_factory.mktemp("hard_raw")
-    write_hard_footage(raw)
-    return raw
+    """The hard footage, written once per session (both halves of the prepare_hard tests read it)."""
+    return built_once(tmp_path_factory, "hard_raw", write_hard_footage)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hard_prepared(hard_raw, tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("hard_prepared")
-    return out, _prepare(hard_raw, out, "check.run=true")
+    """The hard footage prepared once per session: (the dataset folder, the preparation's summary)."""
+    def build(folder: Path) -> None:
+        (folder / "data").mkdir()
+        summary = _prepare(hard_raw, folder / "data", "check.run=true")
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    folder = built_once(tmp_path_factory, "hard_prepared", build)
+    return folder / "data", json.loads((folder / "summary.json").read_text())

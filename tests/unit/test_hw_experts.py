@@ -5,9 +5,8 @@ made on the device tensor by tensor with the same weights the whole load gave.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -73,17 +72,12 @@ def test_device_copy_equals_the_whole_load(tmp_path, dtype):
     assert {k: v.data_ptr() for k, v in host.state.items()} == before
 
 
-_MEASURE = r"""
-import json, re, sys, time
-from pathlib import Path
-from e2v.models.load import host_expert
+def _anonymous_kb() -> int:
+    return int(re.search(r"^Anonymous:\s+(\d+) kB", Path("/proc/self/smaps_rollup").read_text(), re.M)[1])
 
-folder, me, other = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 
-def anonymous_kb():
-    return int(re.search(r"^Anonymous:\s+(\d+) kB", open("/proc/self/smaps_rollup").read(), re.M)[1])
-
-def file_kb():  # Rss and Pss of this process's mappings of the expert's files
+def _file_kb(folder: Path) -> tuple[int, int]:
+    """Rss and Pss of this process's mappings of the expert's files."""
     rss = pss = 0
     mine = False
     for line in open("/proc/self/smaps"):
@@ -94,38 +88,52 @@ def file_kb():  # Rss and Pss of this process's mappings of the expert's files
             rss, pss = (rss + int(head[1]), pss) if head[0] == "Rss:" else (rss, pss + int(head[1]))
     return rss, pss
 
-def wait(path):
+
+def _wait_for(path: Path) -> None:
     t0 = time.time()
     while not path.exists():
         if time.time() - t0 > 300:
             raise SystemExit(f"{path} never came")
         time.sleep(0.05)
 
-anon0 = anonymous_kb()
-host = host_expert(folder)
-total = sum(float(v.sum()) for v in host.state.values())  # every page read
-Path(str(me) + ".ready").touch(); wait(Path(str(other) + ".ready"))
-rss, pss = file_kb()
-print(json.dumps({"file_rss_kb": rss, "file_pss_kb": pss, "anon_growth_kb": anonymous_kb() - anon0}), flush=True)
-Path(str(me) + ".done").touch(); wait(Path(str(other) + ".done"))
-"""
+
+def _measure_rank(folder: Path, me: Path, other: Path) -> None:
+    """One rank (a fork of this process, as the warm launcher's ranks are): take the expert onto the
+    host, read every page, and once the other rank holds it too, write what this process maps."""
+    from e2v.models.load import host_expert
+
+    torch.set_num_threads(1)  # no OpenMP pool in a fork (the parent's, if it started one, is not here)
+    anon0 = _anonymous_kb()
+    host = host_expert(folder)
+    sum(float(v.sum()) for v in host.state.values())  # every page read
+    Path(str(me) + ".ready").touch()
+    _wait_for(Path(str(other) + ".ready"))
+    rss, pss = _file_kb(folder)
+    Path(str(me) + ".json").write_text(json.dumps({"file_rss_kb": rss, "file_pss_kb": pss,
+                                                   "anon_growth_kb": _anonymous_kb() - anon0}))
+    Path(str(me) + ".done").touch()
+    _wait_for(Path(str(other) + ".done"))
 
 
 def test_two_local_ranks_share_one_host_copy(tmp_path):
     """Two processes (two ranks of a node) each take the frozen expert onto the host and read all
     of it, and both hold it at once: each has the whole file resident (RSS) but half of it counted
-    as its own (PSS: the pages are shared), and neither made a private copy (anonymous memory)."""
+    as its own (PSS: the pages are shared), and neither made a private copy (anonymous memory).
+    The ranks are forks of this process, so nothing is imported again."""
+    import multiprocessing
+
     folder = _two_expert_folder(tmp_path / "pipe", SHAPE, names=("low_noise",)) / "transformer_2"
     size_kb = sum(f.stat().st_size for f in folder.glob("*.safetensors")) // 1024
     assert size_kb > 20_000
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     marks = [tmp_path / "rank0", tmp_path / "rank1"]
-    procs = [subprocess.Popen([sys.executable, "-c", _MEASURE, str(folder), str(marks[r]), str(marks[1 - r])],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_measure_rank, args=(folder, marks[r], marks[1 - r])) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+    assert [p.exitcode for p in procs] == [0, 0]
+    reports = [json.loads(Path(str(m) + ".json").read_text()) for m in marks]
     for r in reports:
         assert r["file_rss_kb"] > 0.95 * size_kb, (r, size_kb)  # all of it resident in each process...
         assert 0.4 * size_kb < r["file_pss_kb"] < 0.6 * size_kb, (r, size_kb)  # ...half of it each one's own
