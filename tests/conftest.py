@@ -128,7 +128,8 @@ def one_thread():
 def _warm_server(request):
     """Started with the session when a selected test trains (its imports overlap the first tests),
     stopped at its end."""
-    _WarmServer.wanted = any(i.get_closest_marker("train") for i in request.session.items)
+    _WarmServer.wanted = (os.environ.get("E2V_TEST_LAUNCHER", "warm") == "warm"
+                          and any(i.get_closest_marker("train") for i in request.session.items))
     if _WarmServer.wanted:
         _WarmServer.ensure()
     yield

@@ -1,4 +1,6 @@
-"""Shared by several test files: _rank, two_ranks."""
+"""Two gloo ranks forked from the test process running a script (`two_ranks`): the multi-rank
+agreement tests (tests/unit/test_agree.py, test_next_agreed.py, test_hw_ops_preflight.py,
+test_hw_ops_checkpoint.py)."""
 
 from __future__ import annotations
 

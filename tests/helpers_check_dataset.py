@@ -1,4 +1,6 @@
-"""Shared by several test files: CONFIG, CSV_CONFIG, clean_set, clip, csv_set, run_check, sample."""
+"""The dataset check's test data and its runner (`run_check`: tools/check_dataset.py in this process or
+as the command), shared by tests/unit/test_check_dataset.py, test_hostile_data.py, test_fps.py and
+test_check_agreement.py."""
 
 import contextlib
 import io

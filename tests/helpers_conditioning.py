@@ -1,4 +1,5 @@
-"""Shared by several test files: F, NAMES, REPEATS, S, make_batch, make_cfg."""
+"""A conditioning config and batch of the tiny preset (`make_cfg`, `make_batch`), shared by
+tests/unit/test_conditioning_options.py, test_devices.py and test_activation_offload.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Shared by several test files: _saved_bytes."""
+"""The bytes a tiny model saves for backward, measured (`_saved_bytes`): the activation formula's oracle in
+tests/unit/test_estimate_memory.py and test_wan22_ti2v.py."""
 
 import torch
 

@@ -1,4 +1,5 @@
-"""Shared by several test files: pipeline_folder."""
+"""The tiny preset saved as a sharded diffusers pipeline folder (`pipeline_folder`, a fixture),
+for tests/launch/test_pretrained_folder.py and the ZeRO-3 load tests."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Shared by several test files: _engine, _probe, _step."""
+"""A one-process DeepSpeed engine of the tiny preset under ZeRO stage N and one step of it
+(`_engine`, `_step`), shared by tests/launch/test_resume_lean.py and tests/unit/test_hw_ops_checkpoint.py."""
 
 import torch
 
