@@ -14,8 +14,10 @@ runs, `make test-slow`, are left out). A unit test that starts a launch fails at
 Two pytest-xdist workers share the tests by group (`--dist loadgroup`): a test file is a group
 (its module fixtures are built once), except the tests that check one of the session's shared
 runs, which carry that run's group (`pytest.mark.xdist_group("viz_run")`, `("zero3_offload_run")`)
-wherever they live, so the one worker that runs the group builds the run, and nothing is shared
-across workers. Each worker builds the session fixtures it uses for itself.
+wherever they live, so the one worker that runs the group builds the run (no run is shared
+across workers). Each worker builds the session fixtures it uses for itself, except what tests only
+read (the demo data, the prepared hard footage): the first worker to ask makes it in a folder both
+see, under a lock (tests/helpers.py: `built_once`).
 
 What a launch costs here is mostly start-up (the launcher, imports, process groups). Imports are
 paid once per worker: launches go through a warm server (tests/warm.py) that has imported torch,
