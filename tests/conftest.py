@@ -71,7 +71,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(TESTS))))
     # The shared runs' groups are the longest: sent first (make test: --no-loadscope-reorder keeps
     # this order), so no worker starts one at the end while the other idles
-    items.sort(key=lambda i: i.get_closest_marker("xdist_group").args[0] not in SHARED_RUNS)
+    items.sort(key=lambda i: _group(i) not in SHARED_RUNS)
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")  # pytest-xdist's reading
 
 
 @pytest.hookimpl(tryfirst=True)
