@@ -61,10 +61,11 @@ demo-quick: demo-data
 demo-prep: install
 	$(PY) bench/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
 
-# The whole suite, training runs through the launcher included, on TEST_WORKERS pytest-xdist workers
-# (a test file each at a time; each training launch runs one intra-op thread).
+# The whole suite (tests/unit/ and tests/launch/, whose tests start training processes) on
+# TEST_WORKERS pytest-xdist workers, a group at a time: a test file, or every user of one of the
+# session's shared runs, in the order tests/conftest.py sorts them (the shared runs first).
 test: install lint
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not slow" tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 -m "not slow" tests
 
 # ruff (pyproject.toml: pyflakes, pycodestyle errors, import order); `make lint FIX=--fix` sorts imports.
 lint: install
@@ -74,10 +75,10 @@ lint: install
 test-slow: install
 	$(PY) -m pytest -q -x -m slow tests
 
-# pytest-xdist: TEST_WORKERS processes share the in-process tests, a test file each at a time
-# (its module fixtures built once), one intra-op thread each (tests/conftest.py).
+# tests/unit/ (no training process) on TEST_WORKERS pytest-xdist workers, a test file each at a
+# time (its module fixtures built once), one intra-op thread each (tests/conftest.py).
 test-fast: install
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not train and not slow" tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadgroup tests/unit
 
 bench: install
 	$(PY) bench/bench.py

@@ -28,8 +28,8 @@ What is measured (section numbers as in RESULTS.md)
 Every configuration runs in a fresh child process (`--child`); the parent only collects JSON.
 The step is train_e2v.py's, built and run from the same e2v functions (e2v.models.load.load_parts,
 e2v.train.engine, e2v.train.step, e2v.runtime.device.to_device) with a phase timer around each part:
-bench/benchlib/step.py. tests/test_bench_step.py checks it against train_e2v.py's own loop (same
-losses and gradient norms, fp32 and bf16); tests/test_bench.py checks the phase sums and the bare
+bench/benchlib/step.py. tests/launch/test_bench_step.py checks it against train_e2v.py's own loop (same
+losses and gradient norms, fp32 and bf16); tests/launch/test_bench.py checks the phase sums and the bare
 loop. Absolute times depend on the machine and its load (the 1-minute load average is recorded
 with every result); ratios (online / cached, engine / bare, workers 2 / 1) compare across machines.
 

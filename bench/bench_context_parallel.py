@@ -6,7 +6,7 @@ transformer at Ulysses degree 1 (no context parallelism), Ulysses 2 and ring 2, 
 Per rank and configuration, with and without gradient checkpointing:
   saved_mb     what autograd keeps for backward at the end of the forward (storage-deduplicated,
                parameters left out): the activation memory, exact and load-independent; the same
-               measure tests/test_estimate_memory.py fits the formula to
+               measure tests/unit/test_estimate_memory.py fits the formula to
   estimate_mb  e2v.models.plan.activation_bytes for the same shapes (the forward's part: with
                checkpointing the recomputed block lives only during backward)
   exchange_mb  e2v.models.plan.exchange_bytes: the exchange's transient buffers (not in saved_mb)

@@ -1,5 +1,5 @@
 """Benchmark of tools/prepare_data.py on generated footage with known truth (the full case of
-tests/test_prepare_data.py's small one): cuts, subject IoU, background error, outside-window
+tests/unit/test_prepare_data.py's small one): cuts, subject IoU, background error, outside-window
 references, and CPU seconds per minute of footage by stage; then the hard footage
 (bench/make_raw_footage.py write_hard_footage) per case -> bench/results/prepare.json and the
 data-preparation section of bench/RESULTS.md.
@@ -37,7 +37,7 @@ CASE = {"source_hw": [144, 256], "source_fps": 24.0, "shot_seconds": 7.0, "num_f
 
 
 def hard_cases(work: Path) -> dict:
-    """tests/test_prepare_hard.py's footage and settings (write_hard_footage, 96x160 clips of 17
+    """tests/unit/test_prepare_hard.py's footage and settings (write_hard_footage, 96x160 clips of 17
     frames at 8 fps), scored per case, with the seconds per footage minute by stage."""
     raw, out = work / "hard_raw", work / "hard_prepared"
     shutil.rmtree(out, ignore_errors=True)

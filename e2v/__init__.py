@@ -12,7 +12,7 @@ The package is the pipeline, one subpackage a stage, each importing only the sta
     train/         flow matching, the step, the DeepSpeed engine, checkpoints and exports
     eval/          validation, sampling, reference-fidelity metrics, visualizations
 
-docs/architecture.md maps every module; tests/test_layout.py holds the tree to these rules.
+docs/architecture.md maps every module; tests/unit/test_layout.py holds the tree to these rules.
 """
 
 import logging as _logging

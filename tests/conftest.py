@@ -1,39 +1,36 @@
 """The fixtures (tiny parts built in code, a small demo dataset made on the fly, the session's
-shared runs) and the hooks (the `train` marker, the early starts). What tests import lives in
-tests/helpers.py (paths, shared settings, small helpers) and tests/helpers_launch.py (starting
-`deepspeed train_e2v.py` and other scripts); no test imports this file.
+shared runs) and the hooks (the folder's marker, the pytest-xdist groups). What tests import
+lives in tests/helpers.py (paths, shared settings, small helpers), tests/helpers_launch.py
+(starting `deepspeed train_e2v.py` and other scripts) and tests/helpers_<topic>.py (what the
+test files of one topic share); no test imports this file.
 
-Two suites. `make test` runs every test. `make test-fast` (`pytest -n 2 --dist loadfile -m "not
-train"`) leaves out the tests that start a training process, for the edit loop, and shares the
-rest between two pytest-xdist workers, a test file each at a time (so a module fixture is built
-once); each worker builds the session fixtures it uses for itself. The `train` marker is set here, not
-by hand: a test is marked when its body, any fixture it uses (directly or through other
-fixtures) or the early starter of such a fixture (tests/helpers_launch.py) calls `run_train`, `launch_train` or
-`train_command`, the only ways a test starts `deepspeed train_e2v.py`, or `launch_python` (a
-plain start of train_e2v.py or of a script that runs engine steps). So a new test that trains
-through these helpers is marked without anyone remembering to. A test that reaches them some
-other way (through a helper function of its own) is not seen here, and fails at the launch, in
-both suites, naming the test and the fix: mark it `@pytest.mark.train` (the explicit marker
-works too).
+Two folders, two suites. tests/unit/ holds the tests that start no training process (they call
+the package, `train_e2v.main([...])` included, in this process); tests/launch/ the ones that start
+`deepspeed train_e2v.py` or a script running engine steps, each marked `train` here by its folder.
+`make test-fast` runs tests/unit/, `make test` both (`-m "not slow"`: the tools' whole end-to-end
+runs, `make test-slow`, are left out). A unit test that starts a launch fails at the launch
+(tests/helpers_launch.py), naming the fix: move it to tests/launch/.
+
+Two pytest-xdist workers share the tests by group (`--dist loadgroup`): a test file is a group
+(its module fixtures are built once), except the tests that check one of the session's shared
+runs, which carry that run's group (`pytest.mark.xdist_group("viz_run")`, `("zero3_offload_run")`)
+wherever they live, so the one worker that runs the group builds the run (no run is shared
+across workers). Each worker builds the session fixtures it uses for itself, except what tests only
+read (the demo data, the prepared hard footage): the first worker to ask makes it in a folder both
+see, under a lock (tests/helpers.py: `built_once`).
 
 What a launch costs here is mostly start-up (the launcher, imports, process groups). Imports are
-paid once: launches go through a warm server (tests/warm.py) that has imported torch, DeepSpeed,
-diffusers, peft and e2v and forks each rank with the environment and argv the deepspeed launcher
-gives it; the session's shared 2-process run uses the real `deepspeed` launcher, so every suite runs it.
-And launches are shared rather than repeated: one run serves every test that checks it (the session's
-`zero3_offload_run` and `viz_run`, and module-scoped fixtures in the test files), and a fixture
-that needs several independent runs starts them side by side (`launch_train` returns at once;
-`wait_all` collects). Long subprocesses that need nothing from earlier tests (the two session
-runs, a few others registered with `starts_early`) start in the background when the session
-starts, if a selected test needs them, so they overlap the in-process tests before their first
-user."""
+paid once per worker: launches go through a warm server (tests/warm.py) that has imported torch,
+DeepSpeed, diffusers, peft and e2v and forks each rank with the environment and argv the deepspeed
+launcher gives it; the shared 2-process ZeRO-3 run uses the real `deepspeed` launcher, so every
+suite runs it (E2V_TEST_LAUNCHER=deepspeed sends every launch through it). A fixture that needs
+several independent runs starts them side by side (`launch_train` returns at once; `wait_all`
+collects)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
-import types
 from pathlib import Path
 
 import pytest
@@ -49,33 +46,37 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # after the variables above: what they import may import torch
-from helpers import _free_port, close_process_group, shared_root  # noqa: E402
-from helpers_launch import _EARLY, _finish, _running, _shared_run, _start, _WarmServer, early  # noqa: E402
+from helpers import VIZ_RUN, ZERO3_OFFLOAD_RUN, _free_port, built_once, close_process_group  # noqa: E402
+from helpers_launch import _running, _WarmServer, launch_train  # noqa: E402
 
-TRAIN_HELPERS = {"run_train", "launch_train", "train_command", "launch_python"}
+# Fixtures that test files of both folders use, defined beside the helpers they build on.
+pytest_plugins = ["helpers_opens2v", "helpers_preflight", "helpers_prepare", "helpers_pretrained", "helpers_t2v",
+                  "helpers_wan22"]
 
-
-def _calls_training(fn) -> bool:
-    """Does fn's code (nested functions included) name one of the launch helpers?"""
-    stack = [getattr(fn, "__code__", None)]
-    while stack:
-        code = stack.pop()
-        if code is None:
-            continue
-        if TRAIN_HELPERS & set(code.co_names):
-            return True
-        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return False
+TESTS = Path(__file__).resolve().parent
+FOLDERS = {"unit": None, "launch": pytest.mark.train}  # folder -> the marker its tests carry
+SHARED_RUNS = ("viz_run", "zero3_offload_run")  # the session's shared runs: the groups of the tests that use them
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker and pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        funcs = [getattr(item, "function", None)] + [d.func for defs in fixtures.values() for d in defs]
-        funcs += [_EARLY[name] for name in getattr(item, "fixturenames", ()) if name in _EARLY]
-        if any(_calls_training(f) for f in funcs):
-            item.add_marker(pytest.mark.train)
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else None
+        if folder not in FOLDERS:
+            raise pytest.UsageError(f"{item.path}: test files live in tests/unit/ (no training process) or "
+                                    f"tests/launch/ (starts one); move it to the one it belongs to")
+        if FOLDERS[folder] is not None:
+            item.add_marker(FOLDERS[folder])
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(TESTS))))
+    # The shared runs' groups are the longest: sent first (make test: --no-loadscope-reorder keeps
+    # this order), so no worker starts one at the end while the other idles
+    items.sort(key=lambda i: _group(i) not in SHARED_RUNS)
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")  # pytest-xdist's reading
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -113,17 +114,8 @@ def demo_data(tmp_path_factory) -> Path:
     """8 demo samples, made once per session by whichever worker comes first."""
     from e2v.data.demo import main
 
-    out = shared_root(tmp_path_factory) / "demo" / "data"
-    out.parent.mkdir(exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out.parent / "done").exists():
-            main([str(out), "--num-samples", "8"])
-            (out.parent / "done").touch()
-    return out
+    return built_once(tmp_path_factory, "demo_data", lambda out: main([str(out), "--num-samples", "8"]))
 
-
-# --- one intra-op thread for a module of tiny tensors --------------------------------------------
 
 @pytest.fixture(scope="module")
 def one_thread():
@@ -139,44 +131,50 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# --- started with the session (tests/helpers_launch.py: the early starts) ------------------------
-
-@pytest.fixture(scope="session")
-def _early_handles() -> dict:
-    return {}
-
-
 @pytest.fixture(scope="session", autouse=True)
-def _start_early(request, _early_handles):
-    _WarmServer.wanted = any(i.get_closest_marker("train") for i in request.session.items)
+def _warm_server(request):
+    """Started with the session when a selected test trains (its imports overlap the first tests),
+    stopped at its end."""
+    _WarmServer.wanted = (os.environ.get("E2V_TEST_LAUNCHER", "warm") == "warm"
+                          and any(i.get_closest_marker("train") for i in request.session.items))
     if _WarmServer.wanted:
-        _WarmServer.ensure()  # its imports overlap the first in-process tests
-
-    def finish():  # the early runs first: the warm server's ones end with it
-        _finish(_early_handles, failed=request.session.testsfailed > 0)
-        _WarmServer.stop()
-    request.addfinalizer(finish)
-    for name in _EARLY:
-        if any(name in getattr(i, "fixturenames", ()) for i in request.session.items):
-            _start(name, request, _early_handles)
+        _WarmServer.ensure()
+    yield
+    _WarmServer.stop()
 
 
-# --- the session's shared runs ------------------------------------------------------------------
+# --- the session's shared runs (their users carry their group: see above) -----------------------
+
+def _session_run(request, run_id: str, sets: tuple, num_gpus: int, launcher: str = "warm"):
+    out = request.getfixturevalue("tmp_path_factory").mktemp(run_id)
+    launch = launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={request.getfixturevalue('demo_data')}",
+                          f"output_dir={out}", f"run_id={run_id}", *sets, num_gpus=num_gpus, launcher=launcher)
+    return launch.wait(), out / run_id
 
 
 @pytest.fixture(scope="session")
 def zero3_offload_run(request) -> Path:
-    return _shared_run("zero3_offload_run", request)
+    """One uninterrupted 2-process ZeRO-3 + CPU-offload run (fp32, 8 steps), through the real
+    launcher, shared by the resume, export, DeepSpeed, ZeRO-3 load and context-parallel tests. LoRA
+    alpha != rank, so an export that loses the alpha shows."""
+    return _session_run(request, "z3o", ("train.checkpoint_every=4", *ZERO3_OFFLOAD_RUN), 2, launcher="deepspeed")[1]
 
 
 @pytest.fixture(scope="session")
-def viz_run(request) -> Path:
-    return _shared_run("viz_run", request)
+def _viz(request) -> tuple[subprocess.CompletedProcess, Path]:
+    return _session_run(request, "viz", VIZ_RUN, 1)
 
 
 @pytest.fixture(scope="session")
-def viz_run_output(request, viz_run) -> subprocess.CompletedProcess:
+def viz_run(_viz) -> Path:
+    """One 4-step run of the demo config with validation at steps 0, 2, 4, visualizations at 2 and
+    4 and checkpoints at 2 and 4, shared by the end-to-end, visualization, validation, sampling and
+    context-parallel tests (its losses are the golden ones: validation and visualization leave the
+    training RNGs alone; 6 of the 8 samples held out)."""
+    return _viz[1]
+
+
+@pytest.fixture(scope="session")
+def viz_run_output(_viz) -> subprocess.CompletedProcess:
     """What the viz run printed (stdout, stderr)."""
-    return early("viz_run", request)[0].wait()
-
-
+    return _viz[0]

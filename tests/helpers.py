@@ -1,4 +1,5 @@
 """What the tests share besides fixtures: the repository root, the one-process group's teardown,
+`train_e2v.main` in this process,
 the folder the pytest-xdist workers share, the tiny preset saved as a user's folders, a model that
 ignores its references, the settings of the session's shared runs, and the launch helpers of the
 package (e2v/runtime/launch.py: the command, free ports, a run's scalars). Import from here, never
@@ -6,7 +7,9 @@ from conftest (tests/conftest.py holds the fixtures and the hooks)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 from pathlib import Path
 
 from e2v.runtime.launch import free_port as _free_port, read_scalars, train_command  # noqa: F401  (the tests' names)
@@ -34,13 +37,48 @@ def close_process_group() -> None:
         cache.clear()
 
 
+def train_main(*argv: str):
+    """`python train_e2v.py argv` in this process (`train_e2v.main(argv)`, one process, no launcher):
+    the code it exits with (a SystemExit's, which the interpreter would print as the one line on
+    stderr; None when main returns). For the start-up checks: what they print is the test's
+    captured output (capsys), and any process group main made is closed after it."""
+    import torch.distributed as dist
+
+    import train_e2v
+
+    try:
+        train_e2v.main(list(argv))
+        return None
+    except SystemExit as e:
+        return e.code
+    finally:
+        if dist.is_initialized():
+            close_process_group()
+
+
 def shared_root(tmp_path_factory) -> Path:
     """A folder every pytest-xdist worker of this session sees (the parent of the workers' own
-    temporary folders), for what they share: the demo data and the early runs. Read-only to tests."""
+    temporary folders), for what they share (`built_once`). Read-only to tests."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
     root.mkdir(exist_ok=True)
     return root
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """shared_root/name, filled by `build(folder)` once per session by whichever pytest-xdist worker
+    asks first (the others wait on its lock), for what tests of several files read and none
+    changes: the demo data, the prepared hard footage. Read-only to tests."""
+    root = shared_root(tmp_path_factory)
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            (root / f"{name}.done").touch()
+    return out
 
 
 def save_t2v_and_clip_folders(root: Path, clip_layout: str = "pipeline") -> tuple[Path, Path, int]:

@@ -8,6 +8,15 @@ parameter a Wan key is, diffusers' own single-file conversion decides (the indep
 from __future__ import annotations
 
 import torch
+from diffusers import WanTransformer3DModel
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+from safetensors.torch import load_file
+
+from e2v.train.export import (
+    LORA_FILE,
+    export_dtype,
+    load_extra_modules,
+)
 
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".alpha")
 
@@ -118,3 +127,36 @@ def comfyui_or_skip():
             for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
                 del sys.modules[name]
     return comfy.sd, comfy.utils
+
+TABLES = ["blocks.0.scale_shift_table", "blocks.1.scale_shift_table", "scale_shift_table"]
+
+
+def _base(shape: dict | None) -> WanTransformer3DModel:
+    from e2v.models.tiny import build_tiny_parts
+
+    if shape is None:
+        return build_tiny_parts(seed=0, with_encoders=False).transformer
+    torch.manual_seed(0)
+    return WanTransformer3DModel(**shape)
+
+
+def _diffusers_fused(lora_dir, shape: dict | None = None, cast: bool = True) -> dict:
+    """The oracle: a fresh base with the exported LoRA and modules loaded the plain diffusers way
+    (from the files), the LoRA fused by diffusers, in the export dtypes (`cast`) or fp32."""
+    model = _base(shape)
+    model.load_lora_adapter(str(lora_dir), weight_name=LORA_FILE, prefix="transformer")
+    assert load_extra_modules(model, lora_dir)
+    model.fuse_lora()
+    model.unload_lora()
+    return {k: v.to(export_dtype(k)) if cast else v for k, v in model.state_dict().items()}
+
+
+def _back_to_diffusers(path) -> dict:
+    """The single file through diffusers' own conversion of original Wan checkpoints."""
+    return convert_wan_transformer_to_diffusers(dict(load_file(str(path))))
+
+
+def _assert_same(got: dict, want: dict):
+    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))[:5]
+    differ = [k for k in want if got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k])]
+    assert not differ, differ[:5]

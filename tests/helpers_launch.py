@@ -1,10 +1,9 @@
-"""Starting the real entry point from a test: `launch_train` (`deepspeed --num_gpus N train_e2v.py
-...` as a user types it, returned at once), `run_train` (to the end), `launch_python`, `wait_all`
-(launches started side by side, collected), through the warm server (tests/warm.py) or the real
-launcher; and the early starts (`starts_early`, `early`): long runs that need nothing from
-earlier tests start with the session and are shared by the pytest-xdist workers (tests/conftest.py
-explains both). One module object per session: it holds the warm server and the early runs'
-state, so it is imported under this name only."""
+"""Starting the real entry point from a test in tests/launch/: `launch_train` (`deepspeed
+--num_gpus N train_e2v.py ...` as a user types it, returned at once), `run_train` (to the end),
+`launch_python`, `wait_all` (launches started side by side, collected), through the warm server
+(tests/warm.py) or the real launcher (tests/conftest.py explains when each is used). A test in
+tests/unit/ that calls them fails at once, naming the fix. One module object per session: it holds
+the warm server, so it is imported under this name only."""
 
 from __future__ import annotations
 
@@ -15,17 +14,26 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, VIZ_RUN, ZERO3_OFFLOAD_RUN, shared_root, train_command
+from helpers import ROOT, train_command
 
 if __name__ != "helpers_launch":  # a second copy would run a second warm server with state of its own
     raise ImportError(f"tests/helpers_launch.py imported as {__name__}: import it as `from helpers_launch import ...`")
 
-_running: dict = {"item": None}  # the test being set up or run (the launch guard reads it)
+_running: dict = {"item": None}  # the test being set up or run (tests/conftest.py sets it)
+
+
+def _only_in_launch_tests() -> None:
+    """The folder decides the suite (tests/conftest.py): a test in tests/unit/ that starts a training
+    process would run in `make test-fast`, so it fails here, naming the fix."""
+    item = _running["item"]
+    if item is not None and item.get_closest_marker("train") is None:
+        pytest.fail(f"{item.nodeid} starts a training process (or a script running engine steps), so it is not "
+                    f"a unit test: move it to tests/launch/ (tests/conftest.py explains the two folders)",
+                    pytrace=False)
 
 
 class WarmProcess:
@@ -119,10 +127,6 @@ class Launch:
     def __init__(self, cmd: list[str], env: dict | None = None, warm: bool = False):
         self.cmd, self.warm = cmd, warm
         self.result: subprocess.CompletedProcess | None = None
-        self.shared, leader = _next_shared_result()  # an early run's: its result file, and who runs it
-        self.proc = None
-        if not leader:
-            return  # another worker runs it; wait() reads what it publishes
         env = {k: v for k, v in {**os.environ, **LAUNCH_ENV, **(env or {})}.items() if v is not None}  # None: unset
         self._dir = Path(tempfile.mkdtemp(prefix="launch-"))
         self._outp, self._errp = self._dir / "stdout", self._dir / "stderr"
@@ -138,35 +142,8 @@ class Launch:
             with open(self._outp, "w") as out, open(self._errp, "w") as err:
                 self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
                                              env=env)
-        if self.shared is not None:
-            threading.Thread(target=self._publish, daemon=True).start()
-
-    def _publish(self) -> None:
-        """When the process ends, its result into the shared file (written whole, then renamed)."""
-        self.proc.wait()
-        tmp = self.shared.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"returncode": self.proc.returncode, "stdout": self._outp.read_text(),
-                                   "stderr": self._errp.read_text()}))
-        tmp.rename(self.shared)
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _read_shared(self, timeout: int) -> subprocess.CompletedProcess:
-        deadline = time.time() + timeout
-        failed = self.shared.parent.with_suffix(".failed")
-        while not self.shared.exists():
-            if failed.exists():
-                raise AssertionError(f"the early start that runs {self.cmd[:4]} failed in another worker:\n"
-                                     f"{failed.read_text()[-4000:]}")
-            if time.time() > deadline:
-                self.kill()
-                raise subprocess.TimeoutExpired(self.cmd, timeout)
-            time.sleep(0.1)
-        r = json.loads(self.shared.read_text())
-        return subprocess.CompletedProcess(self.cmd, r["returncode"], r["stdout"], r["stderr"])
 
     def wait(self, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
-        if self.result is None and self.shared is not None:
-            self.result = self._read_shared(timeout)
         if self.result is None:
             try:
                 self.proc.wait(timeout=timeout)
@@ -186,8 +163,6 @@ class Launch:
         psutil processes."""
         import psutil
 
-        if self.proc is None:
-            raise RuntimeError("a run another worker started has no processes here")
         if self.warm:
             found: dict[int, list] = {}
             for rank, pid in json.loads((self._dir / "ranks.json").read_text()).items():
@@ -210,7 +185,7 @@ class Launch:
         """The launcher and every process under it (the ranks, their data workers)."""
         import psutil
 
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc.poll() is not None:
             return
         try:
             procs = psutil.Process(self.proc.pid).children(recursive=True) + [psutil.Process(self.proc.pid)]
@@ -235,10 +210,7 @@ def launch_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), 
                  script: Path | None = None, launcher: str = "warm") -> Launch:
     """Start `deepspeed --num_gpus N train_e2v.py --config ... --set ...` (as a user runs it) and
     return at once; `script` runs a wrapper of train_e2v.py instead (a test-only hook)."""
-    item = _running["item"]
-    if item is not None and item.get_closest_marker("train") is None:
-        pytest.fail(f"{item.nodeid} starts a training process but is not marked `train`, so `make test-fast` "
-                    f"would run it: add @pytest.mark.train (tests/conftest.py explains the marker)", pytrace=False)
+    _only_in_launch_tests()
     cmd = train_command(config, *sets, num_gpus=num_gpus, extra=extra)
     if script is not None:
         cmd = [str(script) if c == str(ROOT / "train_e2v.py") else c for c in cmd]
@@ -249,6 +221,7 @@ def launch_python(script: str | Path, *args: str, env: dict | None = None) -> La
     """`python script args` in the repository root, started now: a fork of the warm server when
     this session trains (it runs anyway), else a fresh interpreter. Not for what must start from
     nothing (a sitecustomize, variables read at import: HF_HUB_CACHE)."""
+    _only_in_launch_tests()
     return Launch([sys.executable, str(script), *args], env, warm=_WarmServer.wanted and _warm_ok(env, "warm"))
 
 
@@ -265,123 +238,3 @@ def run_train(config: str, *sets: str, num_gpus: int = 1, extra: tuple = (), tim
               check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """`deepspeed --num_gpus N train_e2v.py --config ... --set ...`, as a user runs it, to the end."""
     return launch_train(config, *sets, num_gpus=num_gpus, extra=extra, env=env).wait(timeout, check)
-
-
-# --- started with the session ---------------------------------------------------------------------
-# A fixture whose subprocesses take long and need nothing from the tests before it registers a
-# starter with `starts_early(fixture name)`: when the session starts and a selected test uses
-# that fixture, the starter runs (it returns at once, its processes work in the background while
-# the in-process tests run), and the fixture collects the result with `early(name, request)`,
-# starting it then if it was not started yet.
-#
-# Every worker calls every starter (each collects the whole suite and cannot know which test
-# files it will be given), but each early run runs once per session: the first worker to claim
-# a starter leads it; in the others it builds the same handles without starting anything, and
-# their Launch.wait() reads the result the leader's watcher publishes in the shared folder as
-# soon as the process ends. Starters keep their outputs in `early_dir` (the same path in every
-# worker) and do any work of their own only `if early_leader()`. A leader waits for its runs
-# at the end of its session (another worker may still need them), or stops them after a failure.
-
-_EARLY: dict = {}  # fixture name -> starter(request) -> handle (a Launch, a Popen, or a dict/tuple of them)
-
-
-def starts_early(fixture_name: str):
-    def register(starter):
-        _EARLY[fixture_name] = starter
-        return starter
-    return register
-
-
-_SHARING: dict = {"dir": None, "leader": True, "count": 0}  # the early start being built, if any
-
-
-def _next_shared_result() -> tuple[Path | None, bool]:
-    """(this Launch's result file, whether this worker runs it): (None, True) outside an early start."""
-    if _SHARING["dir"] is None:
-        return None, True
-    _SHARING["count"] += 1
-    return _SHARING["dir"] / f"launch-{_SHARING['count']}.json", _SHARING["leader"]
-
-
-def early_leader() -> bool:
-    """Inside a starter: whether this worker runs it (see above)."""
-    return _SHARING["leader"]
-
-
-def early_dir(request, name: str) -> Path:
-    """A starter's output folder, the same in every worker."""
-    out = shared_root(request.getfixturevalue("tmp_path_factory")) / "early-out" / name
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _launches(handle) -> list[Launch]:
-    if isinstance(handle, dict):
-        handle = list(handle.values())
-    if isinstance(handle, (list, tuple)):
-        return [launch for h in handle for launch in _launches(h)]
-    return [handle] if isinstance(handle, Launch) else []
-
-
-def _finish(handles: dict, failed: bool) -> None:
-    for launch in _launches(list(handles.values())):
-        if launch.proc is not None and not failed:
-            launch.wait(check=False)  # another worker may still need it
-        launch.kill()
-
-
-def _start(name: str, request, handles: dict):
-    if name not in handles:
-        results = shared_root(request.getfixturevalue("tmp_path_factory")) / "early" / name
-        results.parent.mkdir(exist_ok=True)
-        try:
-            os.close(os.open(results.with_suffix(".leader"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            leader = True
-        except FileExistsError:
-            leader = False
-        results.mkdir(exist_ok=True)
-        item, _running["item"] = _running["item"], None  # a shared start, for the tests marked by their fixture
-        _SHARING.update(dir=results, leader=leader, count=0)
-        try:
-            handles[name] = _EARLY[name](request)
-        except BaseException as e:
-            if leader:  # the other workers' waits stop with this, not at their time limit
-                results.with_suffix(".failed").write_text(f"{type(e).__name__}: {e}")
-            raise
-        finally:
-            _running["item"] = item
-            _SHARING.update(dir=None, leader=True, count=0)
-    return handles[name]
-
-
-def early(name: str, request):
-    """The handle of fixture `name`'s early start (started now if it was not)."""
-    return _start(name, request, request.getfixturevalue("_early_handles"))
-
-
-def _shared_start(run_id: str, sets: tuple, gpus: int, launcher: str = "warm"):
-    def start(request):
-        out = early_dir(request, run_id)
-        demo = request.getfixturevalue("demo_data")
-        return launch_train("configs/e2v_tiny_lora.yaml", f"data.datasets.0.data_root={demo}", f"output_dir={out}",
-                            f"run_id={run_id}", *sets, num_gpus=gpus, launcher=launcher), out / run_id
-    return start
-
-
-def _shared_run(name: str, request) -> Path:
-    launch, run = early(name, request)
-    launch.wait()
-    return run
-
-
-# One uninterrupted 2-process ZeRO-3 + CPU-offload run (fp32, 8 steps), shared by the resume,
-# export, DeepSpeed and ZeRO-3 load tests. LoRA alpha != rank, so an export that loses the alpha shows.
-starts_early("zero3_offload_run")(_shared_start("z3o", ("train.checkpoint_every=4", *ZERO3_OFFLOAD_RUN), 2,
-                                                launcher="deepspeed"))
-
-# One 4-step run of the demo config with validation at steps 0, 2, 4, visualizations at 2 and 4 and
-# checkpoints at 2 and 4, shared by test_train_e2e (its losses are the golden ones: validation and
-# visualization leave the training RNGs alone), test_viz, test_validation and test_sampling (6 of
-# the 8 samples held out).
-starts_early("viz_run")(_shared_start("viz", VIZ_RUN, 1))
-

@@ -7,6 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from helpers import built_once
+
+from bench.make_raw_footage import write_hard_footage
+from e2v.data.prepare.config import load_prepare_config
+from e2v.data.prepare.run import prepare
+from tools.check_dataset import main as check_dataset
+
 
 def _tiny_sam3_vit(input_side: int):
     from transformers import Sam3ViTConfig
@@ -164,3 +172,34 @@ def save_tiny_vision_encoder(folder: Path) -> Path:
                            image_size=28, patch_size=14)
     CLIPVisionModel(cfg).eval().save_pretrained(folder)
     return folder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# 17 frames at 8 fps of 96 x 160 (the footage's own size: registration works on frames this
+# small, not on 48 x 80), checked with the tiny config one sample a batch
+SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[96, 160]", "check.config=configs/e2v_tiny.yaml",
+        "check.set=[train.micro_batch_size=1]", "check.run=false"]
+
+
+def _prepare(raw: Path, out: Path, *sets: str) -> dict:
+    return prepare(load_prepare_config(ROOT / "configs/prepare.yaml", [*SETS, *sets]), raw, out, no_caption=True,
+                   check=check_dataset)
+
+
+@pytest.fixture(scope="session")
+def hard_raw(tmp_path_factory) -> Path:
+    """The hard footage, written once per session (both halves of the prepare_hard tests read it)."""
+    return built_once(tmp_path_factory, "hard_raw", write_hard_footage)
+
+
+@pytest.fixture(scope="session")
+def hard_prepared(hard_raw, tmp_path_factory) -> tuple[Path, dict]:
+    """The hard footage prepared once per session: (the dataset folder, the preparation's summary)."""
+    def build(folder: Path) -> None:
+        (folder / "data").mkdir()
+        summary = _prepare(hard_raw, folder / "data", "check.run=true")
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    folder = built_once(tmp_path_factory, "hard_prepared", build)
+    return folder / "data", json.loads((folder / "summary.json").read_text())

@@ -133,3 +133,30 @@ def v3_step(model, noisy: torch.Tensor, refs: torch.Tensor, t: torch.Tensor, tex
     timestep = t.expand(noisy.shape[0])
     pred = model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     return hidden, timestep, pred[:, :, : noisy.shape[2]]
+
+
+def v3_scheduler(shift: float = 5.0):
+    """`ReferenceToVideoPipeline.__init__`'s scheduler."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
+                                   flow_shift=shift)
+
+
+def v3_denoise(transformer, latents, condition, text, negative, *, steps, guidance, guidance_img, shift=5.0):
+    """V3's denoising loop (`WanSkyReelsA2WanT2VPipeline.__call__`, step 6), written from its code."""
+    scheduler = v3_scheduler(shift)
+    scheduler.set_timesteps(steps, device="cpu")
+    uncondition = torch.zeros_like(condition)
+    for t in scheduler.timesteps:
+        timestep = t.expand(latents.shape[0])
+        pred = transformer(hidden_states=torch.cat([latents, condition], dim=2), timestep=timestep,
+                           encoder_hidden_states=text, return_dict=False)[0][:, :, : latents.shape[2]]
+        if guidance > 1:
+            u_txt = transformer(hidden_states=torch.cat([latents, condition], dim=2), timestep=timestep,
+                                encoder_hidden_states=negative, return_dict=False)[0][:, :, : latents.shape[2]]
+            u_all = transformer(hidden_states=torch.cat([latents, uncondition], dim=2), timestep=timestep,
+                                encoder_hidden_states=negative, return_dict=False)[0][:, :, : latents.shape[2]]
+            pred = u_all + guidance_img * (u_txt - u_all) + guidance * (pred - u_txt)
+        latents = scheduler.step(pred, t, latents, return_dict=False)[0]
+    return latents

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+from helpers import ROOT
 
 PROMPTS = ["a person clapping their hands", "a person sitting", "a person walking", "a dog moves slowly"]
 
@@ -78,3 +80,29 @@ def make_video_folder(root: Path, num_clips: int = 2, num_frames: int = 9, heigh
                          codec="libx264", macro_block_size=16, quality=8)
         (root / f"{i:04d}.txt").write_text(PROMPTS[i % len(PROMPTS)])
     return root
+
+CONFIG = str(ROOT / "configs/t2v_lora.yaml")
+
+
+NPZ_FRAMES, NUM_FRAMES, SIZE = 11, 9, 32  # the npz holds more frames than a sample takes: the first 9
+
+
+def tiny_sets(data_root: Path) -> list[str]:
+    return ["model.preset=tiny", "model.pretrained=null", f"data.datasets.0.data_root={data_root}",
+            f"data.num_frames={NUM_FRAMES}", f"data.resolution=[{SIZE},{SIZE}]",
+            "train.mixed_precision='no'", "train.gradient_checkpointing=false"]
+
+
+@pytest.fixture(scope="module")
+def npz_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("t2v_npz")
+    make_npz_manifest(root, num_clips=4, num_frames=NPZ_FRAMES, height=SIZE, width=SIZE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def t2v_parts():
+    """What load_parts builds for this config with model.preset tiny (built once: ~3 s)."""
+    from e2v.models.tiny import build_tiny_parts
+
+    return build_tiny_parts(seed=0, base="t2v")

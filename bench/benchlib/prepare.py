@@ -41,7 +41,7 @@ def _f(v, fmt=".3f") -> str:
 
 
 def render_hard(h: dict) -> list[str]:
-    """The per-case table of the hard footage (tests/test_prepare_hard.py's cases and settings)."""
+    """The per-case table of the hard footage (tests/unit/test_prepare_hard.py's cases and settings)."""
     lines = ["", "### Footage it did not make (bench/make_raw_footage.py write_hard_footage)", "",
              f"scikit-image photographs, 96x160 at 16 fps ({h['footage_minutes']:.2f} min) -> 96x160 (portrait "
              f"160x96) clips of 17 frames at 8 fps; wall time {h['wall_s']:.0f} s with the check (exit "

@@ -3,7 +3,7 @@ functions: parts from `e2v.models.load.load_parts`, then `e2v.train.engine.prepa
 seeded LoRA, trainable modules, gradient checkpointing) and `e2v.train.engine.initialize_engine`
 (deepspeed.initialize with the fp32-kept modules restored); per step, the training loop's own body
 (`e2v.train.loop`: train_step, micro_step, StepLog), timed through its phase hook.
-tests/test_bench_step.py holds the setup to train_e2v.py's: same losses, same gradient norms.
+tests/launch/test_bench_step.py holds the setup to train_e2v.py's: same losses, same gradient norms.
 
 What the bench adds is only the phase timer around each part. The bare PyTorch loop (`BareLoop`)
 is the overhead baseline of section 2: the same forward and loss without DeepSpeed.

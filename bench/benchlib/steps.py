@@ -84,7 +84,7 @@ def child_steps(a) -> dict:
 
 
 def child_check(a) -> dict:
-    """The tool's own claims, fast (tests/test_bench.py): the phases of one online tiny step add
+    """The tool's own claims, fast (tests/launch/test_bench.py): the phases of one online tiny step add
     up to its wall time, and the engine step and the bare loop do the same work."""
     init_single_rank()
     cfg = make_config("tiny", Path(a.data_root), None, a.set)

@@ -1,6 +1,6 @@
 """The export check of the smoke run: the live engine's output on a fixed input, captured at the end
 of training (train_e2v.py run through a wrapper that calls the transformer just before
-export.export_lora, as tests/test_resume.py does), against the run's `lora/` export reloaded into a
+export.export_lora, as tests/launch/test_resume_runs.py does), against the run's `lora/` export reloaded into a
 fresh transformer read from the base folder the plain diffusers way: expand_from_export (the
 recorded shape), e2v.eval.sampling.load_trained (diffusers' Wan LoRA loader with the adapter metadata,
 then export.load_extra_modules for the modules trained in full).

@@ -3,7 +3,7 @@ batch's references, target, image tokens and text become the step's Conditions, 
 reference latents are encoded now (EncodedReferences, e2v/conditioning/encode.py) or read back
 from the cache (CachedReferences, e2v/conditioning/cached.py). The layout and the order of every
 random draw are decided here once, so an encoding run and a cached run with the same seed see the
-same choices, posterior samples, sigmas and noise (tests/test_cache.py).
+same choices, posterior samples, sigmas and noise (tests/unit/test_cache.py).
 
 The order of draws: the element choices and dropouts (`rng`, draw_choices); then from `generator`
 the reference latents (each reference alone, samples in batch order, elements in position order;

@@ -16,7 +16,7 @@ model's prediction for that frame is never used. Elements extend this to N refer
                     x0 estimate, validation and the sampler all see clip-shaped tensors [B,C,T,h,w]
 
 With one reference and the clip's T latent frames this is the pipeline's input at every step for a
-video of 4T + 1 frames whose first frame is the reference (tests/test_wan22_ti2v.py checks it
+video of 4T + 1 frames whose first frame is the reference (tests/unit/test_wan22_ti2v.py checks it
 against the pipeline itself). The clip is encoded on its own, so its decode needs no frames
 dropped, and the references take none of its frames (`Config.reference_frames` is 0).
 

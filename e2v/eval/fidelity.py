@@ -16,7 +16,7 @@ not painted in its reference's exact colour (the trained demo model's stray 35-5
 distance), so the band around the mixing line is wide (MIX_TOL 80); the demo draws the object's hue
 at least a quarter turn from the subject's, so the band does not reach the subject. On the demo's
 VAE-encoded and decoded clips themselves (the best a model can do) the measured colour is nearest
-its own subject's among 6 samples for 96 of 96 clips (95 with a band of 25; tests/test_fidelity.py
+its own subject's among 6 samples for 96 of 96 clips (95 with a band of 25; tests/unit/test_fidelity.py
 checks the rule on frames with known colours).
 
     val/sample_reference_match: sample i generated with its own references (the validation seed);

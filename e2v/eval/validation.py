@@ -136,7 +136,7 @@ def tiled(vae):
     """diffusers' AutoencoderKLWan tiling on while the context is open: a frame larger than a tile
     (256 px by default) is decoded in overlapping tiles blended at the seams, so the decode's
     workspace is a tile's (81 x 480 x 832: ~6 tiles); smaller frames decode whole, as before.
-    tests/test_hw_validation.py measures the seams against an untiled decode."""
+    tests/unit/test_hw_validation.py measures the seams against an untiled decode."""
     if not hasattr(vae, "enable_tiling"):
         yield vae
         return

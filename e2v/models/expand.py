@@ -145,7 +145,7 @@ def widened_patch_weight(patch_w: torch.Tensor, in_channels: int) -> torch.Tenso
 def expand_for_elements(t2v: WanTransformer3DModel, in_channels: int = 36, image_dim: int | None = 1280,
                         seed: int = 0) -> WanTransformer3DModel:
     """Widen the patch embedding from 16 to `in_channels` and (image_dim not None) add image
-    cross-attention, such that the output is unchanged at step 0 (tests/test_expand.py): the new input
+    cross-attention, such that the output is unchanged at step 0 (tests/unit/test_expand.py): the new input
     channels are zero, `add_v_proj` is zero (weight and bias), so the image branch adds exactly 0;
     `add_k_proj`, `norm_added_k` and the image embedder start at their default init so gradients
     reach them from step 1 (init_new_modules). `to_out` stays as it is: the text path shares it.

@@ -6,7 +6,7 @@ activations' dtype (bf16 in training) by upcasting that one layer's weight insid
 Shapes: x_BLI input activations (I in_features), w8_OI the stored fp8 weight (O out_features),
 scale_O1 the per-channel scale, y_BLO the output.
 
-Why these choices (measured in tests/test_fp8.py, stated in docs/memory.md):
+Why these choices (measured in tests/unit/test_fp8.py, stated in docs/memory.md):
 - per output channel, not per tensor: the rows of a Wan weight differ in range, and one scale per
   row keeps each row's largest value at the top of e4m3's range; the error is lower than per tensor.
 - power-of-two scales: fp8 x 2^k is exactly a bf16 (and fp32) number, so the weight a layer

@@ -25,7 +25,7 @@ from e2v.models.trainable import describe_trained, full_patterns, setup_training
 from e2v.runtime.adam import optimizer_bytes
 
 # Transformer configs of the released Wan2.1 checkpoints (diffusers' conversion script; their
-# parameter counts, 1.42 B / 14.29 B / 16.40 B, are checked in tests/test_expand.py),
+# parameter counts, 1.42 B / 14.29 B / 16.40 B, are checked in tests/unit/test_expand.py),
 # so `--dry_run` builds a hub-id model on the meta device without downloading its config.
 _WAN_COMMON = dict(patch_size=[1, 2, 2], attention_head_dim=128, out_channels=16, text_dim=4096, freq_dim=256,
                    cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
@@ -44,7 +44,7 @@ KNOWN_WAN_CONFIGS = {
     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
     "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {**_WAN_COMMON, **_WAN_14B, **_WAN_I2V},
     # Wan2.2 TI2V-5B (diffusers' conversion script, "Wan2.2-TI2V-5B"): 24 heads x 128 = 3072, 30
-    # layers, 48 latent channels in and out, no image attention; 5.0 B parameters (tests/test_wan22_ti2v.py).
+    # layers, 48 latent channels in and out, no image attention; 5.0 B parameters (tests/unit/test_wan22_ti2v.py).
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": {**_WAN_COMMON, "num_attention_heads": 24, "num_layers": 30,
                                         "ffn_dim": 14336, "in_channels": 48, "out_channels": 48},
     # SkyReels-V3's reference-to-video model: the Wan2.1 T2V-14B transformer (its model_index.json

@@ -14,7 +14,7 @@ So `informative=True` sets the weights analytically (no training) so that the en
 and the decoder inverts it up to nearest-neighbour upsampling.  Per latent position the latent
 carries 6 numbers: the group's mean RGB, and the change of RGB from the group's first to its second
 half (coarse motion; 0 for frame 0 and for still references).  Rank 6 inside 16 channels is fine
-for a diffusion model: the other 10 directions are constant.  Measured (tests/test_tiny_vae.py):
+for a diffusion model: the other 10 directions are constant.  Measured (tests/unit/test_tiny_vae.py):
 probe R^2 1.000 vs -0.2 random; decoded video vs the 8x8-blurred group-mean target 35 dB PSNR
 (vs the half-group target the decoder actually aims at: 79 dB); 43k parameters; its encode's
 speed against the random preset's: bench/RESULTS.md, section 7: `tiny_vae_encode`.

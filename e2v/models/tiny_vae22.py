@@ -12,7 +12,7 @@ and the decoder inverts it up to nearest-neighbour upsampling (a decoded group i
 the two half-group means, as in the Wan2.1 tiny). Per latent position: 6 numbers in 48 channels,
 each latent cell 16 x 16 pixels, a quarter of the detail per cell of the Wan2.1 tiny's 8 x 8 cells,
 which is what 16x compression means; a config that wants the Wan2.1 tiny's latent grid doubles its
-resolution (configs/e2v_wan22_ti2v_tiny.yaml). Measured in tests/test_wan22_ti2v.py: probe R^2 1.000
+resolution (configs/e2v_wan22_ti2v_tiny.yaml). Measured in tests/unit/test_wan22_ti2v.py: probe R^2 1.000
 against the 16 x 16-pooled target (a random one: below 0).
 
 How the Wan2.2 blocks are made to do that (read `autoencoder_kl_wan.py` alongside):

@@ -3,7 +3,7 @@
     x_t = (1 - sigma) * x0 + sigma * eps,   v = eps - x0,   timestep = 1000 * sigma
 
 `sigma = shift*u / (1 + (shift-1)*u)` is exactly FlowMatchEulerDiscreteScheduler's shift
-(tests/test_flow.py); an Euler loop with v recovers x0. Legend: B batch, C latent channels,
+(tests/unit/test_flow.py); an Euler loop with v recovers x0. Legend: B batch, C latent channels,
 T latent frames, h/w latent size.
 """
 

@@ -28,8 +28,8 @@ frames in front of the clip.)
   gradient checkpointing        e B (S D (K/P + 1 - 1/P) + O + A)   (block inputs kept, one block recomputed)
   + activation_offload          e B (O + A) on the GPU, the block inputs in pinned CPU RAM
 The coefficients are fitted to the bytes autograd saves for backward in diffusers'
-WanTransformer3DModel on CPU (fp32, torch SDPA; tests/test_estimate_memory.py measures tiny and
-small models against the formula, within 20%, and tests/test_context_parallel.py a rank of a
+WanTransformer3DModel on CPU (fp32, torch SDPA; tests/unit/test_estimate_memory.py measures tiny and
+small models against the formula, within 20%, and tests/unit/test_context_parallel.py a rank of a
 Ulysses-2 group). On GPUs, flash attention saves the same O(S) tensors. With P > 1, plus the
 exchange's transient buffers (e2v.models.plan.exchange_bytes): 2 S D / P for Ulysses' all-to-all, 2 S D / U
 for ring attention's gathered keys and values, S x 64 for the gathered prediction; they are added
