@@ -146,8 +146,8 @@ def test_fps_bound(tmp_path):
 
 def test_validation_and_sample_references_obey_max_image_pixels(tmp_path):
     from e2v.data.media import ImageTooLargeError
-    from e2v.eval.validation import Validator
     from e2v.eval.sample_cli import read_elements
+    from e2v.eval.validation import Validator
 
     clean_set(tmp_path / "data", n=2)
     big = tmp_path / "big.png"
