@@ -49,8 +49,12 @@ def test_wan22_model_expert_rules_name_key_and_fix(tmp_path):
         _cfg(*TINY, "model.expert=high_noise", "validation.sigmas=[0.1,0.5]")
     with pytest.raises(ConfigError, match=r"flow.denoising_step_list \[950.0\]: no timestep of the low_noise"):
         _cfg(*TINY, "model.expert=low_noise", "flow.denoising_step_list=[950]")
-    with pytest.raises(ConfigError, match="model.base: t2v, but .* set model.base: i2v"):
-        _cfg(*TINY, "model.expert=both", "model.base=t2v")
+    # model.base t2v on the tiny preset picks Wan2.2-T2V-A14B-shaped experts (16 input channels); on a
+    # released two-expert base it is refused (tests/unit/test_r2v_configs.py)
+    from e2v.models.plan import transformer_config
+
+    assert transformer_config(_cfg(*TINY, "model.expert=both", "model.base=t2v", "e2v_type=none"))["in_channels"] == 16
+    assert transformer_config(_cfg(*TINY, "model.expert=both"))["in_channels"] == 36
 
     # a local pipeline folder: its model_index.json decides (diffusers writes [null, null] for no component)
     two = _pipeline_folder(tmp_path, "two", {"_class_name": "WanImageToVideoPipeline", "boundary_ratio": 0.9,
