@@ -208,3 +208,13 @@ def sequence_worker(rank: int, world: int, port: int, out: str) -> None:
     result = {"ulysses": sequence_layout(2, 1, rank), "ring": sequence_layout(1, 2, rank)}
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
+
+
+def spawn(worker, out: Path) -> list[dict]:
+    """Run `worker(rank, 2, port, out)` in 2 forked processes over gloo; each rank's results."""
+    import torch.multiprocessing as mp
+
+    from e2v.runtime.ports import free_port
+
+    mp.start_processes(worker, args=(2, free_port(), str(out)), nprocs=2, start_method="fork")
+    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(2)]

@@ -9,10 +9,8 @@ The training runs with context parallelism against runs without it: tests/launch
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from helpers import ROOT, _free_port
+from helpers import ROOT
 from helpers_context_parallel import TOL
 
 
@@ -75,12 +73,9 @@ def test_context_parallel_zero3_takes_deepspeeds_all_reduce_path():
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-    from helpers_context_parallel import worker
+    from helpers_context_parallel import spawn, worker
 
-    out = tmp_path_factory.mktemp("cp_spawn")
-    mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, start_method="fork")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return spawn(worker, tmp_path_factory.mktemp("cp_spawn"))
 
 
 @pytest.mark.parametrize("kind", ["ulysses", "ring"])

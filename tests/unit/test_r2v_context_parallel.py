@@ -5,22 +5,15 @@ prediction sliced back to the video's frames. Two processes spawned over gloo
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from helpers import _free_port
-
-TOL = 1e-5  # fp32: the split sums the same products in another order
+from helpers_context_parallel import TOL
 
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-    from helpers_context_parallel import sequence_worker
+    from helpers_context_parallel import sequence_worker, spawn
 
-    out = tmp_path_factory.mktemp("cp_sequence")
-    mp.start_processes(sequence_worker, args=(2, _free_port(), str(out)), nprocs=2, start_method="fork")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return spawn(sequence_worker, tmp_path_factory.mktemp("cp_sequence"))
 
 
 @pytest.mark.parametrize("kind", ["ulysses", "ring"])
