@@ -73,6 +73,7 @@ smoke peaked at 1.39x this estimate that way).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -113,7 +114,7 @@ KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-
                 "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "ti2v-5b": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelCounts:
     trainable: int
     frozen: int  # frozen parameters in the training dtype
@@ -128,7 +129,27 @@ class ModelCounts:
 
 def count_model(cfg: Config) -> ModelCounts:
     """Exact counts of the transformer as training builds it (expansion, the fp8 base, LoRA,
-    train.trainable), on the meta device: no memory, nothing downloaded."""
+    train.trainable), on the meta device: no memory, nothing downloaded. A 14B build with its LoRA
+    takes seconds (peft's injection), so the counts are kept per model-shaping config: everything
+    but the data folders, the run's name and outputs, validation and visualization."""
+    key = _model_key(cfg)
+    if key not in _COUNTS:
+        _COUNTS[key] = _count_model(cfg)
+    return _COUNTS[key]
+
+
+_COUNTS: dict[str, ModelCounts] = {}  # count_model's, per _model_key
+
+
+def _model_key(cfg: Config) -> str:
+    d = dataclasses.asdict(cfg)
+    for key in ("output_dir", "run_id", "validation", "visualization"):
+        d.pop(key, None)
+    d["data"].pop("datasets", None)
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _count_model(cfg: Config) -> ModelCounts:
     model = build_meta_transformer(cfg)
     check_heads(cfg, model.config.num_attention_heads)
     expanded = is_expanded(cfg)
