@@ -1,14 +1,5 @@
-"""Exports of a 2-process ZeRO-3 + CPU-offload run (fp32): the diffusers LoRA loads in a plain
-diffusers pipeline in a process that never imports DeepSpeed and reproduces the weights the
-engine trained (read back from the DeepSpeed checkpoint with DeepSpeed's own zero_to_fp32); the
-ComfyUI file (LoRA, plus the fully-trained modules as `.diff` differences from the base weights)
-holds only keys ComfyUI's LoRA loader takes, maps back through diffusers' own Wan conversions and,
-applied as ComfyUI applies it, gives the same output, also for a LoRA outside the blocks; modules
-the base lacks stay full weights; exported files get the umask's permissions; tools/export_lora.py
-rebuilds the same files offline from the checkpoint folder; a full fine-tune exports a bf16
-diffusers model that keeps diffusers' fp32 modules in fp32.
-
-This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_export.py."""
+"""The launch half of tests/unit/test_export.py (exports):
+the tests that train through the launcher; that file's docstring says what the two halves check."""
 
 import json
 import subprocess

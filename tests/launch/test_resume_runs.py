@@ -1,13 +1,5 @@
-"""Preemption and resume, end to end, 2 processes under ZeRO-3 + CPU offload (torch AdamW):
-SIGTERM to the whole job saves a checkpoint (the only one: no periodic save is due) and exits;
-`--resume latest` continues from the signalled step with exactly the losses of the uninterrupted
-run, removing a stale `.partial` save, and its exported LoRA reproduces in plain diffusers the
-live engine's output at the end of training; a truncated newest checkpoint is detected and the
-previous one used. The interrupted part runs with gradient checkpointing, which must not change
-the losses. Checkpoint housekeeping (prune by step, `latest` over an abandoned branch) is tested
-on folders made here.
-
-This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_resume.py."""
+"""The launch half of tests/unit/test_resume.py (preemption and resume):
+the tests that train through the launcher; that file's docstring says what the two halves check."""
 
 import json
 import os

@@ -1,12 +1,5 @@
-"""Wan2.2 TI2V-5B: the tiny Wan2.2 VAE keeps the video; the clean_prefix layout (references as clean
-latent frames before the clip, per-token timestep 0, loss on the clip's frames) equals diffusers'
-`WanImageToVideoPipeline(expand_timesteps=True)` for one reference at every step and extends over N
-references as written out by hand; plain text-to-video on TI2V equals `WanPipeline(expand_timesteps=
-True)`; the cache, the devices, the config checks, the real model's plan; and one tiny run through
-the deepspeed launcher whose export loads into the diffusers pipeline and changes its output.
-Every test name has `wan22` in it (`pytest -k wan22`).
-
-This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_wan22_ti2v.py."""
+"""The launch half of tests/unit/test_wan22_ti2v.py (Wan2.2 TI2V-5B):
+the tests that train through the launcher; that file's docstring says what the two halves check."""
 
 from __future__ import annotations
 
