@@ -47,7 +47,7 @@ Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
 
-Length (about 460 lines): one Validator whose parts share the held-out conditions, the noise and
+Length (about 480 lines): one Validator whose parts share the held-out conditions, the noise and
 the generated videos of one validation (losses, reference gaps, videos, their sheet and fidelity);
 the pieces other modules can own already live there (sampling.py, fidelity.py, viz.py,
 models.load's visits).
