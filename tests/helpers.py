@@ -12,7 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from e2v.runtime.launch import free_port as _free_port, read_scalars, train_command  # noqa: F401  (the tests' names)
+from e2v.runtime.launch import read_scalars, train_command  # noqa: F401  (the tests' names)
+from e2v.runtime.ports import free_port as _free_port  # noqa: F401  (the tests' name)
 
 ROOT = Path(__file__).resolve().parent.parent
 

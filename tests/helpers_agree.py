@@ -5,7 +5,6 @@ test_hw_ops_checkpoint.py)."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import traceback
@@ -24,9 +23,9 @@ def two_ranks(script: str, arg: str, marks: tuple[str, ...] = ("AGREED", "STOPPE
     import multiprocessing
     import tempfile
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from e2v.runtime.ports import free_port
+
+    port = free_port()
     out = Path(tempfile.mkdtemp(prefix="two-ranks-"))
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_rank, args=(script, arg, r, port, out / f"rank{r}")) for r in (0, 1)]

@@ -447,10 +447,11 @@ class Validator:
         if sc is not None:
             images, block = self.held_out_images(), vae_space_stride(parts.vae.config)
             candidates = [element_colour(np.asarray(im[sc.subject])) for im in images]
+            plates = [self.plate(im.get(sc.background)) for im in images]  # one per sample, read by its two videos
+            distractors = [[element_colour(np.asarray(im[d])) for d in sc.distractors if d in im] for im in images]
 
             def measured(video, j):  # video made with the references of held-out sample j
-                distractors = [element_colour(np.asarray(images[j][d])) for d in sc.distractors if d in images[j]]
-                return subject_colour(video, self.plate(images[j].get(sc.background)), distractors, block)
+                return subject_colour(video, plates[j], distractors[j], block)
 
             out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
                                                          list(range(len(videos))))

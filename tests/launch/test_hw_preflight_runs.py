@@ -7,19 +7,13 @@ This file: the tests that train through the launcher; the in-process ones are in
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 from helpers import ROOT
 
 from e2v.eval import preflight_deps as pd
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from e2v.runtime.ports import free_port
 
 
 def test_missing_writer_stops_every_rank_before_step_1(tmp_path, demo_data):
@@ -29,7 +23,7 @@ def test_missing_writer_stops_every_rank_before_step_1(tmp_path, demo_data):
     stub = tmp_path / "no_ffmpeg" / "imageio_ffmpeg"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
