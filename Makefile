@@ -61,7 +61,7 @@ demo-quick: demo-data
 demo-prep: install
 	$(PY) bench/demo_prep.py --raw $(DEMO_RAW) --out $(DEMO_PREP) --num_gpus $(NUM_GPUS)
 
-# The whole suite (tests/unit/ and tests/launch/, whose tests start training processes) on
+# The whole suite (tests/unit/ and tests/launch/, whose tests start processes: training runs, commands) on
 # TEST_WORKERS pytest-xdist workers, a group at a time: a test file, or every user of one of the
 # session's shared runs, in the order tests/conftest.py sorts them (the shared runs first).
 test: install lint

@@ -33,8 +33,10 @@ def main(argv=None) -> dict:
     p.add_argument("--run", type=Path, required=True, help="a finished run folder (config.yaml and lora/)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="noise seeds")
     p.add_argument("--out", type=Path, default=None, help="where the videos go (default: a temporary folder)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="score with another sampling setting, e.g. validation.image_guidance_scale=2 (repeatable)")
     args = p.parse_args(argv)
-    cfg = load_config(str(args.run / "config.yaml"), check_paths=False)
+    cfg = load_config(str(args.run / "config.yaml"), args.overrides, check_paths=False)
     if not cfg.validation.every_n_steps or cfg.validation.subject_colour is None:
         raise SystemExit(f"{args.run}: its config validates no held-out videos with validation.subject_colour")
     _, held_out = split_held_out(index_samples(cfg), cfg)  # the run's own held-out samples

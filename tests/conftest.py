@@ -4,9 +4,11 @@ lives in tests/helpers.py (paths, shared settings, small helpers), tests/helpers
 (starting `deepspeed train_e2v.py` and other scripts) and tests/helpers_<topic>.py (what the
 test files of one topic share); no test imports this file.
 
-Two folders, two suites. tests/unit/ holds the tests that start no training process (they call
-the package, `train_e2v.main([...])` included, in this process); tests/launch/ the ones that start
-`deepspeed train_e2v.py` or a script running engine steps, each marked `train` here by its folder.
+Two folders, two suites. tests/unit/ holds the tests that run in this process (they call the
+package, `train_e2v.main([...])` and the commands' `main(argv)` included); tests/launch/ the ones
+that start a process of their own: `deepspeed train_e2v.py` or a script running engine steps, and
+a command where the process is what is tested (killed mid-run, installed by pip into a fresh venv,
+in a fresh interpreter), each marked `launch` here by its folder.
 `make test-fast` runs tests/unit/, `make test` both (`-m "not slow"`: the tools' whole end-to-end
 runs, `make test-slow`, are left out). A unit test that starts a launch fails at the launch
 (tests/helpers_launch.py), naming the fix: move it to tests/launch/.
@@ -54,7 +56,7 @@ pytest_plugins = ["helpers_opens2v", "helpers_preflight", "helpers_prepare", "he
                   "helpers_wan22"]
 
 TESTS = Path(__file__).resolve().parent
-FOLDERS = {"unit": None, "launch": pytest.mark.train}  # folder -> the marker its tests carry
+FOLDERS = {"unit": None, "launch": pytest.mark.launch}  # folder -> the marker its tests carry
 SHARED_RUNS = ("viz_run", "zero3_offload_run")  # the session's shared runs: the groups of the tests that use them
 
 
@@ -63,8 +65,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else None
         if folder not in FOLDERS:
-            raise pytest.UsageError(f"{item.path}: test files live in tests/unit/ (no training process) or "
-                                    f"tests/launch/ (starts one); move it to the one it belongs to")
+            raise pytest.UsageError(f"{item.path}: test files live in tests/unit/ (in this process) or "
+                                    f"tests/launch/ (starts a process); move it to the one it belongs to")
         if FOLDERS[folder] is not None:
             item.add_marker(FOLDERS[folder])
         if not any(item.iter_markers("xdist_group")):
@@ -133,10 +135,10 @@ def one_thread():
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_server(request):
-    """Started with the session when a selected test trains (its imports overlap the first tests),
+    """Started with the session when a selected test is a launch test (its imports overlap the first tests),
     stopped at its end."""
     _WarmServer.wanted = (os.environ.get("E2V_TEST_LAUNCHER", "warm") == "warm"
-                          and any(i.get_closest_marker("train") for i in request.session.items))
+                          and any(i.get_closest_marker("launch") for i in request.session.items))
     if _WarmServer.wanted:
         _WarmServer.ensure()
     yield

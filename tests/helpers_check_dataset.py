@@ -11,7 +11,6 @@ import sys
 
 import imageio_ffmpeg
 import numpy as np
-from helpers import ROOT
 from PIL import Image
 
 from e2v.config.load import load_config
@@ -56,29 +55,26 @@ def clean_set(root, n=4):
     return root
 
 
-def run_check(tmp_path, data, *args, config=CONFIG, as_process=False):
-    """tools/check_dataset.py on `data` with 2 worker processes: its main() in this process (the
-    workers fork from it, no interpreter start-up), or, `as_process`, the command itself, for the
-    exit code and output a user sees. Returns (a CompletedProcess, the JSON report or None)."""
+def run_check(tmp_path, data, *args, config=CONFIG):
+    """tools/check_dataset.py's main() on `data` with 2 worker processes, in this process (the workers
+    fork from it, no interpreter start-up; tests/launch/test_packaging_install.py runs the installed
+    command). Returns (a CompletedProcess with the exit code and output the command gives, the JSON
+    report or None)."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(config.replace("DATA", str(data)))
     report = tmp_path / "report.json"
     argv = ["--config", str(cfg), "--json", str(report), "--workers", "2", *args]
-    if as_process:
-        proc = subprocess.run([sys.executable, str(ROOT / "tools/check_dataset.py"), *argv], cwd=tmp_path,
-                              capture_output=True, text=True)
-    else:
-        from tools import check_dataset
+    from tools import check_dataset
 
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = check_dataset.main(argv)
-            except SystemExit as e:  # what the command does with it: a message on stderr, exit 1
-                code = e.code if isinstance(e.code, int) else 1
-                if not isinstance(e.code, int) and e.code is not None:
-                    print(e.code, file=sys.stderr)
-        proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = check_dataset.main(argv)
+        except SystemExit as e:  # what the command does with it: a message on stderr, exit 1
+            code = e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                print(e.code, file=sys.stderr)
+    proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
     return proc, json.loads(report.read_text()) if report.exists() else None
 
 
@@ -143,4 +139,51 @@ def hostile_set(root):
     for f in ("036.mp4", "036.txt", "036_person.png"):  # a name that is not UTF-8
         os.rename(root / f, os.fsencode(root) + b"/036\xff" + f[3:].encode())
     expected.add(("036\udcff", "video_unreadable"))
+    return root, expected
+
+
+def defect_set(root):
+    """Four clean samples, then one defect each; returns {(sample, kind)} the validator must report."""
+    clean_set(root)
+    expected = set()
+
+    def expect(sample_id, kind):
+        expected.add((sample_id, kind))
+
+    (root / "010.mp4").write_bytes(b"\x00not a video" * 100)  # corrupt video
+    (root / "010.txt").write_text("clip 010 corrupt")
+    Image.new("RGB", (40, 48)).save(root / "010_person.png")
+    expect("010", "video_unreadable")
+    sample(root, "011", w=48)  # decord 0.6.0 cannot decode 48-px-wide videos
+    expect("011", "video_unreadable")
+    sample(root, "012", frames=5)  # too short for 9 frames
+    expect("012", "too_short")
+    sample(root, "013")
+    (root / "013_object.png").write_bytes(b"garbage, not a png")  # unreadable element image
+    expect("013", "element_unreadable")
+    sample(root, "014", person=False)  # required element missing
+    expect("014", "element_missing")
+    sample(root, "015", prompt="   ")  # empty caption
+    expect("015", "empty_caption")
+    sample(root, "016", prompt="clip 000 shows its own thing")  # duplicate of 000's caption
+    expect("016", "duplicate_caption")
+    Image.new("RGB", (40, 48)).save(root / "099_person.png")  # no 099 video: orphan
+    Image.new("RGB", (40, 48)).save(root / "001_persn.png")  # typo'd suffix: orphan
+    expect("-", "orphan_file")
+    sample(root, "017")
+    clip(root / "017.mov", seed=17)  # two videos with id 017
+    expect("017", "duplicate_id")
+    sample(root, "018")
+    Image.new("F", (40, 48), 0.5).save(root / "018_object.tiff")
+    (root / "018_object.tiff").rename(root / "018_object.png")  # PIL reads by content: a float image (scale guessed)
+    expect("018", "element_mode")
+    sample(root, "019")
+    Image.new("RGB", (8, 8)).save(root / "019_object.png")  # tiny reference
+    expect("019", "element_small")
+    sample(root, "020", fps=30)  # the others are 8 fps
+    expect("020", "fps_outlier")
+    sample(root, "021", w=160)  # 64x160 into 64x64: center_crop cuts 60%
+    expect("021", "aspect")
+    sample(root, "022", h=32, w=32)  # upscaled to 64x64
+    expect("022", "upscaled")
     return root, expected

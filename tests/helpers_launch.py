@@ -30,7 +30,7 @@ def _only_in_launch_tests() -> None:
     """The folder decides the suite (tests/conftest.py): a test in tests/unit/ that starts a training
     process would run in `make test-fast`, so it fails here, naming the fix."""
     item = _running["item"]
-    if item is not None and item.get_closest_marker("train") is None:
+    if item is not None and item.get_closest_marker("launch") is None:
         pytest.fail(f"{item.nodeid} starts a training process (or a script running engine steps), so it is not "
                     f"a unit test: move it to tests/launch/ (tests/conftest.py explains the two folders)",
                     pytrace=False)

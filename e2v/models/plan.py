@@ -5,6 +5,8 @@ takes."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,8 +290,20 @@ def encoder_bytes(cfg: Config) -> dict[str, int]:
         return {}
     width = {"text_encoder": 2 if cfg.model.weight_dtype == "bf16" else 4,
              "vae": 2 if cfg.model.vae_dtype == "bf16" else 4}
-    return {name: width.get(name, 4) * sum(p.numel() for p in m.parameters())
-            for name, m in encoder_modules(cfg).items()}
+    return {name: width.get(name, 4) * n for name, n in encoder_numels(cfg).items()}
+
+
+def encoder_numels(cfg: Config) -> dict[str, int]:
+    """Parameter counts of encoder_modules(cfg), kept per model section and CLIP use: building the
+    released encoders on the meta device takes about a second, and the memory advice asks again for
+    every plan it tries (e2v/train/memory.py)."""
+    key = json.dumps([dataclasses.asdict(cfg.model), cfg.uses_clip], sort_keys=True, default=str)
+    if key not in _ENCODER_NUMELS:
+        _ENCODER_NUMELS[key] = {name: sum(p.numel() for p in m.parameters()) for name, m in encoder_modules(cfg).items()}
+    return _ENCODER_NUMELS[key]
+
+
+_ENCODER_NUMELS: dict[str, dict[str, int]] = {}  # encoder_numels', per model section and CLIP use
 
 
 def describe_plan(transformer: torch.nn.Module, cfg: Config, ds_config: dict, full_names: list[str]) -> str:

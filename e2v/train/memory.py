@@ -86,7 +86,6 @@ from pathlib import Path
 
 import torch
 
-from e2v.config.bases import vae_config
 from e2v.config.load import load_config
 from e2v.config.schema import REPO_ROOT, Config, resolve_repo_path
 from e2v.models.context_parallel import check_heads, layout
@@ -98,6 +97,7 @@ from e2v.models.plan import (
     build_meta_transformer,
     checkpoint_bytes,
     encoder_bytes,
+    encoder_numels,
     exchange_bytes,
     per_token_time,
     tokens,
@@ -244,13 +244,9 @@ def validation_bytes(cfg: Config, s: int, ctx: int, c: ModelCounts, e: int, cp: 
 
 def vae_weight_bytes(cfg: Config) -> int:
     """The VAE's weights in model.vae_dtype, built on the meta device (a cached run has none resident)."""
-    from diffusers import AutoencoderKLWan
-
     if cfg.model.preset is not None:
         return 0  # the tiny VAE: a few kilobytes
-    with torch.device("meta"):
-        vae = AutoencoderKLWan.from_config(vae_config(cfg))
-    return (2 if cfg.model.vae_dtype == "bf16" else 4) * sum(p.numel() for p in vae.parameters())
+    return (2 if cfg.model.vae_dtype == "bf16" else 4) * encoder_numels(cfg)["vae"]
 
 
 def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: ModelCounts | None = None) -> dict:

@@ -3,11 +3,15 @@ same RNG states must give what it assembles from the cached entries (every
 cacheable mode, dropouts, posterior samples). Then the real tools: precompute, stale and missing
 entries, and a cached training run against an encoding one (mixed sizes, 2 processes, batch 2).
 
-This file: the tests that train through the launcher; the in-process ones are in tests/unit/test_cache.py."""
+This file: the tests that start processes (training through the launcher, the encoder guard's
+negative control in an interpreter of its own); the in-process ones are in tests/unit/test_cache.py."""
 
 import contextlib
 import io
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -116,3 +120,28 @@ def test_precompute_resumes_and_training_refuses_a_stale_cache(mixed_runs, capsy
 
     with pytest.raises(CacheError, match="sample 002: .*'prompt' changed"):
         make_loader(cfg, index_samples(cfg, verbose=False), rank=0, world=1)
+
+
+def test_encoder_guard_stops_every_encoder_construction(tmp_path):
+    """The guard's negative control: under it, e2v's tiny builders fail on the VAE, UMT5 and CLIP
+    (the transformer alone still builds), so a cached run that built one could not pass."""
+    script = """
+import sys
+sys.path.insert(0, {root!r})
+from e2v.models.tiny import build_tiny_parts
+from e2v.models.tiny_vae import build_tiny_vae
+from transformers import CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
+build_tiny_parts(seed=0, with_encoders=False)
+for build in (lambda: build_tiny_vae(0), lambda: UMT5EncoderModel(UMT5Config(d_model=8, num_layers=1)),
+              lambda: CLIPVisionModel(CLIPVisionConfig(hidden_size=8, num_attention_heads=2)),
+              lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=8, num_attention_heads=2))):
+    try:
+        build()
+    except RuntimeError as e:
+        print(e)
+""".format(root=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, **encoder_guard_env(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:4] == [f"encoder guard: {c} constructed" for c in (
+        "AutoencoderKLWan", "UMT5EncoderModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")]

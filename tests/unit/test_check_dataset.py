@@ -3,60 +3,13 @@ and kind) and nothing else, exit 1 because some would fail training, and exit 0 
 
 
 import pytest
-from helpers_check_dataset import CONFIG, CSV_CONFIG, clean_set, clip, csv_set, run_check, sample
+from helpers_check_dataset import CONFIG, CSV_CONFIG, clean_set, csv_set, defect_set, run_check
 from PIL import Image
-
-
-def defect_set(root):
-    """Four clean samples, then one defect each; returns {(sample, kind)} the validator must report."""
-    clean_set(root)
-    expected = set()
-
-    def expect(sample_id, kind):
-        expected.add((sample_id, kind))
-
-    (root / "010.mp4").write_bytes(b"\x00not a video" * 100)  # corrupt video
-    (root / "010.txt").write_text("clip 010 corrupt")
-    Image.new("RGB", (40, 48)).save(root / "010_person.png")
-    expect("010", "video_unreadable")
-    sample(root, "011", w=48)  # decord 0.6.0 cannot decode 48-px-wide videos
-    expect("011", "video_unreadable")
-    sample(root, "012", frames=5)  # too short for 9 frames
-    expect("012", "too_short")
-    sample(root, "013")
-    (root / "013_object.png").write_bytes(b"garbage, not a png")  # unreadable element image
-    expect("013", "element_unreadable")
-    sample(root, "014", person=False)  # required element missing
-    expect("014", "element_missing")
-    sample(root, "015", prompt="   ")  # empty caption
-    expect("015", "empty_caption")
-    sample(root, "016", prompt="clip 000 shows its own thing")  # duplicate of 000's caption
-    expect("016", "duplicate_caption")
-    Image.new("RGB", (40, 48)).save(root / "099_person.png")  # no 099 video: orphan
-    Image.new("RGB", (40, 48)).save(root / "001_persn.png")  # typo'd suffix: orphan
-    expect("-", "orphan_file")
-    sample(root, "017")
-    clip(root / "017.mov", seed=17)  # two videos with id 017
-    expect("017", "duplicate_id")
-    sample(root, "018")
-    Image.new("F", (40, 48), 0.5).save(root / "018_object.tiff")
-    (root / "018_object.tiff").rename(root / "018_object.png")  # PIL reads by content: a float image (scale guessed)
-    expect("018", "element_mode")
-    sample(root, "019")
-    Image.new("RGB", (8, 8)).save(root / "019_object.png")  # tiny reference
-    expect("019", "element_small")
-    sample(root, "020", fps=30)  # the others are 8 fps
-    expect("020", "fps_outlier")
-    sample(root, "021", w=160)  # 64x160 into 64x64: center_crop cuts 60%
-    expect("021", "aspect")
-    sample(root, "022", h=32, w=32)  # upscaled to 64x64
-    expect("022", "upscaled")
-    return root, expected
 
 
 def test_every_defect_named_and_nothing_else(tmp_path):
     data, expected = defect_set(tmp_path / "data")
-    proc, report = run_check(tmp_path, data, "--contact-sheet", str(tmp_path / "sheets"), as_process=True)
+    proc, report = run_check(tmp_path, data, "--contact-sheet", str(tmp_path / "sheets"))
     assert proc.returncode == 1, proc.stdout + proc.stderr  # some samples would fail training
     found = {(p["sample"], p["kind"]) for p in report["problems"]}
     assert found == expected, f"missing {expected - found}, unexpected {found - expected}"

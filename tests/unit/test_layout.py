@@ -222,11 +222,11 @@ def test_no_test_imports_conftest_or_another_test():
 
 
 def test_a_unit_test_that_launches_fails_naming_the_move(request):
-    """The folder is the suite (tests/conftest.py): this test carries no `train` marker, and a
+    """The folder is the suite (tests/conftest.py): this test carries no `launch` marker, and a
     launch from it stops before anything starts, naming the fix."""
     from helpers_launch import launch_python, launch_train
 
-    assert request.node.get_closest_marker("train") is None
+    assert request.node.get_closest_marker("launch") is None
     for start in (lambda: launch_train("configs/e2v_tiny_lora.yaml"), lambda: launch_python("train_e2v.py")):
         with pytest.raises(pytest.fail.Exception, match=r"test_layout\.py::test_a_unit_test_that_launches.* move it to "
                                                          r"tests/launch/"):

@@ -1,16 +1,12 @@
 """The package as a newcomer installs it (pyproject.toml): requirements.txt (the README's pip
 command) and the package's dependencies are the same list; every package folder of e2v/ is
 installed; tools/ holds the user commands only, each a console script, none with a sys.path
-preamble; and `pip install -e .` into a fresh venv gives console scripts that run from any folder."""
+preamble (tests/launch/test_packaging_install.py installs it into a fresh venv and runs a script)."""
 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sysconfig
-import venv
 from pathlib import Path
 
 import tomllib
@@ -62,26 +58,3 @@ def test_tools_are_the_user_commands_each_a_console_script():
         assert not tools, f"{path.relative_to(ROOT)} imports another command or the harness: move the shared part into e2v/"
 
 
-def test_editable_install_in_a_fresh_venv_runs_the_console_scripts(tmp_path):
-    """`pip install -e .` (offline: no build isolation, no dependencies fetched: they come from this
-    interpreter's site-packages through a .pth), then the scripts from a folder outside the checkout
-    with no PYTHONPATH: e2v and e2v.tools come from the install."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False, system_site_packages=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
-    (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_NO_INDEX": "1"}
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, install.stderr[-3000:]
-    for name in ("e2v-check-dataset",):
-        proc = subprocess.run([env_dir / "bin" / name, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0 and f"usage: {name}" in proc.stdout, proc.stderr[-3000:]
-    # where the install resolves the module, found without running it (the script above ran it)
-    where = subprocess.check_output([python, "-c", "import importlib.util as u; "
-                                     "print(u.find_spec('e2v.tools.check_dataset').origin)"],
-                                    cwd=tmp_path, env=env, text=True).strip()
-    assert Path(where) == ROOT / "tools" / "check_dataset.py"

@@ -1,20 +1,17 @@
 """tools/prepare_data.py: raw footage -> e2v dataset, scored against generated truth
-(bench/make_raw_footage.py), on bad inputs, after a kill -9, on real photographs, and through the
-learned backend with a tiny random-weight SAM 3. Every run here is the classical backend or the
-tiny model on CPU: a few seconds each."""
+(bench/make_raw_footage.py), on bad inputs, on real photographs, and through the learned backend
+with a tiny random-weight SAM 3. Every run here is the classical backend or the tiny model on CPU, in
+this process: a few seconds each. The command killed mid-run and run again:
+tests/launch/test_prepare_data_runs.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_prepare import SMALL_SETS
 from PIL import Image
 
 from bench.make_raw_footage import generate, write_bad_inputs, write_photo_footage
@@ -27,14 +24,11 @@ from tools.check_dataset import main as check_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = (64, 64)
-# the tests' clip: 17 frames at 8 fps (2 s) at 64 x 64, checked with the tiny config one sample a batch
-SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "check.config=configs/e2v_tiny.yaml",
-        "check.set=[train.micro_batch_size=1]", "check.run=false"]
 CHECK = "check.run=true"  # the validator's subprocess costs ~5 s: run where the test is about it
 
 
 def _prepare(raw: Path, out: Path, *sets: str, no_caption: bool = False) -> dict:
-    return prepare(load_prepare_config(ROOT / "configs/prepare.yaml", [*SETS, *sets]), raw, out, no_caption=no_caption,
+    return prepare(load_prepare_config(ROOT / "configs/prepare.yaml", [*SMALL_SETS, *sets]), raw, out, no_caption=no_caption,
                    check=check_dataset)
 
 
@@ -132,43 +126,6 @@ def test_bad_inputs_are_named_and_never_stop_the_run(tmp_path, capsys):
     _prepare(raw, out)  # a second run finds everything finished, bad inputs included
     assert "8 finished before, 0 to do" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (out / ".prepare/records").iterdir()} == records
-
-
-def _complete(out: Path) -> None:
-    """Every video file in the folder is a whole sample: its references and caption are there."""
-    for mp4 in out.glob("*.mp4"):
-        for suffix in ("_person.png", "_background.png", ".txt"):
-            assert mp4.with_name(mp4.stem + suffix).exists(), f"{mp4.name} without {suffix}"
-
-
-def test_kill_mid_video_redoes_only_that_video(tmp_path):
-    raw, out = tmp_path / "raw", tmp_path / "out"
-    generate(raw, videos=2, shots=2, shot_seconds=4.5)
-    cmd = [sys.executable, str(ROOT / "tools/prepare_data.py"), "--config", str(ROOT / "configs/prepare.yaml"),
-           "--input", str(raw), "--output", str(out), "--no-caption"] + [a for s in SETS for a in ("--set", s)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records = out / ".prepare/records"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (records.exists() and any(records.glob("*.json"))):
-        time.sleep(0.05)
-    # killed at once: the second video is under way (or not begun), never finished
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_before = {p.name: p.stat().st_mtime_ns for p in records.glob("*.json")}
-    assert len(done_before) == 1, done_before
-    _complete(out)
-    finished = [json.loads(p.read_text()) for p in records.glob("*.json")]
-    kept = {s["id"]: (out / f"{s['id']}.mp4").stat().st_mtime_ns for r in finished for s in r["samples"]}
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "1 finished before, 1 to do" in res.stdout
-    assert {p.name: p.stat().st_mtime_ns for p in records.glob("*.json") if p.name in done_before} == done_before
-    assert {i: (out / f"{i}.mp4").stat().st_mtime_ns for i in kept} == kept  # finished samples untouched
-    assert not list(out.rglob("*.part"))
-    _complete(out)
-    rows = (out / "prepare_manifest.jsonl").read_text().splitlines()
-    assert len(rows) == len(list(out.glob("*.mp4"))) == 4
 
 
 def test_real_photographs(tmp_path):
