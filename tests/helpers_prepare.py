@@ -1,6 +1,8 @@
 """Tiny random-weight models for the learned data-preparation path, saved as a user's folders
 (safetensors + JSON, nothing downloaded): SAM 3 (detector and tracker in one checkpoint) with a
-byte-level CLIP tokenizer, a SAM 2.1 video tracker, and a captioner."""
+byte-level CLIP tokenizer, a SAM 2.1 video tracker, and a captioner. What the functions need beyond
+pytest is imported where they run: tests/conftest.py loads this file as a plugin in every pytest
+process, the pytest-xdist controller too, which runs no test."""
 
 from __future__ import annotations
 
@@ -9,11 +11,6 @@ from pathlib import Path
 
 import pytest
 from helpers import built_once
-
-from bench.make_raw_footage import write_hard_footage
-from e2v.data.prepare.config import load_prepare_config
-from e2v.data.prepare.run import prepare
-from tools.check_dataset import main as check_dataset
 
 
 def _tiny_sam3_vit(input_side: int):
@@ -185,6 +182,10 @@ SETS = [*SMALL_SETS[:2], "clips.resolution=[96, 160]", *SMALL_SETS[3:]]
 
 
 def _prepare(raw: Path, out: Path, *sets: str) -> dict:
+    from e2v.data.prepare.config import load_prepare_config
+    from e2v.data.prepare.run import prepare
+    from tools.check_dataset import main as check_dataset
+
     return prepare(load_prepare_config(ROOT / "configs/prepare.yaml", [*SETS, *sets]), raw, out, no_caption=True,
                    check=check_dataset)
 
@@ -192,6 +193,8 @@ def _prepare(raw: Path, out: Path, *sets: str) -> dict:
 @pytest.fixture(scope="session")
 def hard_raw(tmp_path_factory) -> Path:
     """The hard footage, written once per session (both halves of the prepare_hard tests read it)."""
+    from bench.make_raw_footage import write_hard_footage
+
     return built_once(tmp_path_factory, "hard_raw", write_hard_footage)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 S = 64  # test videos: 64 x 64 -> latents 4 x 4 under the 16x Wan2.2 VAE (2 x 2 tokens a frame)
@@ -30,6 +29,8 @@ SAMPLE = dict(prompt="a shape moves", negative_prompt="static", seed=5, steps=4,
 
 
 def _pipeline_latents(pipe, image):
+    import torch  # here, not at the top: tests/conftest.py loads this file in the pytest-xdist controller too
+
     return pipe(image=image, prompt=SAMPLE["prompt"], negative_prompt=SAMPLE["negative_prompt"], height=64, width=64,
                 num_frames=17, num_inference_steps=SAMPLE["steps"], guidance_scale=SAMPLE["guidance"],
                 output_type="latent", generator=torch.Generator().manual_seed(SAMPLE["seed"])).frames

@@ -26,6 +26,7 @@ is told to fill the cache beforehand with tools/check_dataset.py.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -226,7 +227,15 @@ def map_samples(fn, jobs: list, workers: int):
     problem instead). Consume it to the end: the pool closes then."""
     if workers > 1 and len(jobs) > 1:
         with _pool(workers) as pool:
-            yield from pool.map(fn, jobs, chunksize=max(1, min(16, len(jobs) // (4 * workers))))
+            # The workers fork when map submits the jobs. Frozen, what this process holds (its
+            # unreachable cycles included) is not theirs to collect: a forked child that runs the
+            # finaliser of a parent's object (a process group, a C++ handle) can abort.
+            gc.freeze()
+            try:
+                results = pool.map(fn, jobs, chunksize=max(1, min(16, len(jobs) // (4 * workers))))
+            finally:
+                gc.unfreeze()
+            yield from results
     else:
         quiet_decoder()
         yield from map(fn, jobs)

@@ -7,7 +7,10 @@ This file: the in-process tests; the ones that train through the launcher are in
 
 from __future__ import annotations
 
+import gc
+import os
 import shutil
+import signal
 
 import pytest
 from helpers_preflight import BAD, _cfg
@@ -72,3 +75,42 @@ def test_warnings_are_summarized(bad_data):
     assert len(lines) == 2, lines
     assert "11 samples, e.g. 000.txt: duplicate caption; 001.txt" in lines[0] and "009" not in lines[0]
     assert "x.png: tiny -> bigger" in lines[1]
+
+
+class _DiesInAChild:
+    """A finaliser that aborts when it runs in any process but the one that made the object, as a
+    C++ handle (a process group's) can when a forked child frees it."""
+
+    def __init__(self):
+        self.pid, self.cycle = os.getpid(), self
+
+    def __del__(self):
+        if os.getpid() != self.pid:
+            os.abort()
+
+
+def _collect_and_return(job):
+    gc.collect()  # the worker collects what it can reach: the parent's garbage, if it is not frozen
+    return job
+
+
+def test_the_check_workers_never_collect_the_parents_garbage():
+    """The check's workers fork from a process that may hold unreachable cycles (a test's or a
+    library's); collected in a worker, such an object's finaliser runs there. Oracle: the same
+    garbage made in a forked child (not through map_samples) kills it; through map_samples every
+    job comes back."""
+    import multiprocessing
+
+    from e2v.data.preflight import map_samples
+
+    gc.disable()  # the garbage stays until the workers fork
+    try:
+        _DiesInAChild()
+        child = multiprocessing.get_context("fork").Process(target=gc.collect)
+        child.start()
+        child.join()
+        assert child.exitcode == -signal.SIGABRT  # the negative control: a plain fork collects it and dies
+        assert list(map_samples(_collect_and_return, list(range(8)), workers=2)) == list(range(8))
+    finally:
+        gc.enable()
+        gc.collect()
