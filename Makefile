@@ -118,7 +118,7 @@ clean-demo:
 
 # The sequence layout's CPU demo (configs/r2v_tiny.yaml: SkyReels-V3 R2V's layout, references as
 # clean latent slots after the video, on a tiny Wan2.1-style T2V with no CLIP; docs/conditioning.md):
-# the same data and cache as `make demo`, then the held-out videos scored at 3 noise seeds.
+# the same data and cache as `make demo`, then the held-out videos scored at 3 noise seeds (~15 min on 2 cores).
 .PHONY: demo-r2v
 demo-r2v: demo-data
 	$(PY) tools/precompute.py --config configs/r2v_tiny.yaml --set data.datasets.0.data_root=$(DEMO_DATA)
