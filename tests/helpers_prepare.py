@@ -174,7 +174,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # The tests' clips: 17 frames at 8 fps, checked with the tiny config one sample a batch, the check
-# itself off (its subprocess costs ~5 s: on where a test is about it)
+# itself off (on where a test is about it: `check.run=true`)
 SMALL_SETS = ["clips.num_frames=17", "clips.fps=8", "clips.resolution=[64, 64]", "check.config=configs/e2v_tiny.yaml",
               "check.set=[train.micro_batch_size=1]", "check.run=false"]
 # the hard footage at its own size, 96 x 160: registration works on frames this small, not on 48 x 80

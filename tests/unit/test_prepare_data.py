@@ -24,7 +24,7 @@ from tools.check_dataset import main as check_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = (64, 64)
-CHECK = "check.run=true"  # the validator's subprocess costs ~5 s: run where the test is about it
+CHECK = "check.run=true"  # the dataset check on the output: on where the test is about it
 
 
 def _prepare(raw: Path, out: Path, *sets: str, no_caption: bool = False) -> dict:
