@@ -31,6 +31,7 @@ collects)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 from pathlib import Path
@@ -74,6 +75,20 @@ def pytest_collection_modifyitems(config, items):
     # The shared runs' groups are the longest: sent first (make test: --no-loadscope-reorder keeps
     # this order), so no worker starts one at the end while the other idles
     items.sort(key=lambda i: _group(i) not in SHARED_RUNS)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collecting imports every test file's modules (torch, diffusers, transformers: most of a
+    worker's heap) with the cyclic garbage collector off, and freezes what it made: the collections
+    during the tests and at the session's end (pytest collects five times there) skip it instead
+    of walking it every time (bench/RESULTS.md, section 7: `test_fast_gc`)."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _group(item) -> str:

@@ -229,12 +229,15 @@ def map_samples(fn, jobs: list, workers: int):
         with _pool(workers) as pool:
             # The workers fork when map submits the jobs. Frozen, what this process holds (its
             # unreachable cycles included) is not theirs to collect: a forked child that runs the
-            # finaliser of a parent's object (a process group, a C++ handle) can abort.
+            # finaliser of a parent's object (a process group, a C++ handle) can abort. Unfrozen
+            # after, unless something had frozen objects before (unfreeze would thaw those too).
+            thaw = gc.get_freeze_count() == 0
             gc.freeze()
             try:
                 results = pool.map(fn, jobs, chunksize=max(1, min(16, len(jobs) // (4 * workers))))
             finally:
-                gc.unfreeze()
+                if thaw:
+                    gc.unfreeze()
             yield from results
     else:
         quiet_decoder()
