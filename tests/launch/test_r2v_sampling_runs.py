@@ -39,11 +39,6 @@ def lora_runs(demo_data, tmp_path_factory):
     return {"t2v": out / "r2v_lora", "wan22": out / "r2v_wan22"}
 
 
-@pytest.fixture(scope="module")
-def lora_run(lora_runs):
-    return lora_runs["t2v"]
-
-
 def _references(tmp_path) -> dict:
     refs = {}
     for k, name in enumerate(("person", "object")):
@@ -84,11 +79,12 @@ def _v3_inputs(pipe, vae, refs):
     return text, latents, v3_ref_latents(pixels, vae, generator, "sample", 4)
 
 
-def test_r2v_lora_in_diffusers_wanpipeline_with_v3s_loop_equals_tools_sample(lora_run, tmp_path, monkeypatch):
+def test_r2v_lora_in_diffusers_wanpipeline_with_v3s_loop_equals_tools_sample(lora_runs, tmp_path, monkeypatch):
     from diffusers import WanPipeline
 
     from e2v.models.tiny import build_tiny_parts
 
+    lora_run = lora_runs["t2v"]
     refs = _references(tmp_path)
     ours = _sample_cli(lora_run, refs, tmp_path / "video.mp4", monkeypatch)
     p = build_tiny_parts(seed=0, base="t2v")  # the run's base: the same seed, the config's default tiny shape
