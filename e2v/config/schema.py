@@ -326,6 +326,21 @@ class Train:
 
 
 @dataclass
+class Causal:
+    """The causal (autoregressive) task, `task: causal` (e2v/models/causal.py, docs/causal.md): CausVid's
+    block-causal Wan. The latent frames form blocks of `frames_per_block`; a token of block b attends to
+    every token of blocks 0..b (its own block in full) and to nothing later; each latent frame has its
+    own timestep, drawn per block. The same network and parameter names as the bidirectional model."""
+    frames_per_block: int = bounded(3, min=1, note="(latent frames per block: CausVid's num_frame_per_block)")
+    # latent frame 0 (the causal VAE encodes pixel frame 0 alone) as a block of its own, then blocks of
+    # frames_per_block (Self-Forcing's independent_first_frame)
+    independent_first_frame: bool = False
+    # how the block mask is applied: flex (FlexAttention with a block mask), blocks (one exact attention
+    # call per block: its queries against the keys of blocks 0..b), auto (flex where it runs, else blocks)
+    attention: Literal["auto", "flex", "blocks"] = "auto"
+
+
+@dataclass
 class DeepSpeed:
     config: str = "ds_configs/zero2.json"
     # torch_adamw: torch.optim.AdamW, fused where CUDA is (on the GPU, or on the CPU under optimizer
@@ -425,6 +440,9 @@ class Visualization:
 @dataclass
 class Config:
     e2v_type: Literal["dual", "vae", "clip", "none"] = cached("dual")
+    # bidirectional: every token attends to every token, one timestep per sample (Wan as released);
+    # causal: the block-causal model of `causal:` (CausVid's generator_task: causal_video)
+    task: Literal["bidirectional", "causal"] = "bidirectional"
     output_dir: str = "runs"
     run_id: Optional[str] = None  # default: <config name>-<timestamp>
     seed: int = 42
@@ -434,6 +452,7 @@ class Config:
     processors: Processors = field(default_factory=Processors)
     conditioning: Conditioning = field(default_factory=Conditioning)
     flow: Flow = field(default_factory=Flow)
+    causal: Causal = field(default_factory=Causal)  # read by task: causal only
     train: Train = field(default_factory=Train)
     deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
     parallel: Parallel = field(default_factory=Parallel)
