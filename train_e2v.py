@@ -24,6 +24,7 @@ from e2v.config.schema import ConfigError
 from e2v.config.seed_formats import map_seed_flags
 from e2v.config.shapes import check_base
 from e2v.data.dataset import BadSampleError, index_samples, make_loader
+from e2v.data.preflight import unusable
 from e2v.eval.preflight_deps import check_later_phases
 from e2v.eval.validation import Validator, hold_out_problem, split_held_out
 from e2v.eval.viz import Visualizer
@@ -97,9 +98,9 @@ def dry_run(cfg, args) -> None:
     usable = len({(s.dataset, s.id) for s in samples})
     dry_run_logger.info(f"config OK; {usable} usable samples in "
           f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}"
-          + (f"; {len({p.sample for p in excluded})} unusable (listed above): training stops at start with "
+          + (f"; {len(unusable(excluded))} unusable (listed above): training stops at start with "
              f"data.on_bad_sample: {cfg.data.on_bad_sample}" if excluded and cfg.data.on_bad_sample == "error"
-             else f"; {len({p.sample for p in excluded})} unusable, left out (listed above)" if excluded else ""))
+             else f"; {len(unusable(excluded))} unusable, left out (listed above)" if excluded else ""))
     precompute = f"python tools/precompute.py --config {args.config}" + "".join(f" --set {s}" for s in args.set)
     dry_run_logger.info("\n".join([describe_plan(transformer, cfg, ds_config, full_names),
                                     *fit_verdict(cfg, samples, precompute)]))
@@ -308,8 +309,10 @@ def main(argv: list[str] | None = None):
                     or (every_min and distributed.any_rank(time.time() - last_save > 60 * every_min))):
                 save(global_step)
                 last_save, saved_step = time.time(), global_step
-            if stopping:
-                logger.info(f"\nstop signal: checkpoint saved at step {global_step}; resume with --resume latest")
+            if stopping:  # not exported: a preemption's grace is short, and the run is meant to go on
+                logger.info(f"\nstop signal: checkpoint saved at step {global_step}; resume with --resume latest, "
+                            f"or export these weights (lora/ is written at the last step only): python "
+                            f"tools/export_lora.py {run_dir}/checkpoints/latest --out {run_dir}/lora")
                 break
     except FloatingPointError:  # non-finite loss / gradient norm: the weights are suspect, save nothing
         restore_signals()
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None):
             logger.info(f"done: {global_step} steps. Outputs in {run_dir}:\n"
                         + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
                         + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
-                        + (f"\nleft out {len({p.sample for p in excluded})} bad sample(s) at the start "
+                        + (f"\nleft out {len(unusable(excluded))} bad sample(s) at the start "
                            "(listed there)" if excluded else ""))
     restore_signals()  # after the export: a signal during it still only sets the flag
 

@@ -36,6 +36,10 @@ def main(argv=None) -> dict:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="score with another sampling setting, e.g. validation.image_guidance_scale=2 (repeatable)")
     args = p.parse_args(argv)
+    if not (args.run / "lora").is_dir():  # a run stopped before its last step saved a checkpoint, not lora/
+        raise SystemExit(f"{args.run}: no lora/ (the run stopped before its last step, or is not a run folder); "
+                         f"export its last checkpoint first: python tools/export_lora.py "
+                         f"{args.run}/checkpoints/latest --out {args.run}/lora")
     cfg = load_config(str(args.run / "config.yaml"), args.overrides, check_paths=False)
     if not cfg.validation.every_n_steps or cfg.validation.subject_colour is None:
         raise SystemExit(f"{args.run}: its config validates no held-out videos with validation.subject_colour")

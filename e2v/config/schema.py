@@ -168,6 +168,12 @@ class Data:
     prefetch_factor: int = bounded(2, min=1)
     on_bad_sample: Literal["error", "skip"] = "error"
     shuffle: bool = True
+    # How a reference file becomes 8-bit RGB (e2v/data/media.py's READERS; docs/data.md, "How a
+    # reference is read"): white composites transparency on white and scales 16-bit greys by 1/257
+    # (A2's subjects are cut-outs on white); convert is Pillow's convert("RGB") alone, as diffusers'
+    # load_image in SkyReels-V3's pipeline (the colour stored under transparency kept, 16-bit greys
+    # clipped at 255); auto: convert in the sequence layout, white in the others.
+    reference_read: Literal["auto", "white", "convert"] = cached("auto")
     # larger element images are bad samples, named
     max_image_pixels: int = bounded(MAX_IMAGE_PIXELS, min=1, note=f"(default {MAX_IMAGE_PIXELS}, a 50 MP photo)")
     # csv / jsonl paths (and e2v-folder symlinks) that resolve outside data_root (or media_root
@@ -399,6 +405,10 @@ class Validation:
     sigmas: list[float] = bounded(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], gt=0, lt=1)
     num_samples: int = bounded(4, min=0)  # sample ids held out of training (when every_n_steps > 0), validated on
     seed: int = 1234  # validation noise and sampling: its own generators, never the training RNG
+    # Where the generated videos' generator lives (e2v/eval/sampling.py's noise_generator): cpu (the same
+    # video on every machine) or device, the sampling device (SkyReels-V3's pipeline seeds a CUDA
+    # generator: on CUDA the same seed then gives its noise). Validation's losses always draw on the CPU.
+    generator_device: Literal["cpu", "device"] = "cpu"
     sets: list[ValidationSet] = field(default_factory=list)  # generate videos from these
     num_videos: int = bounded(1, min=0)  # without sets: generate from the first n held-out samples' references
     num_inference_steps: int = bounded(20, min=1)
@@ -478,6 +488,25 @@ class Config:
         if not self.uses_vae_condition or self.conditioning.target_layout in ("clean_prefix", "sequence"):
             return 0
         return sum(e.vae.repeat for e in self.data.elements if e.vae is not None and (names is None or e.name in names))
+
+    @property
+    def reference_reading(self) -> str:
+        """data.reference_read with `auto` resolved: `convert` (SkyReels-V3's pipeline reads its
+        references so) in the sequence layout, `white` (A2's) in the others. The one place every
+        reader of a reference (the loader, the start-up check, validation, tools/sample.py) asks."""
+        if self.data.reference_read != "auto":
+            return self.data.reference_read
+        return "convert" if self.conditioning.target_layout == "sequence" else "white"
+
+    def vae_preprocess(self, element: Element) -> str:
+        """The element's VAE-pathway preprocess mode: its own `vae.preprocess`, else
+        `processors.vae.default_preprocess`."""
+        return element.vae.preprocess or self.processors.vae.default_preprocess
+
+    def clip_preprocess(self, element: Element) -> str:
+        """The element's CLIP-pathway preprocess mode: its own `clip.preprocess`, else
+        `processors.clip.default_preprocess`."""
+        return element.clip.preprocess or self.processors.clip.default_preprocess
 
     @property
     def vae_elements(self) -> list[Element]:

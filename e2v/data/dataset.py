@@ -91,7 +91,7 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     problems += preflight.check_samples(cfg, found_all, progress=verbose)
     errors = [p for p in problems if p.severity == "error"]
     notes = [p for p in problems if p.severity != "error"]
-    bad = {(s.dataset, s.id) for s in found_all for p in errors if p.sample == s.id}
+    bad = set(preflight.unusable(errors))  # those discovery refused too: the count named in every message
     samples = with_repeats([s for s in found_all if (s.dataset, s.id) not in bad], cfg)
     if warnings is not None:
         warnings.extend(notes)
@@ -101,7 +101,7 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
     if errors:
         lines = "\n  ".join(str(p) for p in errors[:20])
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        msg = f"{len(bad)} sample(s) unusable:\n  {lines}{more}"
+        msg = f"{len(bad)} sample(s) unusable ({len(errors)} problem(s)):\n  {lines}{more}"
         if cfg.data.on_bad_sample == "error" if stop_on_bad is None else stop_on_bad:
             raise BadSampleError(msg + f"\n({len({(s.dataset, s.id) for s in samples})} usable; set "
                                        "data.on_bad_sample: skip to train without them; tools/check_dataset.py "
@@ -124,7 +124,7 @@ def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
     per-element inputs collate stacks: the VAE references at the video size (image_CHW in
     [-1, 1]) with their repeats, and the CLIP references as uint8 HWC at the CLIP resolution, in
     element order (absent elements compact the positions)."""
-    d, pv, pc = cfg.data, cfg.processors.vae, cfg.processors.clip
+    d, pc = cfg.data, cfg.processors.clip
     out = {"element_names": [], "vae_refs": {}, "vae_repeats": {}, "clip_refs": {}}
     for el in cfg.ordered_elements if cfg.e2v_type != "none" else []:
         img = images.get(el.name)
@@ -132,19 +132,19 @@ def element_inputs(cfg: Config, images: dict, height: int, width: int) -> dict:
             continue
         out["element_names"].append(el.name)
         if el.vae is not None:
-            mode = el.vae.preprocess or pv.default_preprocess
-            out["vae_refs"][el.name] = reference_tensor(img, height, width, mode, d.reshape_mode)
+            out["vae_refs"][el.name] = reference_tensor(img, height, width, cfg.vae_preprocess(el), d.reshape_mode)
             out["vae_repeats"][el.name] = el.vae.repeat
         if el.clip is not None:
-            mode = el.clip.preprocess or pc.default_preprocess
-            out["clip_refs"][el.name] = np.asarray(preprocess_image(img, *pc.resolution, mode, d.reshape_mode))
+            out["clip_refs"][el.name] = np.asarray(preprocess_image(img, *pc.resolution, cfg.clip_preprocess(el),
+                                                                    d.reshape_mode))
     return out
 
 
 def load_element_inputs(cfg: Config, files: dict, height: int, width: int) -> dict:
-    """element_inputs of a sample's element files (name -> path)."""
-    return element_inputs(cfg, {name: load_image(path, cfg.data.max_image_pixels) for name, path in files.items()},
-                          height, width)
+    """element_inputs of a sample's element files (name -> path), read by the config's rule
+    (Config.reference_reading)."""
+    return element_inputs(cfg, {name: load_image(path, cfg.data.max_image_pixels, cfg.reference_reading)
+                                for name, path in files.items()}, height, width)
 
 
 class E2VDataset(torch.utils.data.Dataset):

@@ -18,7 +18,9 @@ colour, shape, size and pattern is drawn per sample, and the prompt is a generic
 `PROMPTS` that names none of them.  So the prompt alone cannot say what the clip looks like; the
 references can:
 - `ID_person.png`  the subject alone, RGBA with a transparent surround, tall (40x56 at size 64),
-                   so the trainer's alpha-on-white and pad_white paths are exercised;
+                   so the trainer's alpha and pad_white paths are exercised; stored white under
+                   its transparent pixels (its anti-aliased edge composited on white, opaque), so
+                   both reading rules of `data.reference_read` see the same cut-out on white;
 - `ID_object.png`  the object on white, RGB, square (48x48 at size 64);
 - `ID_background.png`  the clean background, RGB, wider than the video (64x96 at size 64); the
                    video shows its centre crop, so `center_crop` recovers exactly what is seen.
@@ -87,6 +89,9 @@ SUFFIXES = ("_person.png", "_object.png", "_background.png")
 FPS = 8
 LIMITS = {"size": 512, "frames": 33}  # without --real-size: a demo's sizes
 REAL_LIMITS = {"size": 1280, "frames": 81}  # with --real-size: Wan2.1's 720p width, A2's 81 frames
+# 2: the person cut-out stored white under its transparent pixels (render_person); 1 (unmarked): its
+# colour there, which Pillow's convert("RGB") reads as a solid box
+PERSON_PNG = 2
 CRF = 12  # H.264 quality: 0 is lossless, 23 is ffmpeg's default; 12 keeps flat colours within ~1 level
 MARKER, IN_PROGRESS, TMP = ".complete", ".generating", ".tmp"
 OWN_FILE = re.compile(r"^\d+(\.mp4|\.npz|\.txt|\.json|_person\.png|_object\.png|_background\.png)$")
@@ -277,11 +282,18 @@ def fitted(shape: dict, height: int, width: int, margin: int = 2) -> np.ndarray:
 
 
 def render_person(spec: dict) -> np.ndarray:
-    """uint8 RGBA: the subject in its colour, transparent elsewhere."""
+    """uint8 RGBA: the subject in its colour composited on white (Pillow's alpha_composite, what the
+    white reading computes), opaque wherever it covers part of a pixel and transparent elsewhere,
+    where it is white. A reader that drops alpha (Pillow's convert("RGB"), SkyReels-V3's) and one
+    that composites on white then read the same pixels, those of the subject's coverage on white;
+    a cut-out keeping its colour under alpha 0 would read as a box of that colour instead."""
     h, w = reference_sizes(spec["size"])["person"]
-    alpha = fitted(spec["subject"], h, w)
+    coverage = fitted(spec["subject"], h, w)
     rgb = np.broadcast_to(np.array(spec["subject"]["colour"], np.float32), (h, w, 3))
-    return to_uint8(np.concatenate([rgb, alpha[..., None] * 255], axis=-1))
+    cutout = Image.fromarray(to_uint8(np.concatenate([rgb, coverage[..., None] * 255], axis=-1)), "RGBA")
+    on_white = np.asarray(Image.alpha_composite(Image.new("RGBA", cutout.size, (255, 255, 255, 255)), cutout))
+    opaque = np.where(np.asarray(cutout)[..., 3] > 0, 255, 0).astype(np.uint8)
+    return np.dstack([on_white[..., :3], opaque])
 
 
 def render_object(spec: dict) -> np.ndarray:
@@ -515,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
         print(dry_run(args)[1])
         return
     params = {k: getattr(args, k) for k in ("num_samples", "size", "frames", "seed", "write_meta")}
+    params["person_png"] = PERSON_PNG  # a folder of the older cut-outs is written again
     if args.video_format != "mp4":  # mp4 folders keep their marker (and so stay complete) as before
         params["video_format"] = args.video_format
     start = time.perf_counter()

@@ -201,6 +201,11 @@ def _discover_table(ds: Dataset, elements: list[Element], allow_outside_root: bo
         if leaks:
             problems += [outside_problem(sid, where, f"{what} path", raw, real, root) for what, raw, real in leaks]
             continue
+        if not video.is_file():  # named here, with its line: a decoder's "cannot open" would hide the cause
+            problems.append(Problem(sid, where, f"video {row[video_key]!r} not found (looked for {video})",
+                                    f"fix the '{video_key}' path (relative to {base}) or add the clip",
+                                    "video_missing"))
+            continue
         found = {}
         for el in elements:
             value = row.get(el.name)
@@ -224,6 +229,8 @@ def discover(ds: Dataset, elements: list[Element], strip_prefixes: bool = False,
         samples, problems = discover_opens2v(ds, elements, allow_outside_root)
     else:
         samples, problems = _discover_table(ds, elements, allow_outside_root)
+    for p in problems:
+        p.dataset = dataset_index
     for s in samples:
         s.dataset = dataset_index
         if strip_prefixes:

@@ -5,7 +5,7 @@ Legend: F frames, H/W height/width, C=3 channels. Videos leave this module as ui
 (the per-sample slice of the diffusers [B,C,F,H,W] layout; pixels in [-1, 1] are made on the
 device, e2v/runtime/device.py), images as float32 image_CHW in [-1, 1].
 
-About 510 lines, one concern: every read of a pixel goes through here (the loader, the start-up
+About 560 lines, one concern: every read of a pixel goes through here (the loader, the start-up
 check, the validator, the cache, OpenS2V's frame ranges and crops), so the frame-index and
 resize arithmetic that must agree across them has one home.
 """
@@ -34,6 +34,19 @@ class MediaError(RuntimeError):
     """A file that cannot be used, with its path in the message."""
 
 
+class VideoNotFoundError(MediaError):
+    """A clip that is not there (the path names no file)."""
+
+
+def require_file(path: str | Path) -> Path:
+    """The clip's path, or VideoNotFoundError: decord says only "Error reading PATH..." for a file
+    that is not there, as for a damaged one."""
+    path = Path(path)
+    if not path.is_file():
+        raise VideoNotFoundError(f"video {path} not found")
+    return path
+
+
 class TooShortError(MediaError):
     """A clip with fewer frames than the frame count (or every frame bucket) needs."""
 
@@ -51,13 +64,12 @@ class ImageTooLargeError(MediaError):
 Image.MAX_IMAGE_PIXELS = None
 
 
-def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
-    """8-bit RGB image, upright, from any Pillow mode a reference may come in.
-
-    The EXIF orientation is applied (ImageOps.exif_transpose, as diffusers' load_image does in
-    A2's inference), so a phone photo trains the way it is shown. Transparency (RGBA, LA, PA,
-    palette with a transparent colour) is composited on white, because A2's subjects are
-    segmented and placed on white (docs/conditioning.md); the other modes map by to_rgb8."""
+def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS, read: str = "white") -> Image.Image:
+    """8-bit RGB image, upright, from any Pillow mode a reference may come in, by the rule `read`
+    names (data.reference_read as Config.reference_reading resolves it; docs/data.md, "How a
+    reference is read"): READERS below. Either way the EXIF orientation is applied first
+    (ImageOps.exif_transpose, as diffusers' load_image does in A2's and SkyReels-V3's inference),
+    so a phone photo trains the way it is shown."""
     try:
         img = Image.open(path)
     except Exception as e:  # PIL raises many types; the user needs the path either way
@@ -73,21 +85,24 @@ def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Im
         img = ImageOps.exif_transpose(img)
     except Exception as e:
         raise MediaError(f"cannot read image {path}: {e}") from e
-    return to_rgb8(img, path)
+    return READERS[read](img, path)
 
 
 TRANSPARENT_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+HIGH_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def to_rgb8(img: Image.Image, path: str | Path = "image") -> Image.Image:
-    """Any Pillow mode -> 8-bit RGB. `img.convert("RGB")` alone clips high-bit-depth images:
-    a 16-bit grey PNG (I;16, levels 0..65535) comes out nearly all white. So:
+    """The `white` reading (A2's: its subjects are segmented and placed on white). Any Pillow mode
+    -> 8-bit RGB. `img.convert("RGB")` alone clips high-bit-depth images: a 16-bit grey PNG (I;16,
+    levels 0..65535) comes out nearly all white. So:
     - I;16*: 16-bit levels, / 257 (65535 -> 255);
     - I (32-bit integer): levels within 0..255 are taken as 8-bit, within 0..65535 as 16-bit
       (/ 257; an image darker than 256/65536 everywhere is then read as 8-bit), else an error;
     - F (float): values within [0, 1] are scaled by 255, within [0, 255] taken as 8-bit, else
       an error (no scale can be guessed);
-    - transparent modes: composited on white; everything else: Pillow's conversion."""
+    - transparent modes (and a palette with a transparent colour): composited on white;
+    - everything else: Pillow's conversion (pillow_rgb)."""
     mode = img.mode
     if mode.startswith("I;16") or mode in ("I", "F"):
         return Image.fromarray(_gray_levels_u8(np.asarray(img), mode, path)).convert("RGB")
@@ -97,10 +112,45 @@ def to_rgb8(img: Image.Image, path: str | Path = "image") -> Image.Image:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
+    return pillow_rgb(img, path)
+
+
+def pillow_rgb(img: Image.Image, path: str | Path = "image") -> Image.Image:
+    """The `convert` reading: Pillow's `img.convert("RGB")` and nothing else, as diffusers'
+    load_image calls it in SkyReels-V3's pipeline (its resize_ref_images converts again, a no-op).
+    What that means, Pillow's rule: alpha is dropped and the colour stored under it kept (a
+    cut-out whose transparent pixels hold colour reads as a box of that colour); a palette's
+    transparent entry keeps its palette colour; I;16 / I levels are clipped to 0..255 (a 16-bit
+    grey above level 255 reads white), F values truncated and clipped. A mode Pillow cannot
+    convert (HSV, LAB) is a MediaError naming the file."""
     try:
         return img.convert("RGB")
     except ValueError as e:  # e.g. HSV, LAB: no conversion in Pillow
-        raise MediaError(f"{path}: image mode {mode} cannot be converted to RGB ({e}); save it as an RGB PNG") from e
+        raise MediaError(f"{path}: image mode {img.mode} cannot be converted to RGB ({e}); save it as an RGB PNG") from e
+
+
+READERS = {"white": to_rgb8, "convert": pillow_rgb}  # data.reference_read's rules (auto: Config.reference_reading)
+
+
+def reading_difference(img: Image.Image) -> str | None:
+    """What the two readings (READERS) give differently for this image, in words, or None when
+    they give the same pixels (every opaque, 8-bit image; a cut-out stored white under its
+    transparent pixels, as tools/prepare_data.py and the demo write them)."""
+    if img.mode not in TRANSPARENT_MODES + HIGH_DEPTH_MODES and not (img.mode == "P" and "transparency" in img.info):
+        return None
+    converted = np.asarray(pillow_rgb(img), np.int16)
+    try:
+        white = np.asarray(to_rgb8(img), np.int16)
+    except MediaError:  # an I / F image with no 8-bit scale: only Pillow's clipping reads it
+        return f"{img.mode} levels outside any 8-bit scale: the white reading refuses the image, convert clips it"
+    levels = int(np.abs(converted - white).max()) if converted.size else 0
+    if levels == 0:
+        return None
+    if img.mode in HIGH_DEPTH_MODES:
+        return (f"{img.mode} levels: the white reading scales them to 8 bits, convert clips them at 255 "
+                f"(up to {levels} levels apart)")
+    return (f"colour stored under its transparent pixels: the white reading composites them on white, convert "
+            f"keeps that colour (up to {levels} levels apart)")
 
 
 def _gray_levels_u8(arr, mode: str, path) -> np.ndarray:
@@ -174,16 +224,30 @@ def resize(img: Image.Image, height: int, width: int, resample=Image.BICUBIC) ->
     return img.resize((width, height), resample)
 
 
+class DegenerateImageError(MediaError):
+    """A reference that fitted inside the video size keeps no pixel on one side (fit_size)."""
+
+
+def fit_size(image_w: int, image_h: int, height: int, width: int) -> tuple[int, int]:
+    """(w, h) of an image fitted inside width x height keeping its aspect, SkyReels-V3's
+    resize_ref_images arithmetic: the side that binds exact, the other `int()`-truncated. Where that
+    truncates to 0 px (a 1000 x 2 strip inside 64 x 64), V3's loader fails (Pillow refuses a
+    0-px resize) and so does this: a DegenerateImageError ("problem; fix")."""
+    ratio = image_w / image_h
+    size = (width, int(width / ratio)) if ratio > width / height else (int(height * ratio), height)
+    if min(size) < 1:
+        raise DegenerateImageError(f"{image_w}x{image_h} fitted inside the {width}x{height} video keeping its aspect "
+                                   f"is {size[0]}x{size[1]} px (SkyReels-V3's loader fails on it too); crop the "
+                                   "reference nearer the video's aspect")
+    return size
+
+
 def fit_pad_white(img: Image.Image, height: int, width: int, resample=None) -> Image.Image:
     """SkyReels-V3 R2V's and Phantom-Wan's reference loader: keep the aspect, fit inside width x
-    height (the side that binds is exact, the other `int()`-truncated; upscaling allowed), always
-    LANCZOS (whatever data.reshape_mode says: their choice), centred on white, the odd pixel of
-    the margin right / bottom."""
-    ratio = img.width / img.height
-    if ratio > width / height:
-        size = (width, max(1, int(width / ratio)))
-    else:
-        size = (max(1, int(height * ratio)), height)
+    height (fit_size: a side that would be 0 px is refused as V3 fails there), always LANCZOS
+    (whatever data.reshape_mode says: their choice), centred on white, the odd pixel of the
+    margin right / bottom."""
+    size = fit_size(img.width, img.height, height, width)
     canvas = Image.new("RGB", (width, height), (255, 255, 255))
     canvas.paste(img.resize(size, Image.Resampling.LANCZOS), ((width - size[0]) // 2, (height - size[1]) // 2))
     return canvas
@@ -245,7 +309,7 @@ class VideoInfo:
 def probe_video(path: str | Path) -> VideoInfo:
     """Frame count, size and fps without decoding the clip: decord decodes one frame (also the
     check for its width bug below); for `.npz` only the array header is read."""
-    path = Path(path)
+    path = require_file(path)
     if path.suffix == ".npz":
         return _probe_npz(path)
     vr = _reader(path)
@@ -410,10 +474,12 @@ def _reader(path):
         raise MediaError(f"cannot decode video {path}: decord is not installed ({e}); on aarch64 build it from "
                          "source (docs/gpu_runs.md, 'aarch64')") from e
 
+    require_file(path)
     try:
         return decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
     except Exception as e:
-        raise MediaError(f"cannot open video {path} (truncated, damaged or not a video): {e}") from e
+        said = "" if str(e).startswith("Error reading") else f": {e}"  # decord's own text names no cause
+        raise MediaError(f"cannot open video {path} (not a video, or its container is truncated or damaged){said}") from e
 
 
 def frame_indices(available: int, num_frames: int, stride: int = 1, start: int = 0) -> list[int]:

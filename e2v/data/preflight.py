@@ -9,11 +9,16 @@ opened and decoded at its first and last frame (a truncated mp4 keeps a header t
 frame; only decoding the tail finds it), its valid frame range and crop box are checked against it
 and its usable frame count is known (media.supported_frames: at data.fps when set); the caption is
 read (discovery reads it; an empty one is a problem here); and every element file is opened and
-decoded (media.load_image, the loader's own reader).
+decoded (media.load_image, the loader's own reader, by the run's reading rule).
 
 Facts are cached by file fingerprint (path, size, mtime of the clip and of each element file, plus
-the settings that change them: data.fps, data.max_image_pixels), so a restart re-reads only what
-changed. The cache is one JSON file per data root under $E2V_CACHE_DIR (default ~/.cache/e2v),
+the settings that change them: data.fps, data.max_image_pixels, the reading rule), so a restart
+re-reads only what changed.
+
+The count of a check is one rule (`unusable`): a sample with at least one error is one unusable
+sample, however many problems it has (each is listed), whether discovery refused it (a missing
+required reference, a CSV line whose clip is not found) or its files did; the start-up message,
+the dry run, the end-of-run line and tools/check_dataset.py's summary all count with it. The cache is one JSON file per data root under $E2V_CACHE_DIR (default ~/.cache/e2v),
 written atomically by rank 0; it holds facts about files, never anything that is executed.
 
 The check is spread over the ranks (`facts_over_ranks`): rank 0 looks the samples up in its cache,
@@ -40,12 +45,15 @@ from pathlib import Path
 from e2v.config.schema import Config
 from e2v.data.buckets import choose_bucket
 from e2v.data.media import (
+    DegenerateImageError,
     ImageTooLargeError,
     MediaError,
     NoClockError,
     TooShortError,
+    VideoNotFoundError,
     WindowError,
     clip_window,
+    fit_size,
     load_image,
     probe_video,
     supported_frames,
@@ -55,16 +63,18 @@ from e2v.runtime.log import get_logger
 
 log = get_logger("e2v.data")
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: the reading rule joined the fingerprint
 SMALL_REFERENCE = 4  # a reference whose longer side is under 1/4 of the target's: a warning
 WINDOW_KINDS = ("frame_range_outside_video", "crop_outside_video")  # media.WindowError's kinds
 FIXES = {  # problem kind -> what the user does about it (a problem whose error names its own fix: that one)
     "empty_caption": "write the prompt (one line of text)",
     "video_unreadable": "re-encode or replace the clip, or remove the sample",
+    "video_missing": "add the clip, or fix the path that names it (or remove the sample)",
     **dict.fromkeys(WINDOW_KINDS, "fix the entry's frame range / crop box in its metadata, or remove the entry"),
     "too_short": "use a longer clip, or lower data.num_frames / allow shorter data.frame_buckets",
     "reference_unbuildable": "fix the entry's masks / crop box, or remove the entry",
     "element_unreadable": "replace the image (PNG or JPEG, RGB or RGBA)",
+    "element_not_found": "add the image, or fix the path that names it",
 }
 
 
@@ -82,8 +92,8 @@ def _stat(path: Path) -> list:
 
 def fingerprint(s: Sample, cfg: Config) -> str:
     """Everything the facts depend on: the files (path, size, mtime) and the settings that read them."""
-    parts = [CACHE_VERSION, _stat(Path(s.video)), cfg.data.fps, cfg.data.max_image_pixels, s.frame_range, s.crop,
-             sorted((name, _stat(Path(p))) for name, p in s.elements.items())]
+    parts = [CACHE_VERSION, _stat(Path(s.video)), cfg.data.fps, cfg.data.max_image_pixels, cfg.reference_reading,
+             s.frame_range, s.crop, sorted((name, _stat(Path(p))) for name, p in s.elements.items())]
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()
 
 
@@ -122,7 +132,7 @@ def cut_references(s: Sample) -> str | None:
 def read_job(s: Sample, cfg: Config) -> tuple:
     """What sample_facts reads for one sample (plain values: it goes to a worker process)."""
     return (str(s.video), {n: str(p) for n, p in s.elements.items()}, cfg.data.fps, cfg.data.max_image_pixels,
-            s.frame_range, s.crop)
+            cfg.reference_reading, s.frame_range, s.crop)
 
 
 def _error(problem: str, kind: str, fix: str | None = None) -> dict:
@@ -146,7 +156,7 @@ def sample_facts(job: tuple) -> dict:
     at fps within its frame range; height, width: of its crop box), video_error, and per element
     its size or its error. Runs in a worker; never raises (an unforeseen failure is the sample's
     error)."""
-    video, elements, fps, max_pixels, frame_range, crop = job
+    video, elements, fps, max_pixels, read, frame_range, crop = job
     out: dict = {"video_error": None, "elements": {}}
     try:
         info = probe_video(video)
@@ -158,6 +168,8 @@ def sample_facts(job: tuple) -> dict:
                    fps=info.fps)
     except WindowError as e:  # the source's frame range or crop box does not fit the clip
         out["video_error"] = _error(_unpathed(e, video), e.kind)
+    except VideoNotFoundError:  # listed, then gone (CSV / JSONL rows are named with their line at discovery)
+        out["video_error"] = _error("not found", "video_missing")
     except NoClockError as e:  # data.fps asks an .npz clip for timestamps it does not have
         out["video_error"] = _error_naming_its_fix(e, video, "no_clock")
     except MediaError as e:  # ours: it says what is wrong (damaged, truncated, a decord width bug, ...)
@@ -166,19 +178,21 @@ def sample_facts(job: tuple) -> dict:
         out["video_error"] = _error(f"cannot open the clip (truncated, damaged or not a video: {_unpathed(e, video)})",
                                     "video_unreadable")
     for name, path in elements.items():
-        out["elements"][name] = _element_facts(name, path, max_pixels)
+        out["elements"][name] = _element_facts(name, path, max_pixels, read)
     return out
 
 
-def _element_facts(name: str, path: str, max_pixels: int) -> dict:
+def _element_facts(name: str, path: str, max_pixels: int, read: str) -> dict:
     """{"size": [w, h]} of a reference the loader can read, else {"error": ..., "absent": ...}."""
+    if not Path(path).exists():
+        return {"error": _error(f"element '{name}' not found", "element_not_found"), "absent": True}
     try:
-        return {"size": list(load_image(path, max_pixels).size)}
+        return {"size": list(load_image(path, max_pixels, read).size)}
     except ImageTooLargeError as e:
         return {"error": _error_naming_its_fix(e, path, "element_too_large", f"element '{name}' "), "absent": False}
     except Exception as e:  # noqa: BLE001 - PIL raises many types; the file is named either way
         return {"error": _error(f"element '{name}' unreadable ({_unpathed(e, path)})", "element_unreadable"),
-                "absent": not Path(path).exists()}
+                "absent": False}
 
 
 def _decode_last(video: str) -> None:
@@ -258,7 +272,7 @@ def sample_problems(s: Sample, f: dict, cfg: Config) -> list[Problem]:
     out = []
 
     def add(file, e: dict, severity: str = "error"):
-        out.append(Problem(s.id, str(file), e["problem"], e["fix"], e["kind"], severity))
+        out.append(Problem(s.id, str(file), e["problem"], e["fix"], e["kind"], severity, s.dataset))
 
     if not s.prompt.strip():
         add(s.prompt_source or s.video, _error("empty caption", "empty_caption"))
@@ -278,11 +292,33 @@ def sample_problems(s: Sample, f: dict, cfg: Config) -> list[Problem]:
         if "error" in e:
             if not (e["absent"] and s.make_elements is not None):  # a reference never cut: named above
                 add(s.elements[name], e["error"])
+            continue
+        degenerate = _degenerate(name, e["size"], s.bucket or (cfg.data.num_frames, th, tw), cfg)
+        if degenerate is not None:
+            add(s.elements[name], degenerate)
         elif max(e["size"]) * SMALL_REFERENCE < max(th, tw):
             add(s.elements[name], _error(f"element '{name}' is {e['size'][0]}x{e['size'][1]}, tiny against the "
                                          f"{tw}x{th} target", "element_small", "use a larger reference image"),
                 "warning")
     return out
+
+
+def _degenerate(name: str, size: list[int], bucket: tuple[int, int, int], cfg: Config) -> dict | None:
+    """The error of a reference that a pathway fitting it inside its size (fit_pad_white, V3's
+    loader) would shrink to 0 px on one side, else None: element_inputs would raise it mid-run."""
+    el = next((el for el in cfg.data.elements if el.name == name), None)
+    if el is None or cfg.e2v_type == "none":
+        return None
+    sizes = ([(cfg.vae_preprocess(el), bucket[1:])] if el.vae is not None else []) + \
+        ([(cfg.clip_preprocess(el), cfg.processors.clip.resolution)] if el.clip is not None else [])
+    for mode, (height, width) in sizes:
+        if mode == "fit_pad_white":
+            try:
+                fit_size(*size, height, width)
+            except DegenerateImageError as e:
+                problem, fix = str(e).split("; ", 1)
+                return _error(f"element '{name}' is {problem}", "element_degenerate", fix)
+    return None
 
 
 def missing_optional(samples: list[Sample], cfg: Config) -> list[Problem]:
@@ -294,7 +330,8 @@ def missing_optional(samples: list[Sample], cfg: Config) -> list[Problem]:
         for el in cfg.data.elements:
             if not el.required and el.name not in s.elements:
                 out.append(Problem(s.id, str(s.video), f"no '{el.name}' reference (optional)",
-                                   f"add {s.id}{el.suffixes[0]} if the clip has one", "element_absent", "warning"))
+                                   f"add {s.id}{el.suffixes[0]} if the clip has one", "element_absent", "warning",
+                                   s.dataset))
     return out
 
 
@@ -308,6 +345,14 @@ def check_samples(cfg: Config, samples: list[Sample], *, workers: int | None = N
     for s, f in zip(unique, facts):
         out += sample_problems(s, f, cfg)
     return out + missing_optional(samples, cfg)
+
+
+def unusable(problems: list[Problem]) -> list[tuple[int, str]]:
+    """The samples these problems leave out, (dataset, sample id), each once in the order first
+    named: a sample with several errors is one unusable sample (every error still listed). The
+    one count of the start-up check, the dry run, the end-of-run line and tools/check_dataset.py;
+    pass per-sample problems (a small bucket or a config error is no sample)."""
+    return list(dict.fromkeys((p.dataset, p.sample) for p in problems if p.severity == "error"))
 
 
 # --- the check spread over the ranks ----------------------------------------------------------------

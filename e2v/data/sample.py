@@ -56,6 +56,7 @@ class Problem:
     fix: str
     kind: str = "bad_sample"  # stable name (tools/check_dataset.py's report and tests)
     severity: str = "error"  # error: the sample would fail training; warning: it trains, maybe badly
+    dataset: int = 0  # index into data.datasets of the sample's dataset (two datasets may share ids)
 
     def __str__(self) -> str:
         return f"{self.sample}: {self.file}: {self.problem} -> {self.fix}"

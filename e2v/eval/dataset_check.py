@@ -12,16 +12,19 @@ JSON-level problems, such as `bad_rle`, `mask_outside_frame`, `video_missing`, c
 indexing), its frame count fits a frame bucket (too short = error; with data.fps, counted at that
 rate), references a source cuts can be cut, required elements present and loadable (over
 data.max_image_pixels: error), tiny references (a warning), empty captions and captions that are
-not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root). Then
+not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outside_root), a
+missing optional reference (a warning, as training prints it: preflight.missing_optional). Then
 this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
 data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
-cropping), element image mode, duplicate captions (one warning per shared caption) and captions over the text encoder's 512
+cropping), element image mode (in the sequence layout: a reference the two reading rules of
+data.reference_read read differently, such as a cut-out with colour under its transparent pixels), duplicate captions (one warning per shared caption) and captions over the text encoder's 512
 tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
 orphan files that belong to no sample (tools/prepare_data.py's manifest and summary
 aside), duplicate ids (two videos of one id: error; a repeated
 CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
-weight, as training counts it) against micro_batch_size x world size. Prints a summary table and
-one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
+weight, as training counts it) against micro_batch_size x world size. Prints a summary table whose
+counts add up (samples = samples_ok + unusable; a sample with several errors is one unusable
+sample, each error a line: preflight.unusable, the count training prints) and one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
 would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
 sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
 one PNG per sample: references, then the first, middle and last frames, for a person to look at.
@@ -49,16 +52,18 @@ from e2v.config.schema import ConfigError
 from e2v.config.shapes import TEXT_LEN
 from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats
 from e2v.data.elements import discover, orphan_files
-from e2v.data.media import MediaError, frame_intervals, load_image, variable_rate
+from e2v.data.media import MediaError, frame_intervals, load_image, reading_difference, variable_rate
 from e2v.data.preflight import (
     cut_references,
     fingerprint,
     map_samples,
+    missing_optional,
     read_job,
     sample_facts,
     sample_problems,
     store_facts,
     summarize,
+    unusable,
 )
 from e2v.data.prepare.manifest import PREPARE_FILES
 from e2v.data.sample import MetadataError, Problem, Sample
@@ -100,7 +105,7 @@ def check_sample(job: tuple) -> dict:
     except Exception as e:
         problem = Problem(s.id, str(s.video), f"could not be checked: {type(e).__name__}: {str(e)[:300]}",
                           "inspect the sample's files (video, prompt, references) or remove the sample",
-                          "check_failed")
+                          "check_failed", dataset=s.dataset)
         return {"id": s.id, "dataset": s.dataset, "video": str(s.video), "problems": [asdict(problem)]}
 
 
@@ -111,7 +116,7 @@ def _check_sample(job: tuple) -> dict:
     cut_error = cut_references(s)  # before the read: it writes the element files
     facts = {**sample_facts(read_job(s, cfg)), "cut_error": cut_error}
     problems = sample_problems(s, facts, cfg) + frame_rate_warnings(s, facts, cfg) + fit_warnings(s, facts, cfg) + \
-        mode_warnings(s, facts)
+        mode_warnings(s, facts, cfg)
     out = {"id": s.id, "dataset": s.dataset, "video": str(s.video),
            "cache": {fingerprint(s, cfg): {k: v for k, v in facts.items() if k != "cut_error"}}}  # training's cache
     if "probe" in facts:
@@ -160,22 +165,38 @@ def fit_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
     return out
 
 
-def mode_warnings(s: Sample, facts: dict) -> list[Problem]:
-    """References in a mode whose 8-bit scale load_image has to guess (I, F)."""
+def mode_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
+    """References in a mode whose 8-bit scale the white reading has to guess (I, F); in the
+    sequence layout, references that the two readings of data.reference_read read differently
+    (media.reading_difference): what SkyReels-V3's pipeline sees (convert) then differs from a
+    cut-out on white, or (white) from what training saw."""
     out = []
+    reading = cfg.reference_reading
     for name, e in facts["elements"].items():
-        if "size" in e:
-            with Image.open(s.elements[name]) as raw:
-                mode = raw.mode
-            if mode not in ELEMENT_MODES:
-                out.append(Problem(s.id, str(s.elements[name]), f"element '{name}' has image mode {mode}",
-                                   "save it as RGB or RGBA PNG", "element_mode", "warning"))
+        if "size" not in e:
+            continue
+        path = s.elements[name]
+        with Image.open(path) as raw:
+            mode = raw.mode
+            differs = reading_difference(raw) if cfg.conditioning.target_layout == "sequence" else None
+        if reading == "white" and mode not in ELEMENT_MODES:
+            out.append(Problem(s.id, str(path), f"element '{name}' has image mode {mode}",
+                               "save it as RGB or RGBA PNG", "element_mode", "warning", s.dataset))
+        if differs:
+            out.append(Problem(s.id, str(path), f"element '{name}' ({mode}): {differs}; read with data.reference_read "
+                               f"{reading} ({READ_MEANS[reading]})", "store the reference as 8-bit RGB, or a cut-out "
+                               "white under its transparent pixels (tools/prepare_data.py writes them so), and both "
+                               "readings agree", "element_reading", "warning", s.dataset))
     return out
+
+
+READ_MEANS = {"convert": "as SkyReels-V3's pipeline reads it: the model trains on what the convert reading shows",
+              "white": "which SkyReels-V3's pipeline does not: its inference sees the convert reading"}
 
 
 def contact_sheet(s: Sample, facts: dict, cfg, path: Path) -> None:
     """One PNG row: the readable references, then the clip's first, middle and last frame."""
-    tiles = [_thumb(load_image(s.elements[name], cfg.data.max_image_pixels))
+    tiles = [_thumb(load_image(s.elements[name], cfg.data.max_image_pixels, cfg.reference_reading))
              for name, e in facts["elements"].items() if "size" in e]
     tiles += [_thumb(Image.fromarray(fr)) for fr in _frames(s.video, facts["probe"][0])]
     gap = np.full((THUMB, 4, 3), 255, np.uint8)
@@ -275,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     samples, problems = [], []
+    refused: list[Problem] = []  # the samples discovery refused (a missing required reference, a clip not found)
     for i, ds in enumerate(cfg.data.datasets):
         try:
             found, probs = discover(ds, cfg.data.elements, cfg.data.remove_common_llm_caption_prefixes, i,
@@ -289,9 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         samples += found
         problems += probs
+        refused += [q for q in probs if q.severity == "error"]
         if ds.dataset_type == "e2v":
             problems += [Problem("-", str(f), "orphan file: belongs to no sample id", "rename it to ID<suffix> of an "
-                                 "existing video, or remove it", "orphan_file", "warning")
+                                 "existing video, or remove it", "orphan_file", "warning", i)
                          for f in orphan_files(ds, cfg.data.elements) if f.name not in PREPARE_FILES]
         else:
             seen: dict[Path, str] = {}
@@ -300,21 +323,27 @@ def main(argv: list[str] | None = None) -> int:
                     # it trains twice per epoch, nothing fails: a warning
                     problems.append(Problem(s.id, s.prompt_source, f"duplicate: the same video as {seen[s.video]}",
                                             "remove the repeated row (use data.datasets[].repeat)", "duplicate_id",
-                                            "warning"))
+                                            "warning", i))
                 seen.setdefault(s.video, s.id)
     if args.contact_sheet:
         Path(args.contact_sheet).mkdir(parents=True, exist_ok=True)
     results = list(map_samples(check_sample, [(s, cfg, args.contact_sheet) for s in samples], args.workers))
-    problems += [Problem(**d) for r in results for d in r["problems"]]
+    checked = [Problem(**d) for r in results for d in r["problems"]]
+    problems += checked + missing_optional(samples, cfg)  # the optional-reference warning training prints
     store_facts(cfg, samples, {k: v for r in results for k, v in r.get("cache", {}).items()})  # pre-fills training's check
     cross, table = dataset_problems(cfg, samples, results, args.world_size)
     problems += cross
     dt = time.perf_counter() - t0
 
     errors = [q for q in problems if q.severity == "error"]
-    bad_ids = {q.sample for q in errors}
+    # every sample the data names: those found and those discovery refused; unusable: with an error
+    # of its own (training's count: preflight.unusable), each once however many problems it has
+    sample_errors = refused + [q for q in checked if q.severity == "error"]
+    named = dict.fromkeys([(s.dataset, s.id) for s in samples] + [(q.dataset, q.sample) for q in refused])
+    bad = unusable(sample_errors)
     rate = len(samples) / max(dt, 1e-9)
-    summary = {"samples": len(samples), "samples_ok": sum(1 for s in samples if s.id not in bad_ids),
+    summary = {"samples": len(named), "samples_ok": len(named) - len(bad), "unusable": len(bad),
+               "sample_errors": len(sample_errors),
                "errors": len(errors), "warnings": len(problems) - len(errors), "seconds": round(dt, 3),
                "samples_per_s": round(rate, 1), "workers": args.workers, "world_size": args.world_size,
                "by_kind": dict(Counter(q.kind for q in problems))}
@@ -325,8 +354,16 @@ def main(argv: list[str] | None = None) -> int:
         summary["errors"] += 1
         summary["by_kind"]["held_out_all"] = 1
     print(f"{'datasets':<16} {', '.join(d.data_root for d in cfg.data.datasets)}")
-    for k in ("samples", "samples_ok", "errors", "warnings"):
-        print(f"{k:<16} {summary[k]}")
+    whole = summary["errors"] - summary["sample_errors"]
+    lines = {"samples": f"{summary['samples']} = {summary['samples_ok']} ok + {summary['unusable']} unusable",
+             "samples_ok": f"{summary['samples_ok']}",
+             "unusable": f"{summary['unusable']} (samples with an error, each counted once; their "
+                         f"{summary['sample_errors']} error(s) listed below)",
+             "errors": f"{summary['errors']}" + (f" ({summary['sample_errors']} on samples, {whole} on the set as a "
+                                                 "whole)" if whole else ""),
+             "warnings": f"{summary['warnings']}"}
+    for k, line in lines.items():
+        print(f"{k:<16} {line}")
     held = min(cfg.validation.num_samples, summary["samples_ok"]) if cfg.validation.every_n_steps > 0 else 0
     if held and not held_out:  # training holds these out (split_held_out): its "N training samples" is samples_ok - held
         print(f"{'held out':<16} {held} of the samples_ok, for validation (validation.num_samples): training "

@@ -18,6 +18,13 @@ video writes that file; otherwise `--out` is a folder: `<out>/lora/<prompt#>_<sl
 (and `<out>/base/...` with --also-base, same seeds), plus `prompts.txt`. Video k of every prompt
 uses seed `--seed + k`. A2's script drops the first frames (the references and a transition):
 `--drop-frames ref` drops the F_ref reference frames, `--drop-frames 12` drops 12.
+
+Every reference given is used or refused: one image per element (a second `--element NAME=...`
+is an error: several references are several elements, each its own slot in the sequence layout),
+a name the run did not train is refused with how to train one, and a guidance option that
+cannot act (`--image-guidance` at text guidance 1) is an error. References are read as training
+read them (data.reference_read); `--generator-device device` draws on the sampling device as
+SkyReels-V3's pipeline does (validation.generator_device).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ import torch
 
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.media import load_image
+from e2v.data.dataset import element_inputs
+from e2v.data.media import MediaError, load_image
 from e2v.eval.sampling import decode, generate, load_trained
 from e2v.eval.viz import write_mp4
 from e2v.models.load import for_sampling, load_parts
@@ -64,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generator-device", choices=["cpu", "device"], default=None,
+                   help="where the seeded generator lives: cpu (the same video on every machine) or device (the "
+                        "sampling device: on CUDA, SkyReels-V3's draws for a seed); default validation.generator_device")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--drop-frames", default="0", help="frames dropped from the start: a number, or 'ref' (F_ref)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
@@ -86,16 +97,37 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
+def more_references(cfg) -> str:
+    """How a run gets room for another reference: the words of the refusals below."""
+    names = [e.name for e in cfg.ordered_elements]
+    room = ("" if cfg.conditioning.target_layout != "sequence" else
+            f"; each element takes a slot, so conditioning.sequence.slots (now {cfg.conditioning.sequence.slots}; "
+            "null: one per reference) must hold them all")
+    return (f"the run trained {len(names)} element(s) ({', '.join(names) or 'none'}) and a reference needs an "
+            f"element of its own: to sample with one more, add it to data.elements and train with it{room}")
+
+
 def read_elements(args, cfg) -> dict:
-    images = {}
+    """--element NAME=IMAGE -> {name: RGB image}, each read by the config's rule and brought to the
+    video size now (a reference the loader refuses stops here, before any weight loads)."""
+    images, given = {}, {}
     names = {e.name for e in cfg.data.elements}
+    h, w = cfg.data.resolution
     for spec in args.element:
         name, sep, path = spec.partition("=")
         if not sep:
             raise SystemExit(f"--element {spec!r}: expected NAME=IMAGE, e.g. person=a.png")
+        if name in given:
+            raise SystemExit(f"--element {name} given twice ({given[name]}, {path}): an element takes one image "
+                             f"(several images for one element are not supported); {more_references(cfg)}")
         if name not in names:
-            raise SystemExit(f"--element {name}: not an element of {args.config}; its elements are {sorted(names)}")
-        images[name] = load_image(path, cfg.data.max_image_pixels)
+            raise SystemExit(f"--element {name}: not an element of {args.config}; {more_references(cfg)}")
+        given[name] = path
+        try:
+            images[name] = load_image(path, cfg.data.max_image_pixels, cfg.reference_reading)
+            element_inputs(cfg, {name: images[name]}, h, w)  # the loader's preprocessing: a 0-px fit stops here
+        except MediaError as e:
+            raise SystemExit(f"--element {name}={path}: {str(e).replace(f'{path}: ', '').replace(f' {path}', '')}") from None
     if images and cfg.e2v_type == "none":
         raise SystemExit(f"{args.config} trains plain T2V (e2v_type: none): it takes no --element")
     missing = [e.name for e in cfg.data.elements if e.required and e.name not in images]
@@ -149,6 +181,11 @@ def main(argv=None):
     if error:
         raise SystemExit(f"weights: {error}")
     v = cfg.validation
+    guidance = v.guidance_scale if args.guidance is None else args.guidance
+    if args.image_guidance is not None and guidance <= 1:
+        raise SystemExit(f"--image-guidance {args.image_guidance:g} cannot act at text guidance {guidance:g}: Phantom's "
+                         "dual guidance runs its three passes only when guidance is above 1 (one pass otherwise); "
+                         "give --guidance G > 1 too, or drop --image-guidance")
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
     drop = cfg.reference_frames(list(images)) if args.drop_frames == "ref" else int(args.drop_frames)
@@ -160,10 +197,11 @@ def main(argv=None):
     parts = load_parts(cfg, device=args.device, all_experts=True)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     options = dict(num_steps=args.steps or v.num_inference_steps,
-                   guidance_scale=v.guidance_scale if args.guidance is None else args.guidance,
+                   guidance_scale=guidance,
                    shift=v.sample_shift if args.shift is None else args.shift,
                    image_guidance_scale=v.image_guidance_scale if args.image_guidance is None else args.image_guidance,
                    negative_prompt=v.negative_prompt if args.negative_prompt is None else args.negative_prompt,
+                   generator_device=v.generator_device if args.generator_device is None else args.generator_device,
                    device=args.device, dtype=dtype)
 
     def run(model, tag: str) -> list[Path]:

@@ -49,8 +49,8 @@ def make_scheduler(shift: float, num_train_timesteps: int = 1000):
 
 
 def element_item(cfg, prompt: str, images: dict, index: int = 0) -> dict:
-    """One data.py item from in-memory element images (PIL RGB; RGBA must already be on white:
-    media.load_image does it), through the same `element_inputs` as `E2VDataset.load`.
+    """One data.py item from in-memory element images (PIL RGB, read as media.load_image reads
+    them by the config's rule), through the same `element_inputs` as `E2VDataset.load`.
     The target video is a mid-grey placeholder: batch_conditions encodes it too (one wasted VAE encode
     per generation; the price of sharing the exact training code path)."""
     d = cfg.data
@@ -126,15 +126,26 @@ def latent_shape(cfg, vae, batch: int = 1) -> tuple[int, ...]:
     return (batch, vae.config.z_dim, *latent_size(cfg.data.num_frames, *cfg.data.resolution, vae.config))
 
 
+def noise_generator(seed: int, where: str = "cpu", device="cpu") -> torch.Generator:
+    """The seeded generator a video is sampled from (validation.generator_device): `cpu`, its
+    numbers moved to the device (the same video from a seed on every machine), or `device`, on the
+    sampling device, as SkyReels-V3's pipeline seeds `torch.Generator(device="cuda")`: on CUDA the
+    same seed then gives V3's noise and posterior samples (CUDA's numbers are not the CPU's); on a
+    CPU device the two are one."""
+    return torch.Generator(device=torch.device(device) if where == "device" else "cpu").manual_seed(seed)
+
+
 def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None = None, *, seed: int = 0,
              num_steps: int = 50, guidance_scale: float = 5.0, shift: float = 8.0, negative_prompt: str = "",
-             image_guidance_scale: float | None = None, device="cpu", dtype=torch.float32) -> torch.Tensor:
+             image_guidance_scale: float | None = None, device="cpu", dtype=torch.float32,
+             generator_device: str = "cpu") -> torch.Tensor:
     """Prompts (+ one dict of element images per prompt) -> clean latents [B,C,T,h,w] of the clip.
 
-    The noise is drawn first, then the conditions are encoded with the same generator: A2's order,
-    so a `sample_mode: sample` posterior matches its pipeline bit for bit."""
+    The noise is drawn first, then the conditions are encoded with the same generator
+    (noise_generator): A2's and V3's order, so a `sample_mode: sample` posterior matches their
+    pipelines bit for bit."""
     elements = elements or [{} for _ in prompts]
-    generator = torch.Generator().manual_seed(seed)
+    generator = noise_generator(seed, generator_device, device)
     noise = randn(latent_shape(cfg, parts.vae, len(prompts)), generator, device)
     batch = to_device(collate([element_item(cfg, p, e, i) for i, (p, e) in enumerate(zip(prompts, elements))]), device)
     with torch.no_grad():

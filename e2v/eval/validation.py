@@ -76,7 +76,7 @@ from e2v.data.media import frames_to_video, load_image
 from e2v.data.sample import element_paths
 from e2v.data.store import CacheStore
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
-from e2v.eval.sampling import decode, denoise, encode_conditions, generate
+from e2v.eval.sampling import decode, denoise, encode_conditions, generate, noise_generator
 from e2v.eval.viz import GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4, write_png
 from e2v.models.load import load_clip, load_vae, visiting, with_all_experts, with_encoders
 from e2v.runtime.device import randn, to_device
@@ -281,7 +281,8 @@ class Validator:
         `validation.num_videos` held-out samples with their own references."""
         v, limit = self.cfg.validation, self.cfg.data.max_image_pixels
         chosen = v.sets or self.samples[: v.num_videos]
-        return [(s.prompt, {k: load_image(p, limit) for k, p in element_paths(s).items()}) for s in chosen]
+        read = self.cfg.reference_reading
+        return [(s.prompt, {k: load_image(p, limit, read) for k, p in element_paths(s).items()}) for s in chosen]
 
     def generate(self, model, parts, inputs: list[tuple[str, dict]]) -> torch.Tensor:
         """Latents of (prompt, element images) pairs, with the noise of `validation.seed`: row k
@@ -289,7 +290,7 @@ class Validator:
         v = self.cfg.validation
         return generate(model, parts, self.cfg, [p for p, _ in inputs], [e for _, e in inputs], seed=v.seed,
                         num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
-                        image_guidance_scale=v.image_guidance_scale,
+                        image_guidance_scale=v.image_guidance_scale, generator_device=v.generator_device,
                         negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
 
     def generate_from_cache(self, model, parts, partners: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -301,7 +302,8 @@ class Validator:
         conds = self.encode(parts)
         k = min(v.num_videos, len(conds))
         c = stack_conditions(conds[:k])
-        noise = randn(c.latents_BCTHW.shape, torch.Generator().manual_seed(v.seed), c.latents_BCTHW.device)
+        noise = randn(c.latents_BCTHW.shape, noise_generator(v.seed, v.generator_device, self.device),
+                      c.latents_BCTHW.device)
         negative = self.empty_text_BLD if v.guidance_scale > 1 else None
         run = dict(num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
                    dtype=self.dtype)
@@ -370,7 +372,8 @@ class Validator:
         """Every held-out sample's element images (PIL), loaded once."""
         if self.images is None:
             limit = self.cfg.data.max_image_pixels
-            self.images = [{k: load_image(p, limit) for k, p in element_paths(s).items()} for s in self.samples]
+            read = self.cfg.reference_reading
+            self.images = [{k: load_image(p, limit, read) for k, p in element_paths(s).items()} for s in self.samples]
         return self.images
 
     def plate(self, background) -> np.ndarray | None:

@@ -51,9 +51,12 @@ def to_device(obj, device: torch.device | str):
 
 
 def randn(shape, generator: torch.Generator | None, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Gaussian noise drawn from a CPU generator, then moved: the numbers do not depend on the
-    device, and a resumed run (which restores the generator) draws them again."""
-    return torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    """Gaussian noise drawn where the generator lives, then moved to `device`, as diffusers'
+    randn_tensor draws: from a CPU generator (training's, and sampling's by default) the numbers
+    do not depend on the device, and a resumed run (which restores the generator) draws them
+    again; a CUDA generator (validation.generator_device: device) draws CUDA's numbers."""
+    where = generator.device if generator is not None else "cpu"
+    return torch.randn(shape, generator=generator, device=where, dtype=dtype).to(device)
 
 
 def accelerator_device() -> torch.device:

@@ -17,7 +17,7 @@ def hostile_folder(root):
     train (with data.max_image_pixels 100000)."""
     _, expected = hostile_set(root)
     refused = {sample_id: kind for sample_id, kind in expected
-               if kind not in ("variable_fps", "prompt_too_long")}  # those two train: warnings
+               if kind not in ("variable_fps", "prompt_too_long", "element_absent")}  # those train: warnings
     sample(root, "040")
     mp4 = (root / "040.mp4").read_bytes()
     (root / "040.mp4").write_bytes(mp4[: len(mp4) // 2])  # truncated
@@ -61,3 +61,63 @@ def test_training_and_the_validator_refuse_the_same_samples_for_the_same_reasons
     assert training == expected, f"missing {expected - training}, unexpected {training - expected}"
     passed = {r["id"] for r in report["samples"]} - {sample_id for sample_id, _ in validator}
     assert {s.id for s in usable} == passed  # and the samples both let through are the same
+
+
+def _start_up_check(tmp_path, config=CONFIG):
+    """Training's start-up check on tmp_path/data under on_bad_sample: error: (the count its message
+    states, the sample ids its lines name, the count `left out` prints, the warnings it prints)."""
+    import re
+
+    import pytest
+
+    from e2v.data.dataset import BadSampleError, index_samples
+    from e2v.data.preflight import unusable
+
+    with pytest.raises(BadSampleError) as e:
+        index_samples(_cfg(tmp_path, config), verbose=False)
+    stated = int(re.match(r"(\d+) sample\(s\) unusable \((\d+) problem\(s\)\)", str(e.value)).group(1))
+    named = {line.strip().split(": ")[0] for line in str(e.value).splitlines()[1:] if line.startswith("  ")}
+    excluded, warnings = [], []
+    index_samples(_cfg(tmp_path, config), verbose=False, stop_on_bad=False, excluded=excluded, warnings=warnings)
+    return stated, named, len(unusable(excluded)), {(p.sample, p.kind) for p in warnings}
+
+
+def test_the_check_and_the_start_up_check_count_the_same_unusable_samples(tmp_path, monkeypatch):
+    """On the defect set (one sample refused at discovery for a missing reference, one for a
+    duplicate id, five by their files): training's message states as many unusable samples as
+    its lines name and as the run's `left out` line counts, and tools/check_dataset.py's summary
+    adds up to the same (samples = ok + unusable, each sample once however many errors it has);
+    the optional-reference warning is in both."""
+    from helpers_check_dataset import defect_set
+
+    monkeypatch.setenv("E2V_CACHE_DIR", str(tmp_path / "cache"))
+    data, expected = defect_set(tmp_path / "data")
+    (data / "013.txt").write_text("   ")  # a second error on one sample: still one unusable sample
+    stated, named, left_out, warnings = _start_up_check(tmp_path)
+    proc, report = run_check(tmp_path, data)
+    summary = report["summary"]
+    refused = {p["sample"] for p in report["problems"] if p["severity"] == "error"}
+    assert refused == {"010", "011", "012", "013", "014", "015", "017"}
+    assert stated == len(named) == left_out == summary["unusable"] == len(refused) == 7
+    assert named == refused
+    assert summary["sample_errors"] == 8 and summary["samples"] == summary["samples_ok"] + summary["unusable"]
+    assert summary["samples"] == 17 and f"samples          17 = {summary['samples_ok']} ok + 7 unusable" in proc.stdout
+    absent = {(p["sample"], p["kind"]) for p in report["problems"] if p["kind"] == "element_absent"}
+    assert absent == {w for w in warnings if w[1] == "element_absent"} == {x for x in expected if x[1] == "element_absent"}
+
+
+def test_a_missing_clip_is_not_found_with_its_line_in_both(tmp_path, monkeypatch):
+    """A CSV row whose clip is not there: "not found" with the CSV's line, from discovery (so the
+    check and training name it alike), not a decoder's "cannot open" without its cause."""
+    from helpers_check_dataset import CSV_CONFIG, csv_set
+
+    monkeypatch.setenv("E2V_CACHE_DIR", str(tmp_path / "cache"))
+    meta = csv_set(tmp_path / "data", [("000", "clip 0"), ("001", "clip 1"), ("002", "clip 2")])
+    (tmp_path / "data/001.mp4").unlink()
+    stated, named, left_out, _ = _start_up_check(tmp_path, CSV_CONFIG)
+    assert (stated, named, left_out) == (1, {"000001_001"}, 1)
+    _, report = run_check(tmp_path, tmp_path / "data", config=CSV_CONFIG)
+    (p,) = [p for p in report["problems"] if p["severity"] == "error"]
+    assert (p["sample"], p["kind"], p["file"]) == ("000001_001", "video_missing", f"{meta} line 3")
+    assert p["problem"] == f"video '../001.mp4' not found (looked for {meta.parent / '../001.mp4'})"
+    assert report["summary"]["samples"] == 3 and report["summary"]["unusable"] == 1

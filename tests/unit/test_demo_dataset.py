@@ -116,6 +116,18 @@ def test_person_is_rgba_with_transparent_surround(dataset):
         assert alpha[h // 2, w // 2] == 255
 
 
+def test_person_reads_the_same_whether_alpha_is_composited_or_dropped(dataset):
+    """White under alpha 0 and no partial alpha: the white reading (A2's layouts) and Pillow's
+    convert("RGB") (SkyReels-V3's, the sequence layout's) give the same pixels, the subject on white."""
+    from e2v.data.media import load_image
+
+    for ident in ids():
+        rgba = np.asarray(Image.open(dataset / f"{ident}_person.png"))
+        assert set(np.unique(rgba[..., 3])) == {0, 255} and (rgba[rgba[..., 3] == 0, :3] == 255).all()
+        white, converted = (np.asarray(load_image(dataset / f"{ident}_person.png", read=r)) for r in ("white", "convert"))
+        assert np.array_equal(white, converted)
+
+
 def test_object_and_background_references(dataset):
     for ident in ids():
         obj = Image.open(dataset / f"{ident}_object.png")

@@ -82,10 +82,14 @@ def touches_edge(mask_HW: np.ndarray) -> bool:
 
 
 def cutout_rgba(frame_HW3: np.ndarray, mask_HW: np.ndarray, margin: int) -> np.ndarray:
-    """The subject: its bounding box (plus margin), alpha 255 on the mask and 0 around it: HW4."""
+    """The subject: its bounding box (plus margin), alpha 255 on the mask and 0 around it, white
+    under alpha 0: HW4. White there, so a reader that drops alpha (Pillow's convert("RGB"), as
+    SkyReels-V3's pipeline reads a reference) sees the same cut-out on white as one that
+    composites (data.reference_read's two rules agree), not the frame around the subject."""
     y0, y1, x0, x1 = bbox(mask_HW, margin)
-    alpha = mask_HW[y0:y1, x0:x1].astype(np.uint8) * 255
-    return np.dstack([frame_HW3[y0:y1, x0:x1], alpha])
+    inside = mask_HW[y0:y1, x0:x1]
+    rgb = np.where(inside[..., None], frame_HW3[y0:y1, x0:x1], np.uint8(255)).astype(np.uint8)
+    return np.dstack([rgb, inside.astype(np.uint8) * 255])
 
 
 def crop_on_white(frame_HW3: np.ndarray, mask_HW: np.ndarray, margin: int) -> np.ndarray:
