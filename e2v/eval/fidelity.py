@@ -53,7 +53,8 @@ MIX_TOL = 80.0  # a block this close to the line between the background and a di
 
 
 def element_colour(image_HWC: np.ndarray) -> np.ndarray:
-    """The colour of an element on a white surround (load_image composites transparency on white):
+    """The colour of an element on a white surround (a cut-out on white, as the demo stores its
+    subjects: both reading rules of data.reference_read see it so):
     the per-channel median of the pixels farther than WHITE_TOL from white (white if none is)."""
     pixels = np.asarray(image_HWC, np.float32).reshape(-1, 3)
     inside = pixels[np.linalg.norm(pixels - 255.0, axis=1) > WHITE_TOL]
