@@ -13,13 +13,14 @@ decoded (media.load_image, the loader's own reader, by the run's reading rule).
 
 Facts are cached by file fingerprint (path, size, mtime of the clip and of each element file, plus
 the settings that change them: data.fps, data.max_image_pixels, the reading rule), so a restart
-re-reads only what changed.
+re-reads only what changed. The cache is one JSON file per data root under $E2V_CACHE_DIR (default
+~/.cache/e2v), written atomically by rank 0; it holds facts about files, never anything that is
+executed.
 
 The count of a check is one rule (`unusable`): a sample with at least one error is one unusable
 sample, however many problems it has (each is listed), whether discovery refused it (a missing
 required reference, a CSV line whose clip is not found) or its files did; the start-up message,
-the dry run, the end-of-run line and tools/check_dataset.py's summary all count with it. The cache is one JSON file per data root under $E2V_CACHE_DIR (default ~/.cache/e2v),
-written atomically by rank 0; it holds facts about files, never anything that is executed.
+the dry run, the end-of-run line and tools/check_dataset.py's summary all count with it.
 
 The check is spread over the ranks (`facts_over_ranks`): rank 0 looks the samples up in its cache,
 each rank reads its share of the rest, the facts are gathered and rank 0's full list is broadcast,

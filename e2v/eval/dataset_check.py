@@ -16,16 +16,18 @@ not UTF-8 (errors), paths outside the dataset root (error unless data.allow_outs
 missing optional reference (a warning, as training prints it: preflight.missing_optional). Then
 this tool's own warnings: fps near the dataset's median and constant (variable frame rate; with
 data.fps, not below that rate instead), size and aspect against the target (upscaling, heavy
-cropping), element image mode (in the sequence layout: a reference the two reading rules of
-data.reference_read read differently, such as a cut-out with colour under its transparent pixels), duplicate captions (one warning per shared caption) and captions over the text encoder's 512
-tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
+cropping), element image mode (in the sequence layout also a reference the two reading rules of
+data.reference_read read differently, such as a cut-out with colour under its transparent
+pixels), duplicate captions (one warning per shared caption) and captions over the text
+encoder's 512 tokens (the rest is cut off). Per dataset: a missing or unreadable CSV / JSONL file (error),
 orphan files that belong to no sample (tools/prepare_data.py's manifest and summary
 aside), duplicate ids (two videos of one id: error; a repeated
 CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (after repeat and
-weight, as training counts it) against micro_batch_size x world size. Prints a summary table whose
-counts add up (samples = samples_ok + unusable; a sample with several errors is one unusable
-sample, each error a line: preflight.unusable, the count training prints) and one line per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample
-would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
+weight, as training counts it) against micro_batch_size x world size. Prints a summary table
+whose counts add up (samples = samples_ok + unusable; a sample with several errors is one
+unusable sample, each error a line: preflight.unusable, the count training prints) and one line
+per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample would fail
+training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
 sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
 one PNG per sample: references, then the first, middle and last frames, for a person to look at.
 Workers run in parallel processes (training's pool). The facts it reads go into the cache training's
