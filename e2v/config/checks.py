@@ -251,6 +251,10 @@ def _validate_validation(cfg: Config) -> None:
     if v.every_n_steps and cfg.e2v_type != "none" and v.num_samples == 1:
         raise ConfigError("validation.num_samples must be >= 2 (or 0 for videos from validation.sets only): "
                           "the shuffled-reference gap swaps references between held-out samples")
+    if v.image_guidance_scale is not None and v.guidance_scale <= 1:  # one pass: nothing for it to scale
+        raise ConfigError(f"validation.image_guidance_scale {v.image_guidance_scale:g} cannot act at "
+                          f"validation.guidance_scale {v.guidance_scale:g}: Phantom's dual guidance runs its three "
+                          "passes only above guidance 1; raise guidance_scale, or set image_guidance_scale: null")
     names = {e.name for e in cfg.data.elements}
     for i, st in enumerate(v.sets):
         unknown = sorted(set(st.elements) - names)

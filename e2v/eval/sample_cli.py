@@ -186,6 +186,9 @@ def main(argv=None):
         raise SystemExit(f"--image-guidance {args.image_guidance:g} cannot act at text guidance {guidance:g}: Phantom's "
                          "dual guidance runs its three passes only when guidance is above 1 (one pass otherwise); "
                          "give --guidance G > 1 too, or drop --image-guidance")
+    if args.image_guidance is None and v.image_guidance_scale is not None and guidance <= 1:
+        log.info(f"note: validation.image_guidance_scale {v.image_guidance_scale:g} is not used at --guidance "
+                 f"{guidance:g} (one pass, no dual guidance)")
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
     drop = cfg.reference_frames(list(images)) if args.drop_frames == "ref" else int(args.drop_frames)

@@ -59,6 +59,16 @@ def test_image_guidance_without_text_guidance_above_1_is_an_error(tmp_path, refs
     assert said.startswith("--image-guidance 3 cannot act at text guidance 1")
 
 
+def test_a_config_whose_image_guidance_cannot_act_is_refused():
+    from e2v.config.load import load_config
+    from e2v.config.schema import ConfigError
+
+    sets = ["validation.guidance_scale=1", "validation.image_guidance_scale=3"]
+    with pytest.raises(ConfigError, match=r"validation.image_guidance_scale 3 cannot act at validation.guidance_scale 1"):
+        load_config(R2V_TINY, sets, check_paths=False)
+    assert load_config(R2V_TINY, ["validation.guidance_scale=2", sets[1]], check_paths=False).validation.image_guidance_scale == 3
+
+
 def test_a_reference_the_loader_cannot_fit_is_refused_naming_the_file(tmp_path, refs):
     said = _refusal(tmp_path, "--element", f"person={refs['strip']}")
     assert said.startswith(f"--element person={refs['strip']}: 1000x2 fitted inside the 64x64 video")
