@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import yaml
 
-from e2v.config.schema import REPO_ROOT, Config, ConfigError, Data, schema_keys
+from e2v.config.schema import REPO_ROOT, Config, ConfigError, Data, schema_keys, type_hints
 from e2v.config.shapes import nearest_valid_size
 
 # Old name (JSON key, flag without its dashes, seed YAML key) -> our dotted key. The one alias table.
@@ -205,8 +205,8 @@ def _is_list_key(dotted: str) -> bool:
     cls: Any = Config
     *sections, name = dotted.split(".")
     for s in sections:
-        cls = typing.get_type_hints(cls)[s]
-    return typing.get_origin(typing.get_type_hints(cls)[name]) is list
+        cls = type_hints(cls)[s]
+    return typing.get_origin(type_hints(cls)[name]) is list
 
 
 def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]]:

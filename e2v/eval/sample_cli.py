@@ -27,15 +27,11 @@ import re
 import time
 from pathlib import Path
 
-import torch
-
+# torch, diffusers and the data stage are imported where they are used, after the command line and
+# the config are checked: --help and a config error answer in a second (bench/RESULTS.md, section 9)
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.media import load_image
-from e2v.eval.sampling import decode, generate, load_trained
-from e2v.eval.viz import write_mp4
-from e2v.models.load import for_sampling, load_parts
-from e2v.models.weights import missing_weights
+from e2v.models.weights import require_weights
 from e2v.runtime.hostmem import return_freed_memory
 from e2v.runtime.log import get_logger
 
@@ -67,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--drop-frames", default="0", help="frames dropped from the start: a number, or 'ref' (F_ref)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="transformer dtype; default bf16 on CUDA (A2), fp32 on CPU")
     return p.parse_args(argv)
 
@@ -87,6 +83,8 @@ def read_prompts(args) -> list[str]:
 
 
 def read_elements(args, cfg) -> dict:
+    from e2v.data.media import load_image
+
     images = {}
     names = {e.name for e in cfg.data.elements}
     for spec in args.element:
@@ -145,9 +143,14 @@ def main(argv=None):
         cfg = load_config(args.config, sets, check_paths=False)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
-    error, _ = missing_weights(cfg)
-    if error:
-        raise SystemExit(f"weights: {error}")
+    require_weights(cfg)
+    import torch
+
+    from e2v.eval.sampling import decode, generate, load_trained
+    from e2v.eval.viz import write_mp4
+    from e2v.models.load import for_sampling, load_parts
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     v = cfg.validation
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
