@@ -23,7 +23,7 @@ import yaml
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
 from e2v.config import schema
 from e2v.config.checks import validate
-from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
+from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, ConfigProblems, resolve_repo_path  # noqa: F401
 from e2v.config.seed_formats import (
     OLD_KEYS,
     SEED_REGRESSION_KEYS,
@@ -158,18 +158,6 @@ def _unknown_key(key: str, path: str, fields: dict) -> ConfigError:
     near = [own.get(n, n) for n in near]
     hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
     return ConfigError(f"unknown key '{where}'{hint}")
-
-
-class ConfigProblems(ConfigError):
-    """Every problem _build found in one mapping and the mappings below it (unknown keys, wrong
-    types, missing keys), so one run names them all instead of one per run. One problem reads
-    exactly as its own ConfigError; several get a count and a line each."""
-
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems, self.source = problems, source
-        where = f" in {source}" if source else ""
-        super().__init__(problems[0] if len(problems) == 1 else
-                         f"{len(problems)} problems{where}:\n" + "\n".join(f"  {q}" for q in problems))
 
 
 def _problems(e: ConfigError) -> list[str]:

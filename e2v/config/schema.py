@@ -34,6 +34,19 @@ class ConfigError(ValueError):
     """A config problem, phrased for the user: which key, what is wrong, how to fix it."""
 
 
+class ConfigProblems(ConfigError):
+    """Every problem of one file at once (e2v/config/load.py's _build: unknown keys, wrong types,
+    missing keys, in every section and list item; a seed JSON's unknown keys), so one run names them
+    all instead of one per run. One problem reads exactly as its own ConfigError; several get a
+    count, the file, and a line each."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems, self.source = problems, source
+        where = f" in {source}" if source else ""
+        super().__init__(problems[0] if len(problems) == 1 else
+                         f"{len(problems)} problems{where}:\n" + "\n".join(f"  {q}" for q in problems))
+
+
 def bounded(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, note: str = "",
             shapes_cache: bool = False, **bounds: float) -> Any:
     """A field with its allowed range beside it: min / max (inclusive), gt / lt (exclusive); on a

@@ -53,11 +53,11 @@ print(json.dumps(out))
 """
 
 
-def _probe(runs: list, configs: list[str]) -> list:
+def _probe(runs: list, configs: list[str], hub) -> list:
     proc = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY, tools=str(ROOT / "tools"), configs=configs,
                                                               runs=runs)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -84,7 +84,8 @@ def test_commands_answer_before_the_heavy_imports(tmp_path, demo_data):
     runs += [(scripts["train_e2v.py"], ["--config", "configs/e2v.yaml", "--set", data]),  # offline, not downloaded
              (scripts["precompute.py"], ["--config", "configs/e2v.yaml", "--set", data]),
              (scripts["train_e2v.py"], ["--config", "configs/e2v_tiny_lora.yaml", "--dry_run", "--set", data])]
-    out = _probe(runs, [str(ROOT / "configs" / c) for c in ("e2v.yaml", "e2v_wan22_i2v_a14b.yaml", "r2v_tiny.yaml")])
+    out = _probe(runs, [str(ROOT / "configs" / c) for c in ("e2v.yaml", "e2v_wan22_i2v_a14b.yaml", "r2v_tiny.yaml")],
+                 hub=tmp_path / "hub")  # an empty hub cache: nothing downloaded
     helps, errors, weights = out[:len(scripts)], out[len(scripts):-3], out[-3:-1]
     for script, _, code, text in helps:
         assert code == 0 and "usage:" in text, (script, code, text[-500:])
@@ -124,6 +125,13 @@ def test_every_problem_of_a_file_in_one_run(tmp_path):
         "  unknown key 'lora.rnk'"], lines
     assert lines[4].endswith("did you mean 'suffixes'?") and lines[5].endswith("did you mean 'repeat'?")
     assert "missing required" not in str(e.value)  # a misspelt key is not also a missing one
+    seed = tmp_path / "seed.json"  # a seed JSON dataset config: its unknown keys together too
+    seed.write_text(json.dumps({"datasets": [{"data_root": str(tmp_path), "target_resolutoin": [64, 64]},
+                                             {"data_root": str(tmp_path), "bogus": 1}]}))
+    with pytest.raises(ConfigError) as e:
+        load_config(seed)
+    assert str(e.value).splitlines()[0] == f"2 problems in {seed}:" and "datasets[0].target_resolutoin'; did you " \
+        "mean 'target_resolution'?" in str(e.value) and "datasets[1].bogus'" in str(e.value), str(e.value)
     one = tmp_path / "one.yaml"
     one.write_text("train:\n  learning_rat: 1\n")
     with pytest.raises(ConfigError) as e:
@@ -189,13 +197,17 @@ def test_slurm_tasks_that_would_train_copies_stop_in_one_line(env, fix, monkeypa
 # --- weights ---------------------------------------------------------------------------------------
 
 
-def test_precompute_without_the_weights_says_the_one_line(demo_data, capsys):
-    """The first command of the 24 GB recipes, offline (the suite runs with HF_HUB_OFFLINE=1) and the
-    weights not downloaded: missing_weights' line (the repo, where it looked, the download), no
-    traceback from diffusers' loader."""
+def test_precompute_without_the_weights_says_the_one_line(demo_data, tmp_path, monkeypatch):
+    """The first command of the 24 GB recipes, offline with an empty hub cache: missing_weights' line
+    (the repo, where it looked, the download), not the traceback of diffusers' loader."""
+    from e2v.config.bases import resolve_pretrained
     from e2v.config.load import load_config
     from e2v.models.weights import missing_weights
     from tools.precompute import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    resolve_pretrained.cache_clear()
 
     argv = ["--config", "configs/e2v_24gb.yaml", "--set", f"data.datasets.0.data_root={demo_data}"]
     with pytest.raises(SystemExit) as stop:
@@ -203,6 +215,7 @@ def test_precompute_without_the_weights_says_the_one_line(demo_data, capsys):
     error, _ = missing_weights(load_config("configs/e2v_24gb.yaml", argv[2:][1::2]))
     assert error and str(stop.value) == f"weights: {error}"
     assert "hf download Wan-AI/Wan2.1-I2V-14B-480P-Diffusers" in error and "HF_HUB_OFFLINE is set" in error
+    resolve_pretrained.cache_clear()
 
 
 # --- the dry run -----------------------------------------------------------------------------------
