@@ -199,14 +199,18 @@ def _build(cls: type, data: Any, path: str) -> Any:
     return cls(**kwargs)
 
 
-def build_dataclass(cls: type, data: dict, overrides: list[str] = ()) -> Any:
-    """A YAML mapping plus `--set key=value` overrides -> the dataclass `cls`, with the trainer
-    config's rules: types converted and checked, unknown keys named with the nearest field. Other
-    configs (the data preparation's) load through here too."""
+def build_dataclass(cls: type, data: dict, overrides: list[str] = (), source: str | None = None) -> Any:
+    """A YAML mapping (read from `source`) plus `--set key=value` overrides -> the dataclass `cls`,
+    with the trainer config's rules: types converted and checked, unknown keys named with the
+    nearest field, all of a file's problems at once. Other configs (the data preparation's) load
+    through here too."""
     raw = dict(data)
     for text in overrides:
         _apply_override(raw, *parse_override(text))
-    return _build(cls, raw, "")
+    try:
+        return _build(cls, raw, "")
+    except ConfigProblems as e:  # several: say which file (and --set) they are in
+        raise ConfigProblems(e.problems, f"{source}" + (" and --set" if overrides else "") if source else None) from None
 
 
 def to_dict(cfg: Any) -> Any:
