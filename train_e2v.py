@@ -16,37 +16,59 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+# The config stage: these import no torch, DeepSpeed or diffusers, so --help, a config error and
+# the dry run's first line answer in about a second instead of after those imports' 15-25 s
+# (bench/RESULTS.md, section 9). The stages after it: import_stages(), once the config is good.
 from e2v.config.bases import vae_config
 from e2v.config.load import load_config, save_config, to_dict
 from e2v.config.schema import ConfigError
 from e2v.config.seed_formats import map_seed_flags
 from e2v.config.shapes import check_base
-from e2v.data.dataset import BadSampleError, index_samples, make_loader
-from e2v.data.preflight import unusable
-from e2v.eval.preflight_deps import check_later_phases
-from e2v.eval.validation import Validator, hold_out_problem, split_held_out
-from e2v.eval.viz import Visualizer
-from e2v.models.agree import agree_on_local_facts
-from e2v.models.context_parallel import check_heads, layout
-from e2v.models.expand import expansion_modules, is_expanded
-from e2v.models.load import load_parts
-from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
-from e2v.models.precision import trained_fp32_kept
-from e2v.models.trainable import describe_trained
-from e2v.models.weights import missing_weights
-from e2v.runtime import distributed, hostmem
+from e2v.models.weights import missing_weights, require_weights
 from e2v.runtime.log import get_logger
-from e2v.runtime.runlock import lock_run_folder
-from e2v.runtime.threads import set_rank_threads
-from e2v.train import checkpoint as ckpt, export, loop, outputs, resume as resuming
-from e2v.train.comfy import check_comfy_mappable, lora_module_names
-from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
-from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
-from e2v.train.guard import NonFiniteGuard
-from e2v.train.memory import fit_verdict
-from e2v.train.runlog import Log
+
+
+def import_stages() -> None:
+    """The pipeline's stages after the config, in order, as this module's names (what top-level
+    imports would give the functions below). Imported once the command line and the config are
+    checked; a second call changes nothing (a test's monkeypatched name stays)."""
+    global torch, BadSampleError, index_samples, make_loader, check_later_phases, Validator, hold_out_problem
+    global split_held_out, Visualizer, agree_on_local_facts, check_heads, layout, expansion_modules, is_expanded
+    global load_parts, count_params, describe_plan, knows_shape_offline, preflight, trained_fp32_kept
+    global describe_trained, distributed, hostmem, lock_run_folder, set_rank_threads, ckpt, export, loop, outputs
+    global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
+    global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
+    global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable
+    if "Log" in globals():
+        return
+    import torch
+
+    from e2v.data.dataset import BadSampleError, index_samples, make_loader
+    from e2v.data.preflight import unusable
+    from e2v.eval.preflight_deps import check_later_phases
+    from e2v.eval.validation import Validator, hold_out_problem, split_held_out
+    from e2v.eval.viz import Visualizer
+    from e2v.models.agree import agree_on_local_facts
+    from e2v.models.context_parallel import check_heads, layout
+    from e2v.models.expand import expansion_modules, is_expanded
+    from e2v.models.load import load_parts
+    from e2v.models.plan import count_params, describe_plan, knows_shape_offline, preflight
+    from e2v.models.precision import trained_fp32_kept
+    from e2v.models.trainable import describe_trained
+    from e2v.runtime import distributed, hostmem
+    from e2v.runtime.runlock import lock_run_folder
+    from e2v.runtime.threads import set_rank_threads
+    from e2v.train import checkpoint as ckpt, export, loop, outputs, resume as resuming
+    from e2v.train.comfy import check_comfy_mappable, lora_module_names
+    from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
+    from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
+    from e2v.train.guard import NonFiniteGuard
+    from e2v.train.memory import fit_verdict
+    from e2v.train.runlog import Log
+
+
+if __name__ != "__main__":  # imported (the tests, the harness): every name at once, as a library's
+    import_stages()
 
 # rank 0's messages, tagged [e2v], [e2v config], ... (e2v/runtime/log.py)
 logger, config_logger, data_logger, dry_run_logger = (
@@ -59,6 +81,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--resume", default=None, help="'latest' (the run's newest intact checkpoint; none: stop), "
                    "'auto' (the same, or a fresh start when there is none) or a checkpoint folder")
     p.add_argument("--dry_run", action="store_true", help="validate, check every sample, build on meta, print plan, exit")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="with --dry_run: plan for N ranks (default: the config's own count, one context-parallel "
+                        "group: parallel.ulysses_degree x ring_degree); a real start takes the launcher's")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args, old_flags = p.parse_known_args(argv)
     try:  # old finetrainers-style flags (docs/formats.md) -> --dataset_configs / --set
@@ -70,14 +95,28 @@ def parse_args(argv: list[str] | None = None):
     args.config, args.set = args.config or config, sets + args.set  # explicit --set wins
     if args.config is None:
         p.error("--config is required: a YAML config (configs/e2v.yaml) or a seed JSON dataset config")
+    if args.gpus is not None and (not args.dry_run or args.gpus < 1):
+        p.error("--gpus N (N >= 1) is for --dry_run: a real start takes the launcher's rank count "
+                "(deepspeed --num_gpus N, torchrun --nproc_per_node N, srun -n N)")
     return args
 
 
-def dry_run(cfg, args) -> None:
+def dry_run(cfg, args, ranks: int = 1) -> None:
     """Validated config (load_config) -> indexed data -> the transformer on the meta device with its
-    LoRA and trained modules (no weights read, nothing downloaded) -> the plan, and whether it fits
-    one GPU and this machine's RAM (e2v.train.memory.fit_verdict). No DeepSpeed launch. A data folder
-    that does not exist yet is reported, not fatal: the plan is still worth reading."""
+    LoRA and trained modules (no weights read, nothing downloaded) -> the plan for `ranks` processes,
+    and whether it fits their GPUs and this machine's RAM (e2v.train.memory.fit_verdict). No DeepSpeed
+    launch: an 8-GPU config is planned from one process. A data folder that does not exist yet, or
+    weights not downloaded when the base's shape is known without them, are reported, not fatal:
+    the plan is still worth reading."""
+    error, notes = missing_weights(cfg)  # training's check (require_weights); the plan needs only the shape
+    if error and not knows_shape_offline(cfg):
+        raise SystemExit(f"weights: {error}")
+    if error:
+        dry_run_logger.warning(f"WARNING: weights: {error} (training stops here; the plan below needs only the "
+                               "base's shape)")
+    for note in notes:
+        dry_run_logger.info(f"note: {note}")
+    lay = layout(cfg, 0, ranks)  # the ranks must hold whole context-parallel groups
     missing = [d.data_root for d in cfg.data.datasets if not Path(d.data_root).exists()]
     for root in missing:
         dry_run_logger.warning(f"WARNING: data_root {root} does not exist: not indexed (training would stop here; "
@@ -94,7 +133,7 @@ def dry_run(cfg, args) -> None:
         raise SystemExit(f"config error: {'; '.join(held_out)}")
     transformer, full_names = preflight(cfg)
     comfy_check(transformer)
-    ds_config = resolve_deepspeed_config(cfg, world_size=1, cuda=torch.cuda.is_available())
+    ds_config = resolve_deepspeed_config(cfg, world_size=lay.dp_size, cuda=torch.cuda.is_available())
     usable = len({(s.dataset, s.id) for s in samples})
     dry_run_logger.info(f"config OK; {usable} usable samples in "
           f"{', '.join(d.data_root for d in cfg.data.datasets) or 'no existing data folder'}"
@@ -103,7 +142,7 @@ def dry_run(cfg, args) -> None:
              else f"; {len(unusable(excluded))} unusable, left out (listed above)" if excluded else ""))
     precompute = f"python tools/precompute.py --config {args.config}" + "".join(f" --set {s}" for s in args.set)
     dry_run_logger.info("\n".join([describe_plan(transformer, cfg, ds_config, full_names),
-                                    *fit_verdict(cfg, samples, precompute)]))
+                                    *fit_verdict(cfg, samples, precompute, gpus=ranks)]))
 
 
 def comfy_check(transformer) -> None:
@@ -133,21 +172,27 @@ def run_dir_for(cfg, config_path: str, resume: str | None) -> Path:
 
 def checked_config(args):
     """The validated config, or None after a dry run; the model-dependent checks run on the meta
-    device first, before minutes of loading."""
+    device first, before minutes of loading. Everything up to the weights check answers before the
+    stages are imported (import_stages)."""
     try:
         cfg = load_config(args.config, args.set, check_paths=not args.dry_run)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
     if args.dry_run:
+        p = cfg.parallel
+        ranks = args.gpus or p.ulysses_degree * p.ring_degree  # the config's own count: one context-parallel group
+        why = ("--gpus" if args.gpus else "--gpus N plans for N" if ranks == 1 else
+               f"one context-parallel group, parallel.ulysses_degree {p.ulysses_degree} x ring_degree "
+               f"{p.ring_degree}; --gpus N plans for N")
+        dry_run_logger.info(f"{args.config}: read and checked; planning for {ranks} rank{'s' * (ranks > 1)} ({why}): "
+                            "checking the data, then the model on the meta device")
+        import_stages()
         try:
-            return dry_run(cfg, args)
+            return dry_run(cfg, args, ranks)
         except ValueError as e:
             raise SystemExit(f"dry run: {e}")
-    error, notes = missing_weights(cfg)  # one line before any loader retries (docs/weights.md)
-    if error:
-        raise SystemExit(f"weights: {error}")
-    for note in notes:
-        logger.info(f"note: {note}")
+    require_weights(cfg)  # one line before any loader retries (docs/weights.md)
+    import_stages()
     try:
         if knows_shape_offline(cfg):
             comfy_check(preflight(cfg)[0])
@@ -161,6 +206,8 @@ def start_run(cfg, args):
     its device, and the run folder (locked against a second run, the resolved config written).
     Returns (rank, world, layout, device, run folder, lock)."""
     malloc = hostmem.return_freed_memory()  # before the first weight is read
+    distributed.resolve_launch()  # SLURM's tasks (srun) mapped first: LOCAL_RANK is this task's from here
+    args.local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank))
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(args.local_rank)
@@ -305,7 +352,7 @@ def main(argv: list[str] | None = None):
             log.scalars(global_step, validator.maybe_run(engine, global_step))
             every_min = cfg.train.checkpoint_every_minutes
             stopping = loop.stop_requested(stop)
-            if (global_step % cfg.train.checkpoint_every == 0 or stopping
+            if ((cfg.train.checkpoint_every and global_step % cfg.train.checkpoint_every == 0) or stopping
                     or (every_min and distributed.any_rank(time.time() - last_save > 60 * every_min))):
                 save(global_step)
                 last_save, saved_step = time.time(), global_step

@@ -19,17 +19,23 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
 
 from e2v.config.load import load_config
-from e2v.eval.viz import decode_pixels, frame_strip, labelled_sheet, to_uint8, vstack, write_mp4, write_png
-from e2v.models.load import load_vae
+from e2v.config.schema import ConfigError
+from e2v.models.weights import require_weights
+
+# torch and the VAE's stages (diffusers) are imported where they are used, after the config and the
+# weights are checked: --help and a config error answer in a second.
 
 LATENT_DATA = ("input_latents", "noisy_latents", "predicted_latents", "conditioned_latents")
 
 
 def load_saved(step_dir: Path) -> dict:
     """name -> tensor, from <name>.pt files or one latents.safetensors."""
+    import torch
+
     saved = {p.stem: torch.load(p, weights_only=True) for p in sorted(step_dir.glob("*.pt"))}
     st = step_dir / "latents.safetensors"
     if st.exists():
@@ -53,6 +59,8 @@ def step_dirs(paths: list[Path]) -> list[Path]:
 def render(step_dir: Path, vae, every: int, fps: int, sheet_frames: list[int], clean_prefix: bool = False
            ) -> list[Path]:
     """clean_prefix: the run's conditioned_latents are reference frames, each decoded alone."""
+    from e2v.eval.viz import decode_pixels, frame_strip, labelled_sheet, to_uint8, vstack, write_mp4, write_png
+
     saved = load_saved(step_dir)
     out_dir = step_dir / "render"
     out_dir.mkdir(exist_ok=True)
@@ -86,7 +94,13 @@ def main(argv=None):
     p.add_argument("--every", type=int, default=4, help="grid: every n-th frame (and the last)")
     p.add_argument("--fps", type=int, default=16)
     args = p.parse_args(argv)
-    cfg = load_config(args.config, check_paths=False)
+    try:
+        cfg = load_config(args.config, check_paths=False)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
+    require_weights(cfg)  # the VAE is model.pretrained's: one line when it is not here
+    from e2v.models.load import load_vae
+
     vae = load_vae(cfg, "cpu")
     for d in step_dirs(args.paths):
         files = render(d, vae, args.every, args.fps, cfg.visualization.sheet_frames,

@@ -12,21 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
+
+from e2v.config.bases import KNOWN_MODELS
 from e2v.config.load import load_config
-from e2v.config.schema import Config
-from e2v.train.memory import (
-    KNOWN_MODELS,
-    ModelCounts,
-    advise,
-    count_model,
-    estimate,
-    estimate_cpu,
-    host_memory_gb,
-    plan_options,
-)
+from e2v.config.schema import Config, ConfigError
+
+# The memory model builds the transformer on the meta device (torch, diffusers: seconds to import),
+# so it is imported in each function that uses it, after the config is read and checked.
 
 
 def print_cpu(cfg: Config, procs: int) -> dict:
+    from e2v.train.memory import estimate_cpu
+
     r = estimate_cpu(cfg, procs)
     terms = ", ".join(f"{k} {v:.2f}" for k, v in r["per_rank_gb"].items())
     print(f"CPU-only run, {procs} rank(s), {r['ds_config']}, checkpointing {cfg.train.gradient_checkpointing} "
@@ -41,7 +40,9 @@ def peak(row: dict) -> float:
     return max(row["gpu_total_gb"], row["validation_gb"])
 
 
-def print_advice(args, config: str, host: tuple, counts: ModelCounts | None = None) -> None:
+def print_advice(args, config: str, host: tuple, counts=None) -> None:
+    from e2v.train.memory import advise, plan_options
+
     host_gb, source = host
     a = advise(config, args.set, args.gpus, args.gpu_mem_gb, args.nodes, host_gb, counts)
     ram = f"{host_gb:.0f} GB host RAM ({source})" if host_gb is not None else f"host RAM {source}"
@@ -65,6 +66,22 @@ def print_advice(args, config: str, host: tuple, counts: ModelCounts | None = No
               "did not fit the host RAM)")
 
 
+def load_line(cfg: Config, r: dict, gpus: int) -> str:
+    """Host RAM per node at start-up, with and without ZeRO-3's partitioned load (e2v.train.memory.
+    partitioned_load_bytes: where the partitions live decides what it saves)."""
+    dtype = "bf16" if cfg.train.mixed_precision == "bf16" else "fp32"
+    whole = f"each rank materialises the {dtype} transformer: ~{r['load_cpu_per_node_gb']:.1f} GB CPU RAM per node"
+    part = r["load_partitioned_gb"]
+    if not part:
+        return f"loading: {whole} (an fp8 base loads whole: ZeRO-2 only)"
+    same = (" (parameter offload keeps the partitions in host RAM, and one GPU's share is the whole model: "
+            "the same figure)" if gpus == 1 and round(part["zero3_offload.json"]) == round(r["load_cpu_per_node_gb"])
+            else "")
+    return (f"loading: without ZeRO-3's partitioned load (model.zero3_init, a local folder) {whole}; with it, "
+            f"zero3 ~{part['zero3.json']:.1f} GB (the partitions on the GPUs, one gathered parameter per rank), "
+            f"zero3_offload ~{part['zero3_offload.json']:.1f} GB (the node's share of the model in host RAM){same}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
@@ -80,7 +97,12 @@ def main() -> None:
                    help="host RAM per node the plan must fit (default: this machine's)")
     args = p.parse_args()
     model = [f"model.pretrained={KNOWN_MODELS[args.model]}", "model.preset=null"] if args.model else []
-    cfg = load_config(args.config, args.set + model, check_paths=False)
+    try:
+        cfg = load_config(args.config, args.set + model, check_paths=False)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
+    from e2v.train.memory import count_model, estimate, estimate_cpu, host_memory_gb, plan_options
+
     if args.cpu:
         r = estimate_cpu(cfg, args.procs)
         print(json.dumps(r, indent=1)) if args.json else print_cpu(cfg, args.procs)
@@ -119,10 +141,7 @@ def main() -> None:
     ck = r["checkpoint_gb"]
     print(f"checkpoint per save ({cfg.deepspeed.config}): {ck['after']:.1f} GB (trained weights + optimizer state); "
           f"the frozen {ck['frozen']:.1f} GB are not saved (with them: {ck['before']:.1f} GB)")
-    dtype = "bf16" if cfg.train.mixed_precision == "bf16" else "fp32"
-    print(f"loading: without ZeRO-3's partitioned load (model.zero3_init, a local folder) each rank materialises "
-          f"the {dtype} transformer: ~{r['load_cpu_per_node_gb']:.0f} GB CPU RAM per node at start-up; with it, "
-          f"~{r['load_cpu_per_node_gb'] / args.gpus / args.nodes:.0f} GB")
+    print(load_line(cfg, r, args.gpus))
 
 
 if __name__ == "__main__":

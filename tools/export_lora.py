@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from e2v.runtime.integrity import UnsafeCheckpoint
-from e2v.train.checkpoint import export_checkpoint, read_latest
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
 
 
 def main() -> None:
@@ -29,6 +29,14 @@ def main() -> None:
     p.add_argument("--out", required=True, help="output folder")
     args = p.parse_args()
     path = Path(args.checkpoint)
+    if not path.exists():  # before torch's import: a wrong path answers at once
+        raise SystemExit(f"[export] {path} does not exist: give a checkpoint folder (runs/<run>/checkpoints/step_N) "
+                         "or the run's checkpoints/latest file")
+    # The base weights are not read: the checkpoint holds what trained, the base modules' copies
+    # (e2v_base_modules.safetensors) and the transformer's config, so no model folder is needed.
+    from e2v.runtime.integrity import UnsafeCheckpoint
+    from e2v.train.checkpoint import export_checkpoint, read_latest
+
     if path.is_file() and path.name == "latest":
         path, why = read_latest(path.parent)
         if path is None:

@@ -23,11 +23,15 @@ import shutil
 import sys
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
+
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.media import MediaError, clip_window, probe_video
-from e2v.data.opens2v import read_opens2v, summary_line
 from e2v.data.sample import MetadataError, Problem, element_paths
+
+# The source and the media readers (torch, decord) are imported where they are used, after the
+# config is checked: --help and a config error answer in a second.
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs/e2v.yaml"
 
@@ -36,6 +40,8 @@ def write_clip(s, out: Path, crf: int) -> None:
     """The sample's frames [start, end), cut to its crop box, as an H.264 mp4 at the clip's rate."""
     import decord
     import imageio_ffmpeg
+
+    from e2v.data.media import clip_window, probe_video
 
     info = probe_video(s.video)
     clip_window(s.video, info.frames, info.height, info.width, s.frame_range, s.crop)
@@ -84,8 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         cfg = load_config(args.config, [f"data.datasets=[{json.dumps(ds)}]", *args.set])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from e2v.data.media import MediaError
+    from e2v.data.opens2v import read_opens2v, summary_line
+
+    try:
         index = read_opens2v(cfg.data.datasets[0], cfg.data.elements, cfg.data.allow_outside_root)
-    except (ConfigError, MetadataError) as e:
+    except (ConfigError, MetadataError) as e:  # the source's own checks
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary_line(cfg.data.datasets[0], index))

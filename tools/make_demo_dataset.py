@@ -6,6 +6,9 @@ generator, why the data looks like this, and its options: e2v/data/demo.py).
                                               [--real-size] [--video-format mp4|npz] [--dry-run]
 """
 
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
+
 from e2v.data.demo import main
 
 if __name__ == "__main__":

@@ -13,32 +13,33 @@ sample as bad in the cache (training then skips and counts it). Train with `--se
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-import torch
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
 
-from e2v.conditioning.cached import compute_entry, shared_entry
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.dataset import BadSampleError, E2VDataset, index_samples, loader_workers
-from e2v.data.media import MediaError
-from e2v.data.store import CacheStore, bad_entries_message
-from e2v.models.load import load_parts
+from e2v.models.weights import require_weights
 from e2v.runtime.hostmem import return_freed_memory
+from e2v.runtime.slurm import launch_ranks
 
 
-class _Pixels(torch.utils.data.Dataset):
-    """(sample index, item or the error text): a failure is reported, never replaced by another sample."""
+class _Pixels:
+    """(sample index, item or the error text): a failure is reported, never replaced by another
+    sample. A map-style dataset (what DataLoader indexes: __len__, __getitem__), defined without
+    torch so the command's --help and config errors come before torch's import."""
 
-    def __init__(self, dataset: E2VDataset, todo: list[int]):
+    def __init__(self, dataset, todo: list[int]):
         self.dataset, self.todo = dataset, todo
 
     def __len__(self) -> int:
         return len(self.todo)
 
     def __getitem__(self, j: int):
+        from e2v.data.media import MediaError
+
         i = self.todo[j]
         try:
             return i, self.dataset.load(self.dataset.samples[i])
@@ -54,14 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("--local_rank", type=int, default=launch_ranks()[2])
     args = p.parse_args(argv)
     return_freed_memory()
     try:
         cfg = load_config(args.config, args.set)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    require_weights(cfg)  # the encoders' weights: one line, not diffusers' traceback
+    # the stages, once the config and the weights are known good (torch, diffusers: 15-25 s to import)
+    import torch
+
+    from e2v.conditioning.cached import compute_entry, shared_entry
+    from e2v.data.dataset import BadSampleError, E2VDataset, index_samples, loader_workers
+    from e2v.data.store import CacheStore, bad_entries_message
+    from e2v.models.load import load_parts
+
+    rank, world, _ = launch_ranks()  # deepspeed's or torchrun's variables, or srun's tasks
     device = torch.device("cuda", args.local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":  # this rank's GPU for everything that takes the current device (cuDNN, pinned copies)
         torch.cuda.set_device(device)

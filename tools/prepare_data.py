@@ -14,12 +14,14 @@ Exit codes: 0 samples written and checked, 1 the dataset check failed, 2 a confi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # started as a file: is the package installed? (tools/_installed.py)
+    import _installed  # noqa: F401
+
 from e2v.data.prepare.config import PrepareConfigError, load_prepare_config
-from e2v.data.prepare.run import prepare
+from e2v.runtime.slurm import launch_ranks
 
 
 def _barrier(world: int):
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True, type=Path, help="the e2v dataset folder to write")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--no-caption", action="store_true", help="caption every clip with its source file name's words")
-    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("--local_rank", type=int, default=launch_ranks()[2])
     args = p.parse_args(argv)
     if hasattr(sys.stdout, "reconfigure"):  # non-UTF-8 file names print escaped, never crash
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -60,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.input.is_dir():
         print(f"error: --input {args.input} is not a folder", file=sys.stderr)
         return 2
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    import torch
+    rank, world, _ = launch_ranks()  # deepspeed's or torchrun's variables, or srun's tasks
+    import torch  # the stages once the config is good: torch, OpenCV, the backends take seconds to import
+
+    from e2v.data.prepare.run import prepare
 
     device = f"cuda:{args.local_rank}" if torch.cuda.is_available() else "cpu"
     try:  # a model folder that cannot do what the config asks is found when the backend loads

@@ -204,6 +204,37 @@ def render_preflight(pre: dict) -> list[str]:
             f"{pre['clips']} usable.", ""]
 
 
+def render_cli_start(res: dict) -> list[str]:
+    """Section 9: how long each command takes to answer --help, a config error and the dry run's first
+    line (bench/results/cli_start.json, written by bench/bench_cli_start.py), each tree measured."""
+    runs = {label: {(r["command"], r["case"]): r for r in run["rows"]} for label, run in res.items()}
+    labels = list(runs)
+    lines = ["## 9. Command start-up (bench/bench_cli_start.py)", "",
+             "Seconds from starting `python <command> ...` from the checkout to its answer (the process's exit; "
+             "for the dry run its first line), median of the repeats (min in brackets). A config error is a YAML "
+             "with two unknown keys in two sections.", ""]
+    lines += [f"- {label}: commit {run['commit']}, {run['date']}, {run['repeats']} repeats, load "
+              f"{run['load_avg'][0]:.1f} -> {run['load_avg'][1]:.1f} ({run['machine']}, Python {run['python']})"
+              for label, run in res.items()]
+    lines += ["", "| command | case | " + " | ".join(f"{lb} (s)" for lb in labels) + " | "
+              + " | ".join(f"{lb} said" for lb in labels) + " |", "|---|---|" + "---|" * 2 * len(labels)]
+
+    def said(row: dict | None) -> str:
+        """The answer's first line (a traceback's last), and how many lines it took."""
+        if row is None:
+            return "-"
+        text = row["last"] if row["said"].startswith("Traceback") or "last" not in row else row["said"]
+        more = f" (+{row['lines'] - 1} lines)" if row.get("lines", 1) > 1 and not row["said"].startswith("usage") else ""
+        return ("traceback: " if row["said"].startswith("Traceback") else "") + text[:80].replace("|", "/") + more
+
+    for key in dict.fromkeys(k for r in runs.values() for k in r):
+        cells = [f"{runs[lb][key]['median_s']:.2f} ({runs[lb][key]['min_s']:.2f})" if key in runs[lb] else "-"
+                 for lb in labels]
+        lines.append(f"| `{key[0]}` | {key[1]} | " + " | ".join(cells) + " | "
+                     + " | ".join(said(runs[lb].get(key)) for lb in labels) + " |")
+    return lines + [""]
+
+
 def render(bench_dir: Path = BENCH_DIR) -> Path:
     # this benchmark's sections only (steps*, data): results/ also holds other tools' files
     # (smoke_real.json from bench/smoke_real.py, gpu.json from bench/gpu_check.py)
@@ -256,6 +287,8 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         lines += render_measured(json.loads((bench_dir / "results" / "measured.json").read_text()))
     if (bench_dir / "results" / "preflight.json").exists():  # bench/bench_preflight.py's
         lines += render_preflight(json.loads((bench_dir / "results" / "preflight.json").read_text()))
+    if (bench_dir / "results" / "cli_start.json").exists():  # bench/bench_cli_start.py's
+        lines += render_cli_start(json.loads((bench_dir / "results" / "cli_start.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

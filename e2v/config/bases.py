@@ -10,6 +10,11 @@ from pathlib import Path
 
 from e2v.config.schema import Config
 
+# Short names for the released Wan transformers (tools/estimate_memory.py's --model; their configs:
+# e2v.models.plan.KNOWN_WAN_CONFIGS).
+KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "ti2v-5b": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
+
 
 @functools.lru_cache(maxsize=None)
 def resolve_pretrained(name: str) -> str:

@@ -11,8 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from e2v.config.experts import check_expert_config
 from e2v.config.schema import REPO_ROOT, VIS_DATA, VIS_FORMATS, Config, ConfigError, TinyShape, resolve_repo_path
 from e2v.config.shapes import (
@@ -210,7 +208,7 @@ def _validate_parallel(cfg: Config) -> None:
     degree = p.ulysses_degree * p.ring_degree
     if degree == 1:
         return
-    if p.ring_degree > 1 and cfg.train.mixed_precision == "no" and torch.cuda.is_available():
+    if p.ring_degree > 1 and cfg.train.mixed_precision == "no" and _has_cuda():
         # On CUDA the ring's attention is torch's flash-attention op, which takes bf16 / fp16 only
         # (e2v/models/context_parallel.py); the CPU's flash op takes fp32, so CPU runs are let through.
         raise ConfigError(f"parallel.ring_degree: {p.ring_degree} with train.mixed_precision: 'no' (fp32): on CUDA ring "
@@ -313,3 +311,11 @@ def _validate_fp8_base(cfg: Config, zero_stage: int) -> None:
         raise ConfigError(f"model.base_dtype: fp8 keeps the fp8 base as buffers, whole on every GPU, which ZeRO-3 "
                           f"({cfg.deepspeed.config}) does not partition: use deepspeed.config: ds_configs/zero2.json "
                           "(or zero2_offload.json)")
+
+
+def _has_cuda() -> bool:
+    """torch.cuda.is_available(), imported here only: the rest of the config loads without torch,
+    so a config error answers before torch's import (bench/RESULTS.md, section 9)."""
+    import torch
+
+    return torch.cuda.is_available()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from e2v.config.schema import Config, ConfigError
+
+if TYPE_CHECKING:  # the config loads without torch (a config error answers before torch's import)
+    import torch
 
 EXPERTS = ("high_noise", "low_noise")  # diffusers' `transformer`, `transformer_2`
 
@@ -70,7 +72,8 @@ def trained_experts(cfg: Config) -> tuple[str, ...]:
 def expert_for(timestep_B: torch.Tensor, boundary: float) -> str:
     """The expert that denoises these timesteps, by diffusers' rule (WanImageToVideoPipeline:
     `t >= boundary_ratio * num_train_timesteps` -> `transformer`, else `transformer_2`). The
-    timesteps of one call must all belong to one expert."""
+    timesteps of one call must all belong to one expert. A float32 numpy array compares the same
+    way (a Python float against fp32 values, in fp32)."""
     high = timestep_B >= boundary * NUM_TRAIN_TIMESTEPS
     if bool(high.all()):
         return "high_noise"
@@ -89,6 +92,8 @@ def sigma_range(expert: str, boundary: float) -> tuple[float, float]:
     """(lo, hi), both inclusive: the fp32 sigmas whose timestep (1000 * sigma, as the step computes
     it) `expert_for` gives to `expert`. The edge is found on the fp32 grid, so a sigma drawn in
     the range can never land on the other expert's side of the rule."""
+    import torch
+
     edge = torch.tensor(boundary, dtype=torch.float32)
     down, up = torch.tensor(0.0), torch.tensor(2.0)
     while _is_high(edge, boundary):
@@ -103,10 +108,12 @@ def sigma_range(expert: str, boundary: float) -> tuple[float, float]:
 def trains_sigma(cfg: Config, sigma: float) -> bool:
     """Whether the run trains the expert of this (validation) sigma. A run that trains one expert
     scores only its own sigmas: the others would measure the untrained base."""
+    import numpy as np  # fp32 as the step's tensors, without torch: the config's checks call this at load
+
     experts = trained_experts(cfg)
     if len(experts) != 1:
         return True
-    return expert_for(NUM_TRAIN_TIMESTEPS * torch.full((1,), sigma), boundary_ratio(cfg)) == experts[0]
+    return expert_for(NUM_TRAIN_TIMESTEPS * np.full((1,), sigma, dtype=np.float32), boundary_ratio(cfg)) == experts[0]
 
 
 def check_expert_config(cfg: Config) -> None:

@@ -23,7 +23,7 @@ import yaml
 # Config and ConfigError are also imported from here by the rest of the tree (the loader's types).
 from e2v.config import schema
 from e2v.config.checks import validate
-from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, resolve_repo_path  # noqa: F401
+from e2v.config.schema import REMOVED_KEYS, VIS_FORMATS, Config, ConfigError, ConfigProblems, resolve_repo_path  # noqa: F401
 from e2v.config.seed_formats import (
     OLD_KEYS,
     SEED_REGRESSION_KEYS,
@@ -77,8 +77,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             try:
                 return _convert(value, arg, path)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[-1] if len(errors) == 1 else f"{path}: expected {_type_name(tp)}, got {value!r}")
+                errors.append(e)
+        if len(errors) == 1:  # Optional[X]: X's own error (all of a nested mapping's problems)
+            raise errors[0]
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if isinstance(value, bool):  # YAML 1.1 reads `no`/`off`/`yes`/`on` as booleans
@@ -93,7 +95,15 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         (item,) = typing.get_args(tp)
-        return [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+        out, problems = [], []
+        for i, v in enumerate(value):  # every item's problems, not the first item's alone
+            try:
+                out.append(_convert(v, item, f"{path}[{i}]"))
+            except ConfigError as e:
+                problems += _problems(e)
+        if problems:
+            raise ConfigProblems(problems)
+        return out
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
@@ -150,40 +160,57 @@ def _unknown_key(key: str, path: str, fields: dict) -> ConfigError:
     return ConfigError(f"unknown key '{where}'{hint}")
 
 
+def _problems(e: ConfigError) -> list[str]:
+    return e.problems if isinstance(e, ConfigProblems) else [str(e)]
+
+
 def _build(cls: type, data: Any, path: str) -> Any:
     if isinstance(data, cls):
         return data
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = schema.type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs, problems = {}, []
     for key, value in data.items():
         if key not in fields:
             if cls.__module__ == SCHEMA_MODULE:  # the trainer's keys: old names and other sections' keys too
-                raise _unknown_key(key, path, fields)
+                problems.append(str(_unknown_key(key, path, fields)))
+                continue
             where = f"{path}.{key}" if path else str(key)
             near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            raise ConfigError(f"unknown key '{where}'" + (f"; did you mean '{near[0]}'?" if near
-                                                          else f"; valid keys: {', '.join(fields)}"))
-        kwargs[key] = _convert(value, hints[key], f"{path}.{key}" if path else str(key))
+            problems.append(f"unknown key '{where}'" + (f"; did you mean '{near[0]}'?" if near
+                                                        else f"; valid keys: {', '.join(fields)}"))
+            continue
+        try:
+            kwargs[key] = _convert(value, hints[key], f"{path}.{key}" if path else str(key))
+        except ConfigError as e:  # named with the others: the rest of the mapping is still read
+            problems += _problems(e)
     missing = [
         n for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        and n not in data  # given but wrong: already named
+        and not difflib.get_close_matches(n, [str(k) for k in data if k not in fields], n=1, cutoff=0.5)  # misspelt
     ]
     if missing:
-        raise ConfigError(f"{path or 'config'}: missing required key(s) {', '.join(missing)}")
+        problems.append(f"{path or 'config'}: missing required key(s) {', '.join(missing)}")
+    if problems:
+        raise ConfigProblems(problems)
     return cls(**kwargs)
 
 
-def build_dataclass(cls: type, data: dict, overrides: list[str] = ()) -> Any:
-    """A YAML mapping plus `--set key=value` overrides -> the dataclass `cls`, with the trainer
-    config's rules: types converted and checked, unknown keys named with the nearest field. Other
-    configs (the data preparation's) load through here too."""
+def build_dataclass(cls: type, data: dict, overrides: list[str] = (), source: str | None = None) -> Any:
+    """A YAML mapping (read from `source`) plus `--set key=value` overrides -> the dataclass `cls`,
+    with the trainer config's rules: types converted and checked, unknown keys named with the
+    nearest field, all of a file's problems at once. Other configs (the data preparation's) load
+    through here too."""
     raw = dict(data)
     for text in overrides:
         _apply_override(raw, *parse_override(text))
-    return _build(cls, raw, "")
+    try:
+        return _build(cls, raw, "")
+    except ConfigProblems as e:  # several: say which file (and --set) they are in
+        raise ConfigProblems(e.problems, f"{source}" + (" and --set" if overrides else "") if source else None) from None
 
 
 def to_dict(cfg: Any) -> Any:
@@ -257,7 +284,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for text in overrides or []:
         keys, value = parse_override(text)
         _apply_override(raw, keys, value)
-    cfg = _build(Config, raw, "")
+    try:
+        cfg = _build(Config, raw, "")
+    except ConfigProblems as e:  # several: say which file (and --set) they are in
+        raise ConfigProblems(e.problems, f"{path}" + (" and --set" if overrides else "") if path else None) from None
     normalise(cfg)
     validate(cfg, base_dir=Path(path).parent if path else Path("."), check_paths=check_paths)
     return cfg

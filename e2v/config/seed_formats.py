@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import yaml
 
-from e2v.config.schema import REPO_ROOT, Config, ConfigError, Data, schema_keys
+from e2v.config.schema import REPO_ROOT, Config, ConfigError, ConfigProblems, Data, schema_keys, type_hints
 from e2v.config.shapes import nearest_valid_size
 
 # Old name (JSON key, flag without its dashes, seed YAML key) -> our dotted key. The one alias table.
@@ -121,6 +121,7 @@ def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
              f"{SEED_BASE_CONFIG} (the A2 recipe): change them with --set"]
     known = SEED_PER_DATASET_KEYS + SEED_DATASET_KEYS
     shared: dict[str, tuple[Any, int, str]] = {}  # YAML key -> (value, dataset that set it, JSON key)
+    unknown: list[str] = []  # every unknown key of the file, named together
     for i, ds in enumerate(raw["datasets"]):
         where = f"{source}: datasets[{i}]"
         if not isinstance(ds, dict):
@@ -130,7 +131,8 @@ def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
             if key not in known:
                 near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
                 hint = f"; did you mean '{near[0]}'?" if near else f"; known keys: {', '.join(known)}"
-                raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+                unknown.append(f"unknown key '{where}.{key}'{hint}")
+                continue
             if key in SEED_PER_DATASET_KEYS:
                 entry[key] = value
                 continue
@@ -146,6 +148,8 @@ def map_seed_json(raw: dict, source: str) -> tuple[dict, list[str]]:
             shared.setdefault(dotted, (value, i, key))
         out["data"]["datasets"].append(entry)
         notes.append(f"{where} -> data.datasets[{i}] ({', '.join(f'{k}={v!r}' for k, v in entry.items())})")
+    if unknown:
+        raise ConfigProblems(unknown, source)
     for dotted, (value, _, key) in shared.items():
         if dotted == "processors":  # merge: a flat-style clip_resolution may sit beside it
             for section, body in (value or {}).items():
@@ -205,8 +209,8 @@ def _is_list_key(dotted: str) -> bool:
     cls: Any = Config
     *sections, name = dotted.split(".")
     for s in sections:
-        cls = typing.get_type_hints(cls)[s]
-    return typing.get_origin(typing.get_type_hints(cls)[name]) is list
+        cls = type_hints(cls)[s]
+    return typing.get_origin(type_hints(cls)[name]) is list
 
 
 def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]]:

@@ -99,9 +99,8 @@ def index_samples(cfg: Config, verbose: bool = True, excluded: list | None = Non
         log.info("warnings (they train; tools/check_dataset.py writes the full list):\n  "
                  + "\n  ".join(preflight.summarize(notes)))
     if errors:
-        lines = "\n  ".join(str(p) for p in errors[:20])
-        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        msg = f"{len(bad)} sample(s) unusable ({len(errors)} problem(s)):\n  {lines}{more}"
+        lines = "\n  ".join(preflight.summarize(errors))  # a kind met often: once, counted, its first files named
+        msg = f"{len(bad)} sample(s) unusable ({len(errors)} problem(s)):\n  {lines}"
         if cfg.data.on_bad_sample == "error" if stop_on_bad is None else stop_on_bad:
             raise BadSampleError(msg + f"\n({len({(s.dataset, s.id) for s in samples})} usable; set "
                                        "data.on_bad_sample: skip to train without them; tools/check_dataset.py "

@@ -2,7 +2,7 @@
 
     python tools/check_dataset.py --config configs/e2v.yaml [--set ...] [--world_size 8]
     python tools/check_dataset.py --data_root path/to/e2v_folder        # elements of configs/e2v.yaml
-        [--json report.json] [--contact-sheet DIR] [--workers N]
+        [--report report.json] [--contact-sheet DIR] [--workers N]
 
 Per sample, the rules training applies before its first step, from the same code
 (e2v/data/preflight.py: `sample_facts`, `sample_problems`), so what this reports as an error is
@@ -26,8 +26,9 @@ CSV / JSONL row: warning, it trains twice), and bucket occupancy per epoch (afte
 weight, as training counts it) against micro_batch_size x world size. Prints a summary table
 whose counts add up (samples = samples_ok + unusable; a sample with several errors is one
 unusable sample, each error a line: preflight.unusable, the count training prints) and one line
-per problem (file: problem -> fix), writes a JSON report, and exits 1 when a sample would fail
-training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
+per problem (file: problem -> fix), writes a JSON report (`--report PATH`; by default
+check_dataset_report.json in the first dataset's folder, beside the data it describes), and exits 1
+when a sample would fail training (0 otherwise; 2 for a config error). It never stops on a bad file: whatever a
 sample holds, it becomes a named problem and the report is written. `--contact-sheet DIR` writes
 one PNG per sample: references, then the first, middle and last frames, for a person to look at.
 Workers run in parallel processes (training's pool). The facts it reads go into the cache training's
@@ -49,27 +50,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+# The data stage (e2v/data/: torch, decord) and validation's rule (diffusers) are imported in the
+# functions that use them, after the command line and the config are checked: --help and a config
+# error answer in a second (bench/RESULTS.md, section 9).
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
 from e2v.config.shapes import TEXT_LEN
-from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats
-from e2v.data.elements import discover, orphan_files
-from e2v.data.media import MediaError, frame_intervals, load_image, reading_difference, variable_rate
-from e2v.data.preflight import (
-    cut_references,
-    fingerprint,
-    map_samples,
-    missing_optional,
-    read_job,
-    sample_facts,
-    sample_problems,
-    store_facts,
-    summarize,
-    unusable,
-)
 from e2v.data.prepare.manifest import PREPARE_FILES
 from e2v.data.sample import MetadataError, Problem, Sample
-from e2v.eval.validation import hold_out_problem
+from e2v.models.weights import missing_weights
+from e2v.runtime.log import get_logger
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/e2v.yaml"
 # modes load_image turns into 8-bit RGB by a fixed rule (media.to_rgb8); I and F guess their scale: a warning
@@ -80,6 +70,7 @@ FPS_RATIO = 1.5  # fps further than this factor from the dataset median: motion 
 TOKENS_PER_WORD = 1.3
 MAX_CROP = 0.25  # center_crop cutting more than this share of the frame: a warning
 THUMB = 96  # contact sheet row height (px)
+REPORT = "check_dataset_report.json"  # the report's default name (report_path: in the dataset's folder)
 
 
 def _frames(path: Path, frames: int) -> np.ndarray:
@@ -114,6 +105,8 @@ def check_sample(job: tuple) -> dict:
 def _check_sample(job: tuple) -> dict:
     """Training's own read and rules (e2v/data/preflight.py: what refuses a sample), then the
     validator's warnings and the contact sheet."""
+    from e2v.data.preflight import cut_references, fingerprint, read_job, sample_facts, sample_problems
+
     s, cfg, sheet_dir = job
     cut_error = cut_references(s)  # before the read: it writes the element files
     facts = {**sample_facts(read_job(s, cfg)), "cut_error": cut_error}
@@ -134,6 +127,8 @@ def _check_sample(job: tuple) -> dict:
 def frame_rate_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
     """A clip whose frames are unevenly spaced (variable frame rate). With data.fps frames are
     taken by time, so a variable rate keeps its motion speed: nothing to warn."""
+    from e2v.data.media import MediaError, frame_intervals, variable_rate
+
     if "probe" not in facts or s.video.suffix == ".npz" or cfg.data.fps is not None:
         return []
     try:
@@ -172,6 +167,8 @@ def mode_warnings(s: Sample, facts: dict, cfg) -> list[Problem]:
     sequence layout, references that the two readings of data.reference_read read differently
     (media.reading_difference): what SkyReels-V3's pipeline sees (convert) then differs from a
     cut-out on white, or (white) from what training saw."""
+    from e2v.data.media import reading_difference
+
     out = []
     reading = cfg.reference_reading
     for name, e in facts["elements"].items():
@@ -198,6 +195,8 @@ READ_MEANS = {"convert": "as SkyReels-V3's pipeline reads it: the model trains o
 
 def contact_sheet(s: Sample, facts: dict, cfg, path: Path) -> None:
     """One PNG row: the readable references, then the clip's first, middle and last frame."""
+    from e2v.data.media import load_image
+
     tiles = [_thumb(load_image(s.elements[name], cfg.data.max_image_pixels, cfg.reference_reading))
              for name, e in facts["elements"].items() if "size" in e]
     tiles += [_thumb(Image.fromarray(fr)) for fr in _frames(s.video, facts["probe"][0])]
@@ -210,7 +209,11 @@ def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
     with the configured tokenizer, or estimated from words when it cannot be loaded offline."""
     from e2v.models.load import load_tokenizer  # diffusers and transformers: only when there are prompts to count
 
-    tokenizer = load_tokenizer(cfg) if samples else None
+    error, _ = missing_weights(cfg) if samples else (None, [])  # the tokenizer is model.pretrained's
+    if error:
+        get_logger("e2v.data").info(f"note: weights: {error}; prompt lengths are estimated "
+                                    f"({TOKENS_PER_WORD} tokens per word)")
+    tokenizer = load_tokenizer(cfg) if samples and not error else None
     prompts = [s.prompt for s in samples]
     if tokenizer is not None:
         counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]] if prompts else []
@@ -228,6 +231,8 @@ def long_prompts(cfg, samples: list[Sample]) -> list[Problem]:
 def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int) -> tuple[list[Problem], str]:
     """Checks across samples: duplicate captions, long prompts, fps outliers, bucket occupancy (+ the
     bucket table)."""
+    from e2v.data.buckets import bucket_counts, bucket_name, bucket_table, with_repeats
+
     problems = long_prompts(cfg, samples)
     by_prompt: dict[tuple, list[Sample]] = {}
     for s in samples:
@@ -267,6 +272,13 @@ def dataset_problems(cfg, samples: list[Sample], results: list[dict], world: int
     return problems, table
 
 
+def report_path(cfg) -> Path:
+    """Where the report goes by default: beside the data it describes (the first dataset's folder,
+    as tools/prepare_data.py keeps its own outputs there), not wherever the command was started."""
+    root = Path(cfg.data.datasets[0].data_root) if cfg.data.datasets else Path(".")
+    return (root if root.is_dir() else Path(".")) / REPORT
+
+
 def load(args):
     sets = list(args.set)
     if args.data_root:
@@ -282,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
                    help="GPUs of the training run (bucket occupancy against micro_batch_size x this)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--json", default="check_dataset_report.json", help="report path")
+    p.add_argument("--report", "--json", dest="report", default=None, metavar="PATH",
+                   help=f"the JSON report (default: {REPORT} in the first dataset's folder, the data_root it "
+                        "describes; the working directory when that folder does not exist)")
     p.add_argument("--contact-sheet", dest="contact_sheet", default=None, metavar="DIR",
                    help="write a PNG per sample: references | first, middle, last frame")
     args = p.parse_args(argv)
@@ -296,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from e2v.data.elements import discover, orphan_files
+    from e2v.data.preflight import map_samples, missing_optional, store_facts, summarize, unusable
+    from e2v.eval.validation import hold_out_problem
+
     t0 = time.perf_counter()
     samples, problems = [], []
     refused: list[Problem] = []  # the samples discovery refused (a missing required reference, a clip not found)
@@ -317,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if ds.dataset_type == "e2v":
             problems += [Problem("-", str(f), "orphan file: belongs to no sample id", "rename it to ID<suffix> of an "
                                  "existing video, or remove it", "orphan_file", "warning", i)
-                         for f in orphan_files(ds, cfg.data.elements) if f.name not in PREPARE_FILES]
+                         for f in orphan_files(ds, cfg.data.elements) if f.name not in (*PREPARE_FILES, REPORT)]
         else:
             seen: dict[Path, str] = {}
             for s in found:
@@ -377,8 +395,13 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     report = {"summary": summary, "problems": [asdict(q) for q in problems],
               "samples": [{k: v for k, v in r.items() if k != "problems"} for r in results]}
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"report: {args.json}" + (f"; contact sheets: {args.contact_sheet}" if args.contact_sheet else ""))
+    path = Path(args.report) if args.report else report_path(cfg)
+    try:
+        path.write_text(json.dumps(report, indent=2))
+    except OSError as e:  # a read-only dataset folder: the check's verdict above still stands
+        print(f"report not written: {e}; give --report PATH", file=sys.stderr)
+    else:
+        print(f"report: {path}" + (f"; contact sheets: {args.contact_sheet}" if args.contact_sheet else ""))
     return 1 if errors else 0
 
 

@@ -34,16 +34,11 @@ import re
 import time
 from pathlib import Path
 
-import torch
-
+# torch, diffusers and the data stage are imported where they are used, after the command line and
+# the config are checked: --help and a config error answer in a second (bench/RESULTS.md, section 9)
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
-from e2v.data.dataset import element_inputs
-from e2v.data.media import MediaError, load_image
-from e2v.eval.sampling import decode, generate, load_trained
-from e2v.eval.viz import write_mp4
-from e2v.models.load import for_sampling, load_parts
-from e2v.models.weights import missing_weights
+from e2v.models.weights import require_weights
 from e2v.runtime.hostmem import return_freed_memory
 from e2v.runtime.log import get_logger
 
@@ -78,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--drop-frames", default="0", help="frames dropped from the start: a number, or 'ref' (F_ref)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="transformer dtype; default bf16 on CUDA (A2), fp32 on CPU")
     return p.parse_args(argv)
 
@@ -110,6 +105,9 @@ def more_references(cfg) -> str:
 def read_elements(args, cfg) -> dict:
     """--element NAME=IMAGE -> {name: RGB image}, each read by the config's rule and brought to the
     video size now (a reference the loader refuses stops here, before any weight loads)."""
+    from e2v.data.dataset import element_inputs
+    from e2v.data.media import MediaError, load_image
+
     images, given = {}, {}
     names = {e.name for e in cfg.data.elements}
     h, w = cfg.data.resolution
@@ -177,9 +175,14 @@ def main(argv=None):
         cfg = load_config(args.config, sets, check_paths=False)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
-    error, _ = missing_weights(cfg)
-    if error:
-        raise SystemExit(f"weights: {error}")
+    require_weights(cfg)
+    import torch
+
+    from e2v.eval.sampling import decode, generate, load_trained
+    from e2v.eval.viz import write_mp4
+    from e2v.models.load import for_sampling, load_parts
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     v = cfg.validation
     guidance = v.guidance_scale if args.guidance is None else args.guidance
     if args.image_guidance is not None and guidance <= 1:

@@ -141,6 +141,8 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
             parts.transformer = TwoExperts(experts, boundary_ratio(cfg))
         if with_transformer:
             parts.transformer = map_experts(parts.transformer, lambda t: expanded(t, cfg, clip_width(parts, cfg)))
+        if cfg.e2v_type == "none":  # plain T2V reads no reference: no CLIP, as a pretrained base's load gives
+            parts.image_encoder = parts.image_processor = None
     else:
         parts = load_pretrained_parts(cfg, with_encoders, with_transformer, ds_config, experts, device)
     if parts.vae is not None and cfg.model.vae_dtype == "bf16":  # loaded fp32 (A2's dtype); model.vae_dtype

@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from e2v.config.bases import resolve_pretrained
+from e2v.runtime.log import get_logger
 
 # repo -> what it holds (docs/weights.md has sizes and which config needs which)
 REPOS = {
@@ -73,7 +74,7 @@ def is_hub_id(name: str) -> bool:
 
 
 def missing_weights(cfg) -> tuple[str | None, list[str]]:
-    """(error line or None, notes). The error names each missing source, where it was looked for,
+    """(error line or None, notes); commands stop on it through require_weights. The error names each missing source, where it was looked for,
     and the command that downloads it; a hub id not cached while the hub is reachable is a note
     (from_pretrained downloads it into the cache)."""
     problems, notes, reason = [], [], None
@@ -93,3 +94,15 @@ def missing_weights(cfg) -> tuple[str | None, list[str]]:
             notes.append(f"{key}: {name} is not in the local cache: from_pretrained downloads it now "
                          f"({REPOS.get(name, 'see docs/weights.md')}); to choose the folder: {download_command(name, key)}")
     return ("; ".join(problems) or None), notes
+
+
+def require_weights(cfg, note=None) -> None:
+    """The start of every command that reads weights (training, precompute, sample, the
+    visualization dump): stop with the one line of missing_weights when a model is not here, before
+    any loader runs; its notes (a hub id from_pretrained will download) are logged, or given to
+    `note`. No torch: the line comes before the heavy imports."""
+    error, notes = missing_weights(cfg)
+    if error:
+        raise SystemExit(f"weights: {error}")
+    for n in notes:
+        (note or get_logger("e2v").info)(f"note: {n}")

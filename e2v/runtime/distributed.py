@@ -9,6 +9,7 @@ import signal
 
 import torch
 
+from e2v.runtime import slurm
 from e2v.runtime.log import get_logger
 from e2v.runtime.ports import free_port
 
@@ -39,7 +40,7 @@ def init_distributed() -> None:
     import deepspeed
     import deepspeed.ops
 
-    alone = single_process_env()
+    alone = resolve_launch()
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("E2V_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read before the backend builds it
@@ -58,24 +59,49 @@ def init_distributed() -> None:
 
 def port_in_use(port: str) -> str:
     """The one line for a rendezvous port another program holds (most often a second run on this
-    machine: the deepspeed launcher's default is always 29500), with a port free now."""
+    machine: the deepspeed launcher's default and torchrun's are both 29500), with a port free now,
+    in each launcher's spelling."""
     free = free_port()
     return (f"distributed: port {port} (MASTER_PORT) is already in use on this machine, by another run or "
-            f"program; start with another: deepspeed --master_port {free} ..., or make ... MASTER_PORT={free} "
+            f"program; start with another: deepspeed --master_port {free} ..., torchrun --master_port {free} ..., "
+            f"MASTER_PORT={free} srun ... (SLURM), or make ... MASTER_PORT={free} "
             "(the Makefile finds a free port when none is given)")
+
+
+def resolve_launch() -> bool:
+    """The launch this process belongs to, as the variables torch's env:// rendezvous reads, set
+    before any process group: a launcher's (deepspeed, torchrun) as it is; SLURM's tasks
+    (`srun python train_e2v.py`: e2v/runtime/slurm.py) mapped; else one process (single_process_env).
+    True for the last. Stops in one line when SLURM started several tasks and this one would be a
+    run of its own (N unsynchronised copies). A second call changes nothing."""
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        try:
+            tasks = slurm.launch_env()
+        except ValueError as e:
+            raise SystemExit(f"distributed: {e}") from None
+        if tasks:
+            os.environ.update(tasks)
+            log.info(f"SLURM: {tasks['WORLD_SIZE']} tasks (srun); rendezvous at {tasks['MASTER_ADDR']}:"
+                     f"{tasks['MASTER_PORT']} (MASTER_ADDR / MASTER_PORT choose another)")
+    alone = single_process_env()
+    split = slurm.split_runs(int(os.environ["WORLD_SIZE"]))
+    if split:
+        raise SystemExit(split)
+    return alone
 
 
 def single_process_env() -> bool:
     """`python train_e2v.py` without the launcher: the environment a one-process group needs
     (rank 0 of 1 on this machine, a free port), set before deepspeed.init_distributed, which would
     otherwise look for MPI (mpi4py) to find its rank. True when it was set here; a launcher's
-    (deepspeed, torchrun, SLURM with these variables) is left as it is."""
+    (deepspeed, torchrun, SLURM's tasks mapped by resolve_launch) is left as it is."""
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return False
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
                       MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))  # the group binds it at once
-    log.info("no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` for several GPUs")
+    log.info("no launcher: one process (rank 0 of 1); use `deepspeed --num_gpus N train_e2v.py` (or torchrun, "
+             "or srun on SLURM) for several GPUs")
     return True
 
 

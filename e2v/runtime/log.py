@@ -29,12 +29,16 @@ _ROOT = "e2v"
 
 
 def rank() -> int:
-    """This process's rank: the process group's, else the launcher's RANK, else 0."""
-    import torch.distributed as dist
+    """This process's rank: the process group's, else the launcher's RANK (SLURM_PROCID for an srun
+    task before its variables are mapped: e2v/runtime/slurm.py), else 0. No group can exist before
+    torch.distributed is imported, and a command's first lines (its config errors) come before that
+    import, so they do not pay for it."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0")
 
 
 class _RankZero(logging.Filter):

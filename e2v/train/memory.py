@@ -114,9 +114,6 @@ SHIPPED = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json
 VAE_DECODE_TILED_GB = 1.5
 RUNTIME_GB = 1.0  # per CPU rank: python, torch, diffusers, transformers, deepspeed, allocator slack
 LAUNCHER_GB = 0.15  # the deepspeed runner and launch.py processes
-# Short names for the released Wan transformers (their configs: e2v.models.plan.KNOWN_WAN_CONFIGS).
-KNOWN_MODELS = {"t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
-                "i2v-14b": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "ti2v-5b": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
 
 
 @dataclass(frozen=True)
@@ -292,7 +289,22 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
                 checkpoint_gb={k: v / GB for k, v in ckpt_bytes.items()}, validation_parts_gb={k: v / GB for k, v in val.items()},
                 video_tokens=s, context_tokens=ctx, context_parallel=u * r, rows=rows, configured=configured, best=best,
                 # read in the train dtype; an fp8 base is quantised layer by layer from that copy
-                load_cpu_per_node_gb=e * (counts.trainable + counts.frozen + counts.fp8) * gpus / GB)
+                load_cpu_per_node_gb=e * (counts.trainable + counts.frozen + counts.fp8) * gpus / GB,
+                load_partitioned_gb={name: partitioned_load_bytes(counts, e, name, gpus, nodes) / GB
+                                     for name in ("zero3.json", "zero3_offload.json")} if not counts.fp8 else {})
+
+
+def partitioned_load_bytes(c: ModelCounts, e: int, ds_name: str, gpus_per_node: int, nodes: int) -> float:
+    """Host RAM per node while ZeRO-3's partitioned load runs (e2v/models/zero3_load.py): zero.Init
+    puts each rank's partition where the ds_config keeps parameters, so it is host RAM only under
+    parameter offload (zero3_offload: the node's share of the model, e P / N), GPU memory otherwise;
+    plus, on every rank, the one parameter gathered while rank 0 copies its file value in (at most
+    the largest layer). On one GPU with parameter offload the node's share is the whole model: the
+    partitioned load then needs as much host RAM as the whole one."""
+    gathered = gpus_per_node * e * c.largest_layer
+    offloaded = json.loads((REPO_ROOT / "ds_configs" / ds_name).read_text())["zero_optimization"].get(
+        "offload_param", {}).get("device") == "cpu"
+    return gathered + (e * (c.trainable + c.frozen) / nodes if offloaded else 0)
 
 
 def pcie_bytes(host_fp8: float, checkpointing: bool, act_cpu: float, c: ModelCounts, ds_name: str, e: int) -> float:
@@ -446,11 +458,12 @@ def advise(config: str, sets: list[str], gpus: int, gpu_mem_gb: float, nodes: in
 
 
 def fit_verdict(cfg: Config, samples: list, precompute: str = "python tools/precompute.py --config <config>",
-                gpu_mem_gb: float | None = None, host_gb: float | None = None) -> list[str]:
-    """The dry run's answer for one GPU: the configured plan's training and validation peaks against
-    the GPU (this machine's first CUDA device, else `gpu_mem_gb`, else 24 GB), its host RAM against
-    this machine's (psutil) at load and in training, and, when the config reads the cache, whether
-    the cache holds the samples (an empty one is filled with tools/precompute.py first)."""
+                gpu_mem_gb: float | None = None, host_gb: float | None = None, gpus: int = 1) -> list[str]:
+    """The dry run's answer for `gpus` GPUs on one node: the configured plan's training and validation
+    peaks per GPU against the GPU (this machine's first CUDA device, else `gpu_mem_gb`, else 24 GB),
+    the node's host RAM against this machine's (psutil) at load and in training, and, when the config
+    reads the cache, whether the cache holds the samples (an empty one is filled with
+    tools/precompute.py first)."""
     from e2v.data.store import CacheStore
 
     if torch.cuda.is_available():
@@ -460,14 +473,15 @@ def fit_verdict(cfg: Config, samples: list, precompute: str = "python tools/prec
     else:
         where = "given"
     host_gb, host_source = host_memory_gb(host_gb)
-    r = estimate(cfg, 1, gpu_mem_gb)
+    r = estimate(cfg, gpus, gpu_mem_gb)
     row, e = r["configured"], 2 if cfg.train.mixed_precision == "bf16" else 4
     val = f", validation {row['validation_gb']:.1f} GiB" if row["validation_gb"] else ", validation off"
     verdict = "fits" if row["fits"] else "does NOT fit: tools/estimate_memory.py --config ... proposes a plan that does"
     host = max(row["cpu_per_node_gb"], r["load_cpu_per_node_gb"]) + RUNTIME_GB
     host_verdict = ("" if host_gb is None else
                     f" -> {'fits' if host <= host_gb else 'does NOT fit'} {host_gb:.0f} GiB ({host_source})")
-    lines = [f"memory on one {gpu_mem_gb:.0f} GiB GPU ({where}; estimate): training {row['gpu_total_gb']:.1f} GiB"
+    on = f"one {gpu_mem_gb:.0f} GiB GPU" if gpus == 1 else f"each of {gpus} {gpu_mem_gb:.0f} GiB GPUs on one node"
+    lines = [f"memory on {on} ({where}; estimate): training {row['gpu_total_gb']:.1f} GiB"
              f"{val} -> {verdict}",
              f"host RAM (estimate): {r['load_cpu_per_node_gb']:.1f} GiB while the {'bf16' if e == 2 else 'fp32'} "
              f"transformer loads, {row['cpu_per_node_gb']:.1f} GiB in training, + {RUNTIME_GB:.0f} GiB of runtime"

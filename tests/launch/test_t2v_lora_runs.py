@@ -17,10 +17,18 @@ from helpers_t2v import CONFIG, NUM_FRAMES, SIZE, tiny_sets
 @pytest.fixture(scope="module")
 def trained_run(npz_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("t2v_runs")
-    # lr 1e-2 (config: 1e-4) so three steps move the LoRA visibly; gradient accumulation 4 as shipped.
+    # lr 1e-2 (config: 1e-4) so three steps move the LoRA visibly; gradient accumulation 4 as shipped;
+    # no periodic checkpoint (checkpoint_every 0): the run saves once, at its end.
     proc = run_train(CONFIG, *tiny_sets(npz_data), f"output_dir={out}", "run_id=t2v", "train.max_steps=3",
-                     "train.lr=1e-2", "train.checkpoint_every=3")
+                     "train.lr=1e-2", "train.checkpoint_every=0")
     return out / "t2v", proc
+
+
+def test_run_saves_at_its_end_and_names_the_encoders_it_loaded(trained_run):
+    """checkpoint_every 0: the end-of-run save only; a T2V run loads no image encoder, and says so."""
+    run, proc = trained_run
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000003"]
+    assert "frozen encoders loaded: vae, text_encoder\n" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_run_trains_lora_only_with_accumulation(trained_run):

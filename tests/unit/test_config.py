@@ -104,7 +104,7 @@ def test_shipped_tiny_config_loads():
 
 @pytest.mark.parametrize("over, message", [
     ({"train__lr": float("nan")}, r"train.lr=nan must be a positive number"),
-    ({"train__checkpoint_every": 0}, r"train.checkpoint_every=0 must be >= 1"),
+    ({"train__checkpoint_every": -1}, r"train.checkpoint_every=-1 must be >= 0"),
     ({"train__log_every": 0}, r"train.log_every=0 must be >= 1"),
     ({"processors__vae": {"frame_conditioning": "index", "frame_index": 1}},
      r"processors.vae.frame_index=1: .*use 0..0"),

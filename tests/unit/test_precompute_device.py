@@ -13,12 +13,16 @@ class Stop(Exception):
 
 
 def test_precompute_sets_its_ranks_device_first(demo_data, monkeypatch):
+    import e2v.conditioning.cached  # noqa: F401  the stages precompute imports after its config check: here,
+    import e2v.models.load  # noqa: F401  before CUDA is faked (peft's bitsandbytes probe would take it as real)
     import tools.precompute as precompute
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
-    monkeypatch.setattr(precompute, "index_samples", lambda *a, **kw: (_ for _ in ()).throw(Stop()))
+    import e2v.data.dataset
+
+    monkeypatch.setattr(e2v.data.dataset, "index_samples", lambda *a, **kw: (_ for _ in ()).throw(Stop()))
     monkeypatch.setenv("LOCAL_RANK", "3")
     with pytest.raises(Stop):
         precompute.main(["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set",

@@ -252,7 +252,7 @@ def load_prepare_config(path: str | Path | None, sets: list[str] = ()) -> Prepar
             raise PrepareConfigError(f"config file {path} does not exist")
         raw = yaml.safe_load(path.read_text()) or {}
     try:
-        cfg = build_dataclass(PrepareConfig, raw, list(sets))  # the trainer config's typed loader
+        cfg = build_dataclass(PrepareConfig, raw, list(sets), source=path and str(path))  # the trainer config's loader
     except ConfigError as e:
         raise PrepareConfigError(str(e)) from None
     _check(cfg)
