@@ -24,7 +24,7 @@ MASTER_PORT ?= $(shell $(PY) -c 'from e2v.runtime.ports import free_port; print(
 TRAIN_ARGS ?=
 DEEPSPEED = $(VENV)/bin/deepspeed --num_gpus $(NUM_GPUS) --master_port $(MASTER_PORT)
 
-.PHONY: install lint demo demo-quick demo-prep demo-data test test-fast test-slow bench check-data clean-demo smoke-real gpu-check \
+.PHONY: install lint demo demo-quick demo-prep demo-data test test-fast test-slow test-portable test-avx2 bench check-data clean-demo smoke-real gpu-check \
 	gpu-wheels gpu-wheels-check
 
 # The package is installed editable (pyproject.toml): the commands read configs/ and ds_configs/ from
@@ -70,6 +70,25 @@ test: install lint
 # ruff (pyproject.toml: pyflakes, pycodestyle errors, import order); `make lint FIX=--fix` sorts imports.
 lint: install
 	$(VENV)/bin/ruff check $(FIX) .
+
+# The unit suite (the numerics: every comparison of two code paths, layouts or batchings) once under
+# each family of CPU kernels PyTorch has for this machine, and once with MKL held to AVX2: a test
+# that passes only with this CPU's rounding fails here, not on a user's machine (README, "Quick start").
+# PORTABLE_CAPS: the ATEN_CPU_CAPABILITY values to run (avx512 only where the CPU has it). ~4 x 90 s.
+PORTABLE_CAPS ?= default avx2 $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx512)
+test-portable: install
+	@set -e; for cap in $(PORTABLE_CAPS); do \
+		echo "== ATEN_CPU_CAPABILITY=$$cap"; \
+		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider tests/unit; \
+	done; \
+	echo "== MKL_ENABLE_INSTRUCTIONS=AVX2"; \
+	MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider tests/unit
+
+# CI's form of it (.ci/run, after make test): the kernels of an AVX2-only machine, PyTorch's and
+# MKL's, in one pass of the unit suite.
+test-avx2: install
+	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadgroup \
+		-p no:cacheprovider tests/unit
 
 # The GPU check's sections end to end at tiny sizes on CPU (bench/gpu_check.py --allow-cpu): ~3 min.
 test-slow: install

@@ -102,7 +102,7 @@ def test_entries_recorded_bad_are_listed_when_on_bad_sample_is_error(mixed_runs,
 
     for f in ("noref.mp4", "noref.txt"):  # else indexing stops first, on its missing required element
         (tmp / "data" / f).unlink()
-    with pytest.raises(BadSampleError, match="bad: .*bad_person.png"):
+    with pytest.raises(BadSampleError, match=r"1 sample\(s\) unusable .*\n.*element_unreadable .*bad_person.png"):
         main(["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)],
               "--set", "data.on_bad_sample=error"])
 

@@ -62,7 +62,10 @@ def test_expand_end_to_end_t2v_base_export_rebuilds_the_model(expand_run):
         warnings.simplefilter("error", RuntimeWarning)
         ours = load_trained(expand_from_export(build_tiny_parts(seed=0, base="t2v").transformer, lora), lora)
     with torch.no_grad():
-        torch.testing.assert_close(ours(**_inputs(36, 3))[0], exported, atol=0, rtol=0)
+        # Two loaders of the same files: the weights may sit at another alignment in each (a mapped
+        # file's tensor or a copy), which the CPU's BLAS may sum in another order. fp32 over the tiny
+        # model's blocks on outputs of magnitude ~1: 1e-5; a missing module or LoRA moves them by far more.
+        torch.testing.assert_close(ours(**_inputs(36, 3))[0], exported, atol=1e-5, rtol=1e-5)
 
     # Second path: the DeepSpeed checkpoint's weights in a freshly expanded peft model.
     cfg = load_config(expand_run / "config.yaml", check_paths=False)

@@ -25,7 +25,8 @@ def test_cache_then_a_tiny_run_through_the_launcher(fixture_root, tmp_path, caps
     argv = ["--config", str(ROOT / "configs/e2v_tiny_lora.yaml"), *[a for s in sets for a in ("--set", s)]]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "left out: 1 sample(s) unusable" in out and "crop_outside" in out, out
+    # one count for the run: the two entries discovery refused (bad RLE, missing video) and the crop outside
+    assert "left out: 3 sample(s) unusable (3 problem(s))" in out and "crop_outside" in out, out
     assert "wrote 3 entries (0 bad samples recorded)" in out, out
     shutil.rmtree(fixture_root / ".e2v_opens2v")
     assert main(argv) == 0

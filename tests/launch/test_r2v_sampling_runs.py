@@ -51,15 +51,16 @@ def _references(tmp_path) -> dict:
 def _sample_cli(run, refs, out, monkeypatch) -> torch.Tensor:
     """tools/sample.py on the run, V3's settings (8 steps, guidance 1, shift 5): the latents it denoised."""
     import e2v.eval.sample_cli as sample
+    import e2v.eval.sampling as sampling  # sample_cli imports generate from here when it runs
 
     captured = []
-    real_generate = sample.generate
+    real_generate = sampling.generate
 
     def recording_generate(*args, **kwargs):
         captured.append(real_generate(*args, **kwargs))
         return captured[-1]
 
-    monkeypatch.setattr(sample, "generate", recording_generate)
+    monkeypatch.setattr(sampling, "generate", recording_generate)
     sample.main(["--run", str(run), "--prompt", "a red shape moves", "--seed", "11", "--steps", "8",
                  "--guidance", "1", "--shift", "5", "--device", "cpu", "--dtype", "fp32",
                  "--element", f"person={refs['person']}", "--element", f"object={refs['object']}", "--out", str(out)])

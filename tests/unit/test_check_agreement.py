@@ -64,8 +64,9 @@ def test_training_and_the_validator_refuse_the_same_samples_for_the_same_reasons
 
 
 def _start_up_check(tmp_path, config=CONFIG):
-    """Training's start-up check on tmp_path/data under on_bad_sample: error: (the count its message
-    states, the sample ids its lines name, the count `left out` prints, the warnings it prints)."""
+    """Training's start-up check on tmp_path/data under on_bad_sample: error: (the sample count its
+    message states, the problem count it states, its problem lines, the count `left out` prints,
+    the warnings it prints)."""
     import re
 
     import pytest
@@ -75,11 +76,11 @@ def _start_up_check(tmp_path, config=CONFIG):
 
     with pytest.raises(BadSampleError) as e:
         index_samples(_cfg(tmp_path, config), verbose=False)
-    stated = int(re.match(r"(\d+) sample\(s\) unusable \((\d+) problem\(s\)\)", str(e.value)).group(1))
-    named = {line.strip().split(": ")[0] for line in str(e.value).splitlines()[1:] if line.startswith("  ")}
+    stated, problems = map(int, re.match(r"(\d+) sample\(s\) unusable \((\d+) problem\(s\)\)", str(e.value)).groups())
+    lines = [line.strip() for line in str(e.value).splitlines()[1:] if line.startswith("  ")]
     excluded, warnings = [], []
     index_samples(_cfg(tmp_path, config), verbose=False, stop_on_bad=False, excluded=excluded, warnings=warnings)
-    return stated, named, len(unusable(excluded)), {(p.sample, p.kind) for p in warnings}
+    return stated, problems, lines, len(unusable(excluded)), {(p.sample, p.kind) for p in warnings}
 
 
 def test_the_check_and_the_start_up_check_count_the_same_unusable_samples(tmp_path, monkeypatch):
@@ -93,14 +94,18 @@ def test_the_check_and_the_start_up_check_count_the_same_unusable_samples(tmp_pa
     monkeypatch.setenv("E2V_CACHE_DIR", str(tmp_path / "cache"))
     data, expected = defect_set(tmp_path / "data")
     (data / "013.txt").write_text("   ")  # a second error on one sample: still one unusable sample
-    stated, named, left_out, warnings = _start_up_check(tmp_path)
+    stated, problems, lines, left_out, warnings = _start_up_check(tmp_path)
     proc, report = run_check(tmp_path, data)
     summary = report["summary"]
-    refused = {p["sample"] for p in report["problems"] if p["severity"] == "error"}
+    errors = [p for p in report["problems"] if p["severity"] == "error"]
+    refused = {p["sample"] for p in errors}
     assert refused == {"010", "011", "012", "013", "014", "015", "017"}
-    assert stated == len(named) == left_out == summary["unusable"] == len(refused) == 7
-    assert named == refused
-    assert summary["sample_errors"] == 8 and summary["samples"] == summary["samples_ok"] + summary["unusable"]
+    assert stated == left_out == summary["unusable"] == len(refused) == 7
+    # one line a problem (no kind is met often enough here to be counted on one line), each naming
+    # the file the check names for it
+    assert problems == len(lines) == summary["sample_errors"] == len(errors) == 8
+    assert sorted(line.split()[2].rstrip(":") for line in lines) == sorted(p["file"].split(" line ")[0] for p in errors)
+    assert summary["samples"] == summary["samples_ok"] + summary["unusable"]
     assert summary["samples"] == 17 and f"samples          17 = {summary['samples_ok']} ok + 7 unusable" in proc.stdout
     absent = {(p["sample"], p["kind"]) for p in report["problems"] if p["kind"] == "element_absent"}
     assert absent == {w for w in warnings if w[1] == "element_absent"} == {x for x in expected if x[1] == "element_absent"}
@@ -114,8 +119,9 @@ def test_a_missing_clip_is_not_found_with_its_line_in_both(tmp_path, monkeypatch
     monkeypatch.setenv("E2V_CACHE_DIR", str(tmp_path / "cache"))
     meta = csv_set(tmp_path / "data", [("000", "clip 0"), ("001", "clip 1"), ("002", "clip 2")])
     (tmp_path / "data/001.mp4").unlink()
-    stated, named, left_out, _ = _start_up_check(tmp_path, CSV_CONFIG)
-    assert (stated, named, left_out) == (1, {"000001_001"}, 1)
+    stated, problems, lines, left_out, _ = _start_up_check(tmp_path, CSV_CONFIG)
+    assert (stated, problems, left_out) == (1, 1, 1)
+    assert lines[0].split()[1:4] == ["video_missing", str(meta), "line"] and "not found" in lines[0]
     _, report = run_check(tmp_path, tmp_path / "data", config=CSV_CONFIG)
     (p,) = [p for p in report["problems"] if p["severity"] == "error"]
     assert (p["sample"], p["kind"], p["file"]) == ("000001_001", "video_missing", f"{meta} line 3")

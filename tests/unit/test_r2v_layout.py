@@ -196,8 +196,11 @@ def test_r2v_cached_conditions_equal_the_encoded_ones(t2v_parts):
     with torch.no_grad():
         a = batch_conditions(batch, t2v_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(4))
         b = batch_conditions(cached, t2v_parts, cfg, rng=random.Random(0), generator=torch.Generator().manual_seed(4))
-    torch.testing.assert_close(b.ref_latents_BCNhw, a.ref_latents_BCNhw, rtol=0, atol=1e-6)
-    torch.testing.assert_close(b.latents_BCTHW, a.latents_BCTHW, rtol=0, atol=1e-6)
+    # Not bit-equal: the cache encodes each clip and reference alone, training the batch, and the CPU's
+    # conv kernels sum a batch in another order. fp32 through the tiny VAE encoder's convolutions on
+    # latents of magnitude ~1: 2e-5 (measured 7e-6); a wrong frame or a missing term moves them by ~0.1.
+    torch.testing.assert_close(b.ref_latents_BCNhw, a.ref_latents_BCNhw, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(b.latents_BCTHW, a.latents_BCTHW, rtol=1e-5, atol=2e-5)
     assert b.ref_layout == a.ref_layout == "after"
 
 

@@ -24,14 +24,15 @@ def refs(tmp_path):
 
 def _refusal(tmp_path, *argv, config=R2V_TINY) -> str:
     import e2v.eval.sample_cli as sample
+    import e2v.models.load as load  # sample_cli imports load_parts from here once the command line is good
 
     loaded = []
-    real, sample.load_parts = sample.load_parts, lambda *a, **k: loaded.append(1)  # reached: the refusal came late
+    real, load.load_parts = load.load_parts, lambda *a, **k: loaded.append(1)  # reached: the refusal came late
     try:
         with pytest.raises(SystemExit) as e:
             sample.main(["--config", str(config), "--prompt", "x", "--out", str(tmp_path / "v.mp4"), *argv])
     finally:
-        sample.load_parts = real
+        load.load_parts = real
     assert not loaded and "\n" not in str(e.value)
     return str(e.value)
 
