@@ -38,7 +38,7 @@ def import_stages() -> None:
     global describe_trained, distributed, hostmem, lock_run_folder, set_rank_threads, ckpt, export, loop, outputs
     global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
     global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
-    global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable
+    global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable, FlopCounter, device_peak_tflops
     if "Log" in globals():
         return
     import torch
@@ -62,6 +62,7 @@ def import_stages() -> None:
     from e2v.train.comfy import check_comfy_mappable, lora_module_names
     from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
     from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
+    from e2v.train.flops import FlopCounter, device_peak_tflops
     from e2v.train.guard import NonFiniteGuard
     from e2v.train.memory import fit_verdict
     from e2v.train.runlog import Log
@@ -322,9 +323,9 @@ def main(argv: list[str] | None = None):
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
     stop, restore_signals = loop.stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
-    log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
-    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
-    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
+    log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0, cfg=cfg)  # TensorBoard and/or W&B
+    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.boards, device=device)
+    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.boards)
     if resumed is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, rank)
@@ -339,7 +340,10 @@ def main(argv: list[str] | None = None):
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save, saved_step = time.time(), global_step
-    steplog = loop.StepLog(cfg, log, bar, guard, world, lay.dp_size, excluded=len(excluded))
+    peak, peak_source = device_peak_tflops(cfg.train.peak_tflops)  # the MFU's denominator (e2v/train/flops.py)
+    logger.info(f"speed: MFU against {peak:g} TFLOPS, {peak_source}" if peak else f"speed: no MFU ({peak_source})")
+    steplog = loop.StepLog(cfg, log, bar, guard, world, lay.dp_size, excluded=len(excluded),
+                           flops=FlopCounter(parts.transformer, cfg), peak_tflops=peak)
     try:
         while global_step < cfg.train.max_steps:
             if world == 1:  # what an error-time save records (only a one-process run saves on error)

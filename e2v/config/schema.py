@@ -334,6 +334,12 @@ class Train:
     checkpoint_every_minutes: float = bounded(0.0, min=0)  # 0: off
     keep_last: int = bounded(3, min=0, note="(0: keep all)")
     log_every: int = bounded(1, min=1)
+    # Where the scalars and images go: tensorboard (<run>/tb), wandb (Weights & Biases, `wandb:` below;
+    # needs `pip install wandb`), or both. scalars.jsonl is written either way (docs/outputs.md).
+    log_to: Literal["tensorboard", "wandb", "both"] = "tensorboard"
+    # The GPU's dense bf16 peak for perf/mfu; null: looked up from the GPU's name (e2v/train/flops.py's
+    # table; an unknown GPU or a CPU logs no MFU). Set it for a card the table lacks, or a clock-capped one.
+    peak_tflops: Optional[float] = bounded(None, gt=0)
     skip_nonfinite: bool = False  # skip (and count) a micro-batch whose loss, or a step whose grad norm, is inf/nan
     # Offload the activations saved for backward to CPU RAM (torch.autograd.graph.save_on_cpu):
     # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
@@ -386,6 +392,17 @@ class Parallel:
     # form world / (U x R) data-parallel groups. 1 x 1: plain data parallelism.
     ulysses_degree: int = bounded(1, min=1, note="(DeepSpeed Ulysses: must divide the attention heads)")
     ring_degree: int = bounded(1, min=1, note="(ring attention over the Ulysses head shards)")
+
+
+@dataclass
+class WandB:
+    """Weights & Biases, read when train.log_to is wandb or both (e2v/train/runlog.py)."""
+    project: str = "e2v"
+    entity: Optional[str] = None  # your user or team; null: wandb's default entity
+    run_name: Optional[str] = None  # null: the run folder's name
+    # online: synced as it runs (needs `wandb login` or WANDB_API_KEY); offline: written under
+    # <run>/wandb only, `wandb sync <run>/wandb/offline-run-*` uploads it later. WANDB_MODE overrides.
+    mode: Literal["online", "offline"] = "online"
 
 
 @dataclass
@@ -483,6 +500,7 @@ class Config:
     cache: Cache = field(default_factory=Cache)
     validation: Validation = field(default_factory=Validation)
     visualization: Visualization = field(default_factory=Visualization)
+    wandb: WandB = field(default_factory=WandB)
 
     # -- derived views used across modules ------------------------------------------------------
     @property
