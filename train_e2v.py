@@ -34,7 +34,7 @@ def import_stages() -> None:
     checked; a second call changes nothing (a test's monkeypatched name stays)."""
     global torch, BadSampleError, index_samples, make_loader, check_later_phases, Validator, hold_out_problem
     global split_held_out, Visualizer, agree_on_local_facts, check_heads, layout, expansion_modules, is_expanded
-    global load_parts, count_params, describe_plan, knows_shape_offline, preflight, trained_fp32_kept
+    global load_parts, count_params, describe_plan, knows_shape_offline, preflight, trained_fp32_kept, speed
     global describe_trained, distributed, hostmem, lock_run_folder, set_rank_threads, ckpt, export, loop, outputs
     global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
     global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
@@ -48,6 +48,7 @@ def import_stages() -> None:
     from e2v.eval.preflight_deps import check_later_phases
     from e2v.eval.validation import Validator, hold_out_problem, split_held_out
     from e2v.eval.viz import Visualizer
+    from e2v.models import speed
     from e2v.models.agree import agree_on_local_facts
     from e2v.models.context_parallel import check_heads, layout
     from e2v.models.expand import expansion_modules, is_expanded
@@ -195,8 +196,12 @@ def checked_config(args):
     require_weights(cfg)  # one line before any loader retries (docs/weights.md)
     import_stages()
     try:
+        head_dim = None
         if knows_shape_offline(cfg):
-            comfy_check(preflight(cfg)[0])
+            transformer = preflight(cfg)[0]
+            comfy_check(transformer)
+            head_dim = transformer.config.attention_head_dim
+        speed.preflight(cfg, head_dim)  # the attention kernel and the compiler can run here: every rank
     except ValueError as e:
         raise SystemExit(f"config error: {e}")
     return cfg
@@ -390,10 +395,12 @@ def main(argv: list[str] | None = None):
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
+        compiled = speed.compile_summary(parts.transformer)
         if rank == 0:  # the export's outputs are rank 0's
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
             logger.info(f"done: {global_step} steps. Outputs in {run_dir}:\n"
                         + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
+                        + (f"\n{compiled}" if compiled else "")
                         + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
                         + (f"\nleft out {len(unusable(excluded))} bad sample(s) at the start "
                            "(listed there)" if excluded else ""))

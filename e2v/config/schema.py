@@ -405,6 +405,43 @@ class WandB:
     mode: Literal["online", "offline"] = "online"
 
 
+# diffusers' attention backends a run may name (e2v/models/speed.py's BACKENDS says what each needs;
+# docs/speed.md). The Hub-kernel ones (`*_hub`) are left out: they download a kernel at run time.
+AttentionBackend = Literal["native", "flex", "_native_flash", "_native_cudnn", "flash", "_flash_3",
+                           "_flash_varlen_3", "sage", "xformers"]
+
+
+@dataclass
+class Speed:
+    """How the transformer runs, not what it computes (e2v/models/speed.py, docs/speed.md): the
+    attention kernel, regional compilation of the repeated block, TF32 and cuDNN. No key here
+    changes a parameter or checkpoint name; each changes the numbers by at most its kernel's
+    rounding."""
+    # diffusers' attention backend for every attention of the transformer in training and validation
+    # losses. native: torch's scaled_dot_product_attention, which picks flash / efficient / cuDNN itself.
+    attention_backend: AttentionBackend = "native"
+    # The backend of generated videos (validation videos, tools/sample.py); null: attention_backend.
+    # Where a backend without a backward (sage, _flash_3) goes: inference only.
+    sampling_attention_backend: Optional[AttentionBackend] = None
+    # torch.compile of each WanTransformerBlock in place (diffusers' compile_repeated_blocks): the
+    # first step pays the compile (docs/speed.md: ~10-30 s on a CPU), names stay as they are.
+    compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    # How the compiled block meets new shapes (buckets): auto (torch's: the first shape static, the
+    # second compiles one dynamic graph that serves every later one), dynamic (one dynamic graph from
+    # the first call), static (one graph per shape: the fastest kernels, a compile per bucket).
+    compile_shapes: Literal["auto", "dynamic", "static"] = "auto"
+    # inductor generates kernels; aot_eager / eager stop before it (to find which stage breaks)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # The transformer's fp32 matmuls (a mixed_precision: 'no' run, the modules kept in fp32) in TF32
+    # on Ampere+ GPUs: ~1e-3 relative rounding for up to ~8x the fp32 throughput. torch's default: off.
+    matmul_tf32: bool = False
+    # cuDNN convolutions (the patch embedding) in TF32: torch's default, on.
+    cudnn_tf32: bool = True
+    # cuDNN tries its algorithms per new input shape and keeps the fastest: each bucket pays it once.
+    cudnn_benchmark: bool = False
+
+
 @dataclass
 class Cache:
     enabled: bool = False
@@ -497,6 +534,7 @@ class Config:
     train: Train = field(default_factory=Train)
     deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
     parallel: Parallel = field(default_factory=Parallel)
+    speed: Speed = field(default_factory=Speed)
     cache: Cache = field(default_factory=Cache)
     validation: Validation = field(default_factory=Validation)
     visualization: Visualization = field(default_factory=Visualization)
