@@ -239,8 +239,9 @@ def training_of(model) -> Training:
     weights, lora, prefixes = set(), {}, set()
     for name, p in model.named_parameters():
         if p.requires_grad:
-            prefixes.add(name.rsplit(".", 1)[0])
+            prefixes.add(_plain(name).rsplit(".", 1)[0])
     for name, module in model.named_modules():
+        name = _plain(name)
         base = getattr(module, "base_layer", None)
         if base is not None and hasattr(module, "r"):  # a peft LoRA layer: its rank, and its base's weight
             lora[name] = sum(module.r.get(a, 0) for a in module.active_adapters)
@@ -249,6 +250,11 @@ def training_of(model) -> Training:
         if weight is not None and weight.requires_grad and ".base_layer" not in name and ".lora_" not in name:
             weights.add(name)
     return Training(frozenset(weights), lora, frozenset(_strip_lora(p) for p in prefixes))
+
+
+def _plain(name: str) -> str:
+    """A module's name as the config's layout gives it: without the `_orig_mod` a compiled wrapper adds."""
+    return name.replace("._orig_mod", "").removeprefix("_orig_mod.")
 
 
 def _strip_lora(prefix: str) -> str:
