@@ -8,6 +8,7 @@ bench/bench.py, which measures the loop's logging with it."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -47,7 +48,8 @@ class TensorBoard:
 class WandB:
     """A Weights & Biases run in <run>/wandb (the `wandb:` keys), the resolved config attached. Its
     id is kept in <run>/wandb/e2v_run_id, so a resumed run continues the same W&B run (W&B drops a
-    step it already has). `mode: offline` (or WANDB_MODE=offline) touches no network."""
+    step it already has). `mode: offline`, or WANDB_MODE=offline whatever the config says, touches
+    no network."""
 
     def __init__(self, cfg, run_dir: Path, first_step: int):
         try:
@@ -64,8 +66,11 @@ class WandB:
         id_file.write_text(run_id + "\n")
         w = cfg.wandb
         self.wandb = wandb
+        # wandb.init's own argument would win over WANDB_MODE: the variable is read here, so that
+        # WANDB_MODE=offline (a test, a machine without network) holds whatever the config says
+        mode = os.environ.get("WANDB_MODE") or w.mode
         self.run = wandb.init(project=w.project, entity=w.entity, name=w.run_name or run_dir.name, dir=str(run_dir),
-                              mode=w.mode, id=run_id, resume="allow", config=to_dict(cfg))
+                              mode=mode, id=run_id, resume="allow", config=to_dict(cfg))
 
     def scalars(self, step: int, values: dict) -> None:
         self.run.log(values, step=step)

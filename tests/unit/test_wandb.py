@@ -58,8 +58,9 @@ def _sets(data, out, *extra) -> list[str]:
 
 
 def test_offline_run_logs_the_scalars_and_the_video(demo_data, tmp_path, offline_wandb):
+    # the config's default mode is online: WANDB_MODE=offline (the fixture) holds it offline
     code = train_main("--config", str(ROOT / "configs/e2v_tiny_lora.yaml"),
-                      *_sets(demo_data, tmp_path, "train.log_to=both", "wandb.mode=offline", "wandb.project=e2v-test"))
+                      *_sets(demo_data, tmp_path, "train.log_to=both", "wandb.project=e2v-test"))
     assert code is None
     run = tmp_path / "wb"
     jsonl = [json.loads(line) for line in (run / "scalars.jsonl").read_text().splitlines()]
