@@ -31,7 +31,9 @@ weight-gradient (as many again) only where the weight trains: a LoRA run's froze
 their input-gradients, not their weight-gradients. A LoRA of rank r on a linear of k inputs and n
 outputs adds r (k + n) per row forward, and in backward both its weight-gradients, B's input-gradient
 and A's input-gradient (when the base's is counted). Attention's backward: twice its forward (dQ,
-dK, dV; a flash kernel's recomputation of the scores inside its backward is not counted).
+dK, dV), once for a cross-attention whose keys and values need no gradient (neither their
+projections nor the embedder before them train: dQ only); a flash kernel's recomputation of the
+scores inside its backward, and the dK / dV a fused kernel computes anyway, are not counted.
 Gradient checkpointing recomputes every block's forward once more.
 
 Two totals: `model` = forward + backward (the arithmetic the step needs; MFU, comparable with
@@ -186,7 +188,8 @@ def linears(config: Mapping, tok: Tokens) -> list[Linear]:
            Linear(f"{text}.linear_1", ct, c["text_dim"], d, False, "never"),
            Linear(f"{text}.linear_2", ct, d, d, False, f"{text}.linear_1")]
     if c.get("image_dim") and ci:
-        out += [Linear(f"{image}.ff.net.0.proj", ci, c["image_dim"], c["image_dim"], False, "never"),
+        # the image tokens pass a LayerNorm with learnable scale and shift (norm1) before the first layer
+        out += [Linear(f"{image}.ff.net.0.proj", ci, c["image_dim"], c["image_dim"], False, f"{image}.norm1"),
                 Linear(f"{image}.ff.net.2", ci, c["image_dim"], d, False, f"{image}.ff.net.0.proj")]
     for i in range(c["num_layers"]):
         b = f"blocks.{i}"
@@ -201,12 +204,32 @@ def linears(config: Mapping, tok: Tokens) -> list[Linear]:
     return out
 
 
-def attention_macs(config: Mapping, tok: Tokens) -> float:
-    """Multiply-adds of the attention products (QK^T and AV) of one forward of one sample, every block."""
+@dataclass(frozen=True)
+class Attention:
+    """One attention of one block: its products QK^T and AV (2 x queries x keys x D multiply-adds
+    forward), and which linears make its keys and values (their gradients are needed when one of
+    them, or the embedder before them, trains)."""
+    layer: int
+    macs: float
+    kv: tuple[str, ...] = ()  # () : self-attention, whose keys come from the video tokens
+    embedder: str = ""
+
+
+def attentions(config: Mapping, tok: Tokens) -> list[Attention]:
+    """Every attention of one forward of one sample: self, text cross, image cross per block."""
     c = dict(config)
     d = c["num_attention_heads"] * c["attention_head_dim"]
-    context = tok.text + (tok.image if c.get("added_kv_proj_dim") else 0)
-    return c["num_layers"] * (2 * tok.video * tok.video * d + 2 * tok.video * context * d)
+    s = tok.video
+    out = []
+    for i in range(c["num_layers"]):
+        b = f"blocks.{i}.attn2"
+        out += [Attention(i, 2 * s * s * d),
+                Attention(i, 2 * s * tok.text * d, (f"{b}.to_k", f"{b}.to_v"), "condition_embedder.text_embedder")]
+        if tok.image and c.get("added_kv_proj_dim"):
+            out.append(Attention(i, 2 * s * tok.image * d, (f"{b}.add_k_proj", f"{b}.add_v_proj"),
+                                 "condition_embedder.image_embedder"))
+    return out
+
 
 
 def sample_flops(config: Mapping, tok: Tokens, training: Training = FULL, *, checkpointing: bool = False,
@@ -226,8 +249,13 @@ def sample_flops(config: Mapping, tok: Tokens, training: Training = FULL, *, che
             bwd += lin.rows * r * (lin.k + 2 * lin.n + (lin.k if flows else 0)) * share
         if lin.name.startswith("blocks."):
             block_fwd += base + lora
-    attention = attention_macs(config, tok) / cp
-    fwd, bwd, block_fwd = fwd + attention, bwd + 2 * attention, block_fwd + attention
+    for a in attentions(config, tok):
+        # backward: dQ (dO V^T, then dS K) always; dK and dV (dS^T Q, P^T dO) when the keys and values
+        # carry a gradient: self-attention's always, the context's when their projections train
+        kv_grad = not a.kv or training.any_trained(a.embedder) or any(
+            training.trains(n) or training.rank(n) for n in a.kv)
+        fwd, block_fwd = fwd + a.macs / cp, block_fwd + a.macs / cp
+        bwd += (2 if kv_grad else 1) * a.macs / cp
     return StepFlops(2 * fwd, 2 * bwd, 2 * block_fwd if checkpointing else 0.0, tok.video)
 
 
