@@ -306,6 +306,10 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         lines += render_preflight(json.loads((bench_dir / "results" / "preflight.json").read_text()))
     if (bench_dir / "results" / "cli_start.json").exists():  # bench/bench_cli_start.py's
         lines += render_cli_start(json.loads((bench_dir / "results" / "cli_start.json").read_text()))
+    if (bench_dir / "results" / "compile.json").exists():  # bench.py --sections compile
+        from bench.benchlib.compile import render_compile
+
+        lines += render_compile(json.loads((bench_dir / "results" / "compile.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

@@ -6,7 +6,7 @@ What each attention backend needs lives in one table, BACKENDS: the package, the
 (compute capability), the dtypes and head sizes its kernel takes, whether it has a backward (what
 training needs) and whether it runs on a CPU. The rules that need no torch (a backend without a
 backward named for training, the causal mask, ring attention, fp32 with a half-precision kernel)
-are config checks (e2v/config/checks.py, `validate_speed`); those that need the machine (the
+are config checks (e2v/config/checks.py's `_validate_speed`); those that need the machine (the
 package importable, the GPU, the head size of the model) are `preflight`, which every rank runs
 before any weight loads, each failing in one line that names the pip package or the key to change.
 
@@ -51,11 +51,14 @@ class Backend:
     head_dims: tuple[int, ...] = ()  # exactly these head sizes
     backward: bool = True  # False: inference only (validation videos, tools/sample.py)
     cpu: bool = False  # runs on a CPU (what the tests can exercise)
+    cpu_backward: bool = False  # and trains there
 
 
 BACKENDS = {
-    "native": Backend("torch's scaled_dot_product_attention (it picks flash / efficient / cuDNN / math)", cpu=True),
-    # eager flex materialises the scores (as math); fused kernels come with speed.compile
+    "native": Backend("torch's scaled_dot_product_attention (it picks flash / efficient / cuDNN / math)", cpu=True,
+                      cpu_backward=True),
+    # eager flex materialises the scores (as math); fused kernels come with speed.compile. On a CPU
+    # torch's FlexAttention has a forward only ("does not support backward on CPU").
     "flex": Backend("torch's FlexAttention (fused only when compiled: speed.compile)", cpu=True),
     "_native_flash": Backend("torch's flash-attention SDPA kernel", capability=(8, 0), half=True, max_head_dim=256),
     "_native_cudnn": Backend("torch's cuDNN SDPA kernel (cuDNN 9+)", capability=(8, 0), half=True, max_head_dim=128),
@@ -77,14 +80,19 @@ BACKENDS = {
 
 
 def backend_problem(name: str, cuda: bool, capability: tuple[int, int] | None = None, head_dim: int | None = None,
-                    cudnn_version: int | None = None, key: str = "speed.attention_backend") -> str | None:
+                    cudnn_version: int | None = None, key: str = "speed.attention_backend",
+                    training: bool = True) -> str | None:
     """Why `name` cannot run on this machine (one line naming the package or the key to change), or
-    None. `capability`: the GPU's (major, minor); `head_dim`: the model's, when known."""
+    None. `capability`: the GPU's (major, minor); `head_dim`: the model's, when known; `training`:
+    it needs a backward."""
     b = BACKENDS[name]
     fix = f"or set {key}: native"
     if not cuda and not b.cpu:
         return (f"{key}: {name} ({b.what}) runs on CUDA GPUs only and this machine has none; set {key}: native "
                 "(torch's SDPA, which takes the CPU's flash op here)")
+    if not cuda and training and not b.cpu_backward:
+        return (f"{key}: {name} ({b.what}) has no backward on a CPU, so it cannot train here (it can sample: "
+                f"speed.sampling_attention_backend: {name}); set {key}: native")
     if b.module is not None and importlib.util.find_spec(b.module) is None:
         return f"{key}: {name} needs {b.pip}, which is not importable here: pip install '{b.pip}', {fix}"
     if cuda and capability is not None:
@@ -128,7 +136,8 @@ def preflight(cfg: Config, head_dim: int | None = None) -> None:
     s = cfg.speed
     for key, name in (("speed.attention_backend", s.attention_backend),
                       ("speed.sampling_attention_backend", s.sampling_attention_backend)):
-        problem = name and backend_problem(name, cuda, capability, head_dim, cudnn, key)
+        problem = name and backend_problem(name, cuda, capability, head_dim, cudnn, key,
+                                           training=key == "speed.attention_backend")
         if problem:
             raise ConfigError(problem)
     problem = compiler_problem(cfg, cuda)
@@ -176,7 +185,7 @@ def sampling_backend(model, cfg: Config):
         return
     from diffusers import attention_backend
 
-    problem = backend_problem(name, torch.cuda.is_available(), key="speed.sampling_attention_backend")
+    problem = backend_problem(name, torch.cuda.is_available(), key="speed.sampling_attention_backend", training=False)
     if problem:
         raise ConfigError(problem)
     processors = {id(p): p for m in [model, *_SET] if isinstance(getattr(m, "module", m), torch.nn.Module)
@@ -235,11 +244,12 @@ def compile_blocks(model, cfg: Config, shapes: int = 1) -> int:
     return len(blocks)
 
 
-def compiled_graphs() -> int:
-    """Graphs torch.compile has made in this process (dynamo's frame counter)."""
+def compiled_graphs(attempts: bool = False) -> int:
+    """Graphs torch.compile has made in this process (dynamo's frame counter); with `attempts`,
+    also the compiles it started and gave up (a shape past the recompile limit)."""
     from torch._dynamo.utils import counters
 
-    return counters["frames"]["ok"]
+    return counters["frames"]["total" if attempts else "ok"]
 
 
 def graph_breaks() -> int:
@@ -259,7 +269,7 @@ class CompileWatch:
 
     def __init__(self):
         self.start, self.start_breaks = compiled_graphs(), graph_breaks()
-        self.seen = 0
+        self.seen, self.attempts = 0, compiled_graphs(attempts=True)
         self.warned = False
 
     @property
@@ -280,12 +290,13 @@ class CompileWatch:
         return len(_debug_get_cache_entry_list(WanTransformerBlock.forward.__code__))
 
     def __call__(self, module, args, output):
-        n = self.graphs
-        if n == self.seen:
+        attempts = compiled_graphs(attempts=True)
+        if attempts == self.attempts:  # nothing compiled or tried since the last forward
             return
-        first, self.seen = self.seen, n
+        self.attempts = attempts
+        n, first, self.seen = self.graphs, self.seen, self.graphs
         limit = torch._dynamo.config.recompile_limit
-        if first < self.SAID:
+        if first < self.SAID and n > first:
             more = f"; {self.breaks} graph break(s)" if self.breaks else ""
             log.info(f"speed.compile: {n} graph(s) of the block compiled (each new input shape or kind of input "
                      f"makes one; torch's recompile limit per code: {limit}{more})")
