@@ -177,11 +177,12 @@ def _measured(model, inputs) -> tuple[int, int]:
     return fwd.get_total_flops(), bwd.get_total_flops()
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_tiny_step_matches_what_torch_counts(lora):
+@pytest.mark.parametrize("lora, checkpointing", [(False, False), (True, False), (True, True)])
+def test_tiny_step_matches_what_torch_counts(lora, checkpointing):
     """The tiny I2V transformer's forward and backward as torch's flop counter sees them: a full
     fine-tune, and a rank-4 LoRA on a frozen base with the patch embedding trained (e2v's tiny
-    recipe: the frozen linears' input-gradients are computed, their weight-gradients are not)."""
+    recipe: the frozen linears' input-gradients are computed, their weight-gradients are not);
+    with gradient checkpointing the backward holds every block's forward once more."""
     import torch
     from diffusers import WanTransformer3DModel
     from peft import LoraConfig
@@ -194,12 +195,15 @@ def test_tiny_step_matches_what_torch_counts(lora):
         model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0",
                                                                          "ffn.net.0.proj", "ffn.net.2"]))
         model.patch_embedding.requires_grad_(True)
+    if checkpointing:
+        model.enable_gradient_checkpointing()
     tok = Tokens(video=3 * 4 * 4, text=512, image=17)
     inputs = dict(hidden_states=torch.randn(1, 36, 3, 8, 8), timestep=torch.tensor([500.0]),
                   encoder_hidden_states=torch.randn(1, 512, 32), encoder_hidden_states_image=torch.randn(1, 17, 32))
     fwd, bwd = _measured(model, inputs)
-    got = sample_flops(TINY, tok, training_of(model))
-    assert (got.forward, got.backward) == (fwd, bwd)  # every product, counted as torch counts it
+    got = sample_flops(TINY, tok, training_of(model), checkpointing=checkpointing)
+    assert (got.forward, got.backward + got.recompute) == (fwd, bwd)  # every product, counted as torch counts it
+    assert bool(got.recompute) == checkpointing
 
 
 def test_context_parallel_splits_the_video_tokens_work():
