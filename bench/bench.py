@@ -13,7 +13,9 @@ from every JSON there (machine, versions, date, load, then one table per section
 What is measured (section numbers as in RESULTS.md)
   1 steps     one training step split into phases (data wait, VAE / text / CLIP encode, forward,
               backward, optimizer, logging) on the tiny preset and a "small" one, online (decode +
-              encode every step) and cached (cache.enabled, entries written by tools/precompute.py).
+              encode every step) and cached (cache.enabled, entries written by tools/precompute.py);
+              each with the transformer's FLOPs per step, video tokens/s, TFLOPS and (on a GPU the
+              peak table knows) MFU, by e2v/train/flops.py's count (docs/speed.md).
   2 overhead  the train_e2v.py step (the DeepSpeed engine from ds_configs/zero2.json as
               resolve_deepspeed_config fills it, cached tensors, the loop's checks and logging)
               against a bare PyTorch loop doing the same forward / backward / clipping / AdamW on a
