@@ -181,7 +181,7 @@ def main(argv=None):
     p.add_argument("--child", choices=["steps", "data", "check", "compile"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--data-root-2", default=None, help=argparse.SUPPRESS)  # compile: the second bucket's clips
     p.add_argument("--preset", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=["online", "cached"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["online", "cached", "eager", "compiled"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     full = dict(steps=8, overhead_rounds=6, overhead_steps=3, profile_steps=4, data_repeats=2, loader_samples=6)
     quick = dict(steps=3, overhead_rounds=2, overhead_steps=2, profile_steps=2, data_repeats=1, loader_samples=4)

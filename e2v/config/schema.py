@@ -424,7 +424,7 @@ class Speed:
     # Where a backend without a backward (sage, _flash_3) goes: inference only.
     sampling_attention_backend: Optional[AttentionBackend] = None
     # torch.compile of each WanTransformerBlock in place (diffusers' compile_repeated_blocks): the
-    # first step pays the compile (docs/speed.md: ~10-30 s on a CPU), names stay as they are.
+    # first steps pay the compile (~1 min on a 2-core CPU: bench/RESULTS.md, section 10), names stay.
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     # How the compiled block meets new shapes (buckets): auto (torch's: the first shape static, the

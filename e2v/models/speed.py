@@ -176,11 +176,14 @@ def set_backend(model, name: str) -> None:
 
 @contextlib.contextmanager
 def sampling_backend(model, cfg: Config):
-    """Generation (e2v/eval/sampling.py's generate) with speed.sampling_attention_backend: the
-    process's active backend (the models loaded for sampling, whose processors have none of their
-    own) and the processors of `model` and of every trained transformer here, put back after."""
-    name = cfg.speed.sampling_attention_backend
-    if name is None or name == cfg.speed.attention_backend:
+    """Generation (e2v/eval/sampling.py's generate) with speed.sampling_attention_backend (null: the
+    training backend): the process's active backend, which the models loaded for sampling follow
+    (their processors name none: tools/sample.py, the other Wan2.2 expert), and, when it is not the
+    training backend, the processors of `model` and of every transformer set_backend changed, put
+    back after. A run with native throughout changes nothing."""
+    s = cfg.speed
+    name = s.sampling_attention_backend or s.attention_backend
+    if name == "native" and s.attention_backend == "native":
         yield
         return
     from diffusers import attention_backend
@@ -188,7 +191,8 @@ def sampling_backend(model, cfg: Config):
     problem = backend_problem(name, torch.cuda.is_available(), key="speed.sampling_attention_backend", training=False)
     if problem:
         raise ConfigError(problem)
-    processors = {id(p): p for m in [model, *_SET] if isinstance(getattr(m, "module", m), torch.nn.Module)
+    trained = [] if name == s.attention_backend else [model, *_SET]
+    processors = {id(p): p for m in trained if isinstance(getattr(m, "module", m), torch.nn.Module)
                   for p in _processors(m)}
     before = {k: p._attention_backend for k, p in processors.items()}
     try:
@@ -225,13 +229,15 @@ DYNAMIC = {"auto": None, "dynamic": True, "static": False}  # speed.compile_shap
 
 
 def compile_blocks(model, cfg: Config, shapes: int = 1) -> int:
-    """torch.compile every WanTransformerBlock of `model` in place (names unchanged). Under
+    """torch.compile every repeated block of `model` in place (the model's `_repeated_blocks`, what
+    diffusers' compile_repeated_blocks compiles: WanTransformerBlock), names unchanged. Under
     compile_shapes: static each of the run's `shapes` (bucket shapes) is a graph, in two kinds of
     block input (docs/speed.md): the recompile limit is raised to hold them, and said.
     Returns the number of blocks compiled."""
     s = cfg.speed
     module = getattr(model, "module", model)
-    blocks = [m for m in module.modules() if type(m).__name__ == "WanTransformerBlock"]
+    repeated = {name for m in module.modules() for name in getattr(m, "_repeated_blocks", ())}  # diffusers' list
+    blocks = [m for m in module.modules() if type(m).__name__ in repeated]
     if s.compile_shapes == "static":
         need = 2 * shapes + 2  # two kinds of block input per shape, and validation's no-grad pair
         if need > torch._dynamo.config.recompile_limit:
