@@ -145,6 +145,14 @@ def preflight(cfg: Config, head_dim: int | None = None) -> None:
         raise ConfigError(problem)
 
 
+def sampling_problem(cfg: Config, cuda: bool) -> str | None:
+    """Why the backend generated videos use (speed.sampling_attention_backend, else the training
+    one) cannot run here, or None: tools/sample.py asks before any weight loads, generate() again."""
+    s = cfg.speed
+    key = "speed.sampling_attention_backend" if s.sampling_attention_backend else "speed.attention_backend"
+    return backend_problem(s.sampling_attention_backend or s.attention_backend, cuda, key=key, training=False)
+
+
 # --- applying it --------------------------------------------------------------------------------
 
 def _processors(model) -> list:
@@ -188,7 +196,7 @@ def sampling_backend(model, cfg: Config):
         return
     from diffusers import attention_backend
 
-    problem = backend_problem(name, torch.cuda.is_available(), key="speed.sampling_attention_backend", training=False)
+    problem = sampling_problem(cfg, torch.cuda.is_available())
     if problem:
         raise ConfigError(problem)
     trained = [] if name == s.attention_backend else [model, *_SET]

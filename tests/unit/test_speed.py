@@ -285,3 +285,20 @@ def test_sampling_switches_the_backend_and_puts_it_back(demo_data):
     marked._attention_backend = None
     with torch.no_grad():
         torch.testing.assert_close(out, _tiny_call(trained), rtol=0, atol=1e-5)
+
+
+def test_sample_py_stops_before_any_weight_loads(demo_data, tmp_path, monkeypatch):
+    """tools/sample.py with a run's GPU-only training backend on a CPU: one line, the key to --set."""
+    import e2v.models.load
+    from e2v.eval.sample_cli import main
+
+    def load_parts(*a, **k):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(e2v.models.load, "load_parts", load_parts)
+    with pytest.raises(SystemExit) as e:
+        main(["--config", TINY, "--prompt", "a red ball", "--out", str(tmp_path / "v.mp4"), "--device", "cpu",
+              *_sets(f"data.datasets.0.data_root={demo_data}", "train.mixed_precision=bf16",
+                     "speed.attention_backend=_native_cudnn")])
+    assert str(e.value).startswith("config error: speed.attention_backend: _native_cudnn (torch's cuDNN SDPA kernel "
+                                   "(cuDNN 9+)) runs on CUDA GPUs only"), e.value
