@@ -322,7 +322,7 @@ class CompileWatch:
                         "dynamic, or fewer buckets (data.frame_buckets / resolution_buckets)")
 
 
-def apply(model, cfg: Config, shapes: int = 1) -> CompileWatch | None:
+def apply(model, cfg: Config, shapes: int = 1, zero_stage: int = 0) -> CompileWatch | None:
     """The speed: keys on a transformer built for training (after context parallelism put in its
     processors; e2v/train/engine.py's initialize_engine): the attention backend, TF32 / cuDNN,
     and with speed.compile its blocks compiled (lazily: the first forward traces) and watched.
@@ -332,6 +332,10 @@ def apply(model, cfg: Config, shapes: int = 1) -> CompileWatch | None:
     if not cfg.speed.compile:
         return None
     compile_blocks(model, cfg, shapes)
+    if zero_stage == 3:  # docs/speed.md, "Regional compilation": measured on the tiny preset
+        log.info("note: speed.compile under ZeRO-3: DeepSpeed gathers each layer's parameters in hooks inside the "
+                 "block, which break the compiled block into many small graphs (the same losses, little to gain); "
+                 "ZeRO-2 (ds_configs/zero2_offload.json) keeps it whole")
     watch = CompileWatch()
     module = getattr(model, "module", model)
     module.register_forward_hook(watch)

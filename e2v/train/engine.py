@@ -88,7 +88,8 @@ def initialize_engine(parts, cfg, ds_config: dict, layout: context_parallel.Layo
     import deepspeed
 
     mpu = context_parallel.enable(parts.transformer, cfg, layout) if layout is not None and layout.enabled else None
-    speed.apply(parts.transformer, cfg, speed.bucket_shapes(cfg))  # after the processors context parallelism puts in
+    speed.apply(parts.transformer, cfg, speed.bucket_shapes(cfg),  # after the processors context parallelism puts in
+                ds_config.get("zero_optimization", {}).get("stage", 0))
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
     kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)
     t = cfg.train
