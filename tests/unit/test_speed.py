@@ -206,6 +206,9 @@ def runs(tmp_path_factory, demo_data):
     # aot_eager: dynamo's graph and AOT autograd's backward without inductor's codegen, which the LoRA
     # run covers (a second cold inductor compile would double this fixture's ~1-2 min)
     out["full_compiled"] = _run(root, "full_compiled", *one_bucket, "speed.compile=true", "speed.compile_backend=aot_eager")
+    fp8 = (f"data.datasets.0.data_root={demo_data}", "model.base_dtype=fp8", "train.max_steps=2")
+    out["fp8_eager"] = _run(root, "fp8_eager", *fp8)
+    out["fp8_compiled"] = _run(root, "fp8_compiled", *fp8, "speed.compile=true", "speed.compile_backend=aot_eager")
     return out
 
 
@@ -217,8 +220,11 @@ def _close(a: dict, b: dict, steps) -> None:
 
 
 def test_compiled_training_gives_eager_losses(runs):
+    """LoRA with inductor, over two buckets; a full fine-tune and an fp8 base through dynamo and AOT
+    autograd (aot_eager), each against its eager run; checkpointing on in all."""
     _close(runs["compiled"][0], runs["eager"][0], [1, 2, 3, 4])
     _close(runs["full_compiled"][0], runs["full_eager"][0], [1, 2])
+    _close(runs["fp8_compiled"][0], runs["fp8_eager"][0], [1, 2])  # the fp8 Linear's autograd Function, traced
     assert runs["eager"][1] == 0  # nothing compiled unless asked
 
 
