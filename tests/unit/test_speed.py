@@ -308,3 +308,17 @@ def test_sample_py_stops_before_any_weight_loads(demo_data, tmp_path, monkeypatc
                      "speed.attention_backend=_native_cudnn")])
     assert str(e.value).startswith("config error: speed.attention_backend: _native_cudnn (torch's cuDNN SDPA kernel "
                                    "(cuDNN 9+)) runs on CUDA GPUs only"), e.value
+
+
+def test_tf32_and_cudnn_keys_set_torch_flags(demo_data, monkeypatch):
+    """The defaults are torch's own (a default run changes nothing); each key reaches its flag."""
+    for flag in ("allow_tf32", "benchmark"):
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    speed.set_precision(load_config(TINY, [f"data.datasets.0.data_root={demo_data}"]))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) \
+        == (False, True, False)
+    speed.set_precision(load_config(TINY, [f"data.datasets.0.data_root={demo_data}", "speed.matmul_tf32=true",
+                                           "speed.cudnn_tf32=false", "speed.cudnn_benchmark=true"]))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) \
+        == (True, False, True)
