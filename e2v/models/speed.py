@@ -165,7 +165,7 @@ def _processors(model) -> list:
 
 # The transformers whose processors set_backend changed, so that sampling can switch them too
 # (a run's trained expert reaches generate() inside a closure: e2v/models/experts.py's switch).
-_SET = weakref.WeakSet()
+_WITH_BACKEND = weakref.WeakSet()
 
 
 def set_backend(model, name: str) -> None:
@@ -179,7 +179,7 @@ def set_backend(model, name: str) -> None:
     for processor in _processors(model):
         processor._attention_backend = backend
     if backend is not None:
-        _SET.add(getattr(model, "module", model))
+        _WITH_BACKEND.add(getattr(model, "module", model))
 
 
 @contextlib.contextmanager
@@ -199,7 +199,7 @@ def sampling_backend(model, cfg: Config):
     problem = sampling_problem(cfg, torch.cuda.is_available())
     if problem:
         raise ConfigError(problem)
-    trained = [] if name == s.attention_backend else [model, *_SET]
+    trained = [] if name == s.attention_backend else [model, *_WITH_BACKEND]
     processors = {id(p): p for m in trained if isinstance(getattr(m, "module", m), torch.nn.Module)
                   for p in _processors(m)}
     before = {k: p._attention_backend for k, p in processors.items()}
