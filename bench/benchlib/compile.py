@@ -129,10 +129,10 @@ def render_compile(res: dict) -> list[str]:
              "compiled engine's first pass over the conditions less its later passes. Losses: the first pass of each, "
              "the same conditions and random streams.", "",
              "| preset | latent frames | step ratio | best | compile s | graphs | max loss rel. diff | eager step ms | "
-             "rounds | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "rounds | threads | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for preset, r in res["presets"].items():
         lo, hi = r["step_ratio_range"]
         lines.append(f"| {preset} | {', '.join(map(str, r['latent_frames']))} | {r['step_ratio']} ({lo}-{hi}) | "
                      f"{best_ratio(r['rounds'])} | {r['compile_s']} | {r['graphs']} | {r['max_loss_rel_diff']:.1e} | {r['eager_step_ms']} | "
-                     f"{len(r['rounds'])} | {r.get('load1_before', '?')} -> {r.get('load1_after', '?')} |")
+                     f"{len(r['rounds'])} | {r['torch_threads']} | {r.get('load1_before', '?')} -> {r.get('load1_after', '?')} |")
     return lines + [""]
