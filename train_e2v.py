@@ -34,11 +34,11 @@ def import_stages() -> None:
     checked; a second call changes nothing (a test's monkeypatched name stays)."""
     global torch, BadSampleError, index_samples, make_loader, check_later_phases, Validator, hold_out_problem
     global split_held_out, Visualizer, agree_on_local_facts, check_heads, layout, expansion_modules, is_expanded
-    global load_parts, count_params, describe_plan, knows_shape_offline, preflight, trained_fp32_kept
+    global load_parts, count_params, describe_plan, knows_shape_offline, preflight, trained_fp32_kept, speed
     global describe_trained, distributed, hostmem, lock_run_folder, set_rank_threads, ckpt, export, loop, outputs
     global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
     global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
-    global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable
+    global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable, FlopCounter, device_peak_tflops
     if "Log" in globals():
         return
     import torch
@@ -48,6 +48,7 @@ def import_stages() -> None:
     from e2v.eval.preflight_deps import check_later_phases
     from e2v.eval.validation import Validator, hold_out_problem, split_held_out
     from e2v.eval.viz import Visualizer
+    from e2v.models import speed
     from e2v.models.agree import agree_on_local_facts
     from e2v.models.context_parallel import check_heads, layout
     from e2v.models.expand import expansion_modules, is_expanded
@@ -62,6 +63,7 @@ def import_stages() -> None:
     from e2v.train.comfy import check_comfy_mappable, lora_module_names
     from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
     from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
+    from e2v.train.flops import FlopCounter, device_peak_tflops
     from e2v.train.guard import NonFiniteGuard
     from e2v.train.memory import fit_verdict
     from e2v.train.runlog import Log
@@ -194,8 +196,12 @@ def checked_config(args):
     require_weights(cfg)  # one line before any loader retries (docs/weights.md)
     import_stages()
     try:
+        head_dim = None
         if knows_shape_offline(cfg):
-            comfy_check(preflight(cfg)[0])
+            transformer = preflight(cfg)[0]
+            comfy_check(transformer)
+            head_dim = transformer.config.attention_head_dim
+        speed.preflight(cfg, head_dim)  # the attention kernel and the compiler can run here: every rank
     except ValueError as e:
         raise SystemExit(f"config error: {e}")
     return cfg
@@ -322,9 +328,9 @@ def main(argv: list[str] | None = None):
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
     stop, restore_signals = loop.stop_handlers()  # SIGTERM/SIGINT: save after this step, then exit
     data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
-    log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0)
-    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.tb, device=device)
-    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.tb)
+    log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0, cfg=cfg)  # TensorBoard and/or W&B
+    vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.boards, device=device)
+    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.boards)
     if resumed is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, rank)
@@ -339,7 +345,10 @@ def main(argv: list[str] | None = None):
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
     last_save, saved_step = time.time(), global_step
-    steplog = loop.StepLog(cfg, log, bar, guard, world, lay.dp_size, excluded=len(excluded))
+    peak, peak_source = device_peak_tflops(cfg.train.peak_tflops)  # the MFU's denominator (e2v/train/flops.py)
+    logger.info(f"speed: MFU against {peak:g} TFLOPS, {peak_source}" if peak else f"speed: no MFU ({peak_source})")
+    steplog = loop.StepLog(cfg, log, bar, guard, world, lay.dp_size, excluded=len(excluded),
+                           flops=FlopCounter(parts.transformer, cfg), peak_tflops=peak)
     try:
         while global_step < cfg.train.max_steps:
             if world == 1:  # what an error-time save records (only a one-process run saves on error)
@@ -386,10 +395,12 @@ def main(argv: list[str] | None = None):
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
+        compiled = speed.compile_summary(parts.transformer)
         if rank == 0:  # the export's outputs are rank 0's
             what = "Model" if cfg.model.training_type == "full" else "LoRA"
             logger.info(f"done: {global_step} steps. Outputs in {run_dir}:\n"
                         + "\n".join(f"  {line}" for line in outputs.output_lines(run_dir, out, what, cfg))
+                        + (f"\n{compiled}" if compiled else "")
                         + (f"\nskipped {skipped_total} bad sample(s) while loading" if skipped_total else "")
                         + (f"\nleft out {len(unusable(excluded))} bad sample(s) at the start "
                            "(listed there)" if excluded else ""))

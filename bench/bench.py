@@ -13,7 +13,9 @@ from every JSON there (machine, versions, date, load, then one table per section
 What is measured (section numbers as in RESULTS.md)
   1 steps     one training step split into phases (data wait, VAE / text / CLIP encode, forward,
               backward, optimizer, logging) on the tiny preset and a "small" one, online (decode +
-              encode every step) and cached (cache.enabled, entries written by tools/precompute.py).
+              encode every step) and cached (cache.enabled, entries written by tools/precompute.py);
+              each with the transformer's FLOPs per step, video tokens/s, TFLOPS and (on a GPU the
+              peak table knows) MFU, by e2v/train/flops.py's count (docs/speed.md).
   2 overhead  the train_e2v.py step (the DeepSpeed engine from ds_configs/zero2.json as
               resolve_deepspeed_config fills it, cached tensors, the loop's checks and logging)
               against a bare PyTorch loop doing the same forward / backward / clipping / AdamW on a
@@ -22,6 +24,9 @@ What is measured (section numbers as in RESULTS.md)
   3 data      81 x 480 x 832 samples from 720p clips (decode + resize + element preprocessing in
               E2VDataset.load): decord against OpenCV, the clip resize against PIL per frame, DataLoader
               scaling with 0 / 1 / 2 workers.
+  10 compile the compiled block (`speed.compile`) against eager on the CPU presets, two frame buckets:
+              step ratio, compile time from an empty inductor cache, graphs, losses compared
+              (`--sections compile`; bench/benchlib/compile.py).
   4 memory    peak RSS (and torch.cuda.max_memory_allocated on GPU) per configuration, read in the
               step processes (one fresh process per configuration: ru_maxrss never goes down).
 
@@ -154,7 +159,8 @@ def write_json(section: str, payload: dict, suffix: str = "", results_dir: Path 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="steps,data", help="comma list of: steps (includes overhead and memory), data")
+    p.add_argument("--sections", default="steps,data", help="comma list of: steps (includes overhead and memory), data, "
+                   "compile")
     p.add_argument("--quick", action="store_true", help="few repeats: checks the tool, not the machine")
     p.add_argument("--presets", default=",".join(PRESETS), help=f"for the steps section: {', '.join(PRESETS)}")
     p.add_argument("--model", default=None, help="real Wan2.1 diffusers folder (needs a GPU)")
@@ -172,9 +178,10 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch threads in the step processes (default: torch's)")
     p.add_argument("--no-report", action="store_true", help="write JSON only")
     # child-only arguments
-    p.add_argument("--child", choices=["steps", "data", "check"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["steps", "data", "check", "compile"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data-root-2", default=None, help=argparse.SUPPRESS)  # compile: the second bucket's clips
     p.add_argument("--preset", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=["online", "cached"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["online", "cached", "eager", "compiled"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     full = dict(steps=8, overhead_rounds=6, overhead_steps=3, profile_steps=4, data_repeats=2, loader_samples=6)
     quick = dict(steps=3, overhead_rounds=2, overhead_steps=2, profile_steps=2, data_repeats=1, loader_samples=4)
@@ -190,10 +197,11 @@ def main(argv=None):
         return_freed_memory()  # the step processes run as train_e2v.py's ranks do
         if args.threads:
             torch.set_num_threads(args.threads)
+        from bench.benchlib.compile import child_compile
         from bench.benchlib.data import child_data
         from bench.benchlib.steps import child_check, child_steps
 
-        result = {"steps": child_steps, "data": child_data, "check": child_check}[args.child](args)
+        result = {"steps": child_steps, "data": child_data, "check": child_check, "compile": child_compile}[args.child](args)
         result["load1_end"], result["torch_threads"] = load1(), torch.get_num_threads()
         print("BENCH_JSON " + json.dumps(result), flush=True)
         return
@@ -204,9 +212,9 @@ def main(argv=None):
         raise SystemExit("--model needs a GPU (torch.cuda.is_available() is False here): the real Wan2.1 "
                          "transformer does not train on CPU. Run without --model for the CPU benchmarks.")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"steps", "data"}
+    unknown = set(sections) - {"steps", "data", "compile"}
     if unknown:
-        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from steps, data")
+        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from steps, data, compile")
     (BENCH_DIR / "tmp").mkdir(parents=True, exist_ok=True)
     info = machine()
     print(f"[bench] {info['cpu']}, {info['cores']} cores, load {load1()}", flush=True)
@@ -229,6 +237,12 @@ def main(argv=None):
         # a --model run without CUDA (--allow-cpu) only checks the code path: keep it out of RESULTS.md
         where = BENCH_DIR / "results" if torch.cuda.is_available() or not args.model else BENCH_DIR / "tmp" / "results"
         print(f"[bench] wrote {write_json('steps', {'machine': info, 'quick': args.quick, **res}, suffix, where)}")
+    if "compile" in sections and not args.model:
+        from bench.benchlib.compile import section_compile
+
+        t_section = time.time()
+        res = section_compile(args, run_child, [x for x in args.presets.split(",") if x])
+        write_json("compile", {"machine": info, "quick": args.quick, **res, "section_wall_s": time.time() - t_section})
     print(f"[bench] done in {time.time() - t0:.0f} s", flush=True)
     if not args.no_report:
         path = write_report()

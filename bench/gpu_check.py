@@ -15,6 +15,10 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       (bench/bench.py --model: the step is train_e2v.py's), torch.cuda.max_memory_allocated
                       against tools/estimate_memory.py; the loss must fall from the first step to the last
                       (lr warmed up, one fixed timestep)
+  speed               the 1.3B cached step at 81 x 480 x 832 with each attention backend that trains here,
+                      eager and compiled (speed.attention_backend, speed.compile): step time, video tokens/s,
+                      TFLOPS and MFU by e2v/train/flops.py's count, the fastest as config lines to paste
+                      (bench/gpulib/speed_section.py); skipped with --allow-cpu
   vae_dtype           model.vae_dtype bf16 against fp32 (the default, as A2 encodes): encode time of one
                       81 x 480 x 832 clip and the relative error of its latents
   main_path           configs/e2v.yaml's path at the I2V-14B widths with 2 layers: zero3_offload with the
@@ -135,7 +139,8 @@ def main(argv=None) -> int:
     work = args.work or ROOT / "smoke_real" / ("gpu" if cuda else "gpu_cpu")
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    ctx = Ctx(cuda=cuda, sizes=REAL if cuda else TINY, work=work, deadline=t_start + args.budget, packages=packages)
+    ctx = Ctx(cuda=cuda, sizes=REAL if cuda else TINY, work=work, deadline=t_start + args.budget, packages=packages,
+              only=args.only)
     result = {"device": torch.cuda.get_device_name(0) if cuda else "CPU (--allow-cpu, tiny sizes)", "cuda": cuda,
               "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "argv": "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),

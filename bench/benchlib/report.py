@@ -68,8 +68,25 @@ def render_steps(res: dict, title: str) -> list[str]:
         out += [f"| **step** | **{fmt(on['step_ms'])}** | | **{fmt(ca['step_ms'])}** | |", "",
                 f"online / cached step: **{r['online_over_cached']}x**. Filling the cache "
                 f"(tools/precompute.py, {pre.get('samples', '?')} samples, process start included): "
-                f"{pre.get('wall_s', '?')} s.", ""]
+                f"{pre.get('wall_s', '?')} s.", ""] + speed_line(on, ca)
     return out
+
+
+def speed_line(on: dict, ca: dict) -> list[str]:
+    """The transformer's FLOPs per step (e2v/train/flops.py) over each mode's median step."""
+    if "speed" not in on:
+        return []
+    s = on["speed"]
+    mfu = lambda x: (f", MFU {100 * x['mfu']:.1f}% (HFU {100 * x['hfu']:.1f}%)" if "mfu" in x else "")  # noqa: E731
+    return [f"Transformer FLOPs per step: {s['step_tflop']:.4g} TFLOP (forward + backward; {s['hardware_tflop']:.4g} "
+            f"with the recomputed forward). Online: {s['tokens_per_s']:.4g} video tokens/s, "
+            f"{s['tflops_per_gpu']:.3g} TFLOPS{mfu(s)}; cached: {ca['speed']['tokens_per_s']:.4g} tokens/s, "
+            f"{ca['speed']['tflops_per_gpu']:.3g} TFLOPS{mfu(ca['speed'])}. Peak: "
+            f"{_f_peak(s)}.", ""]
+
+
+def _f_peak(s: dict) -> str:
+    return f"{s['peak_tflops']:g} TFLOPS dense bf16, {s['peak_source']}" if s.get("peak_tflops") else s["peak_source"]
 
 
 def render_overhead(res: dict, title: str) -> list[str]:
@@ -289,6 +306,10 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         lines += render_preflight(json.loads((bench_dir / "results" / "preflight.json").read_text()))
     if (bench_dir / "results" / "cli_start.json").exists():  # bench/bench_cli_start.py's
         lines += render_cli_start(json.loads((bench_dir / "results" / "cli_start.json").read_text()))
+    if (bench_dir / "results" / "compile.json").exists():  # bench.py --sections compile
+        from bench.benchlib.compile import render_compile
+
+        lines += render_compile(json.loads((bench_dir / "results" / "compile.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

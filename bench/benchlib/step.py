@@ -30,6 +30,7 @@ from e2v.runtime.ports import free_port
 from e2v.train import loop
 from e2v.train.ds_config import resolve_deepspeed_config
 from e2v.train.engine import initialize_engine, lr_lambda, prepare_for_training, seed_process, step_rngs, training_dtype
+from e2v.train.flops import FlopCounter, device_peak_tflops
 from e2v.train.guard import NonFiniteGuard
 from e2v.train.runlog import Log
 
@@ -104,8 +105,8 @@ class BareLoop:
 class StepRunner:
     """train_e2v.py's step (rank 0 of one) from the package's loop (e2v/train/loop.py), its parts
     timed through the loop's phase hook. `model` is the DeepSpeed engine or a BareLoop. With
-    `log_dir` the step ends with the loop's bookkeeping (non-finite guard, step statistics,
-    TensorBoard + scalars.jsonl, progress bar, stop check); without it, the bare engine step."""
+    `log_dir` the step ends with the loop's bookkeeping (non-finite guard, step statistics, the FLOP
+    count, TensorBoard + scalars.jsonl, progress bar, stop check); without it, the bare engine step."""
 
     def __init__(self, cfg, parts, device, cuda: bool, log_dir: Path | None):
         from tqdm import tqdm
@@ -120,7 +121,9 @@ class StepRunner:
             self.guard = NonFiniteGuard(cfg.train.skip_nonfinite, 0)
             # the loop's progress bar, writing where nobody reads (a terminal costs more: not ours)
             bar = tqdm(total=10**9, file=io.StringIO(), desc="train", mininterval=30)
-            self.steplog = loop.StepLog(cfg, Log(log_dir, 0), bar, self.guard, world=1, data_parallel=1)
+            self.steplog = loop.StepLog(cfg, Log(log_dir, 0), bar, self.guard, world=1, data_parallel=1,
+                                        flops=FlopCounter(parts.transformer, cfg),
+                                        peak_tflops=device_peak_tflops(cfg.train.peak_tflops)[0])
         self.global_step = 0
 
     def phase_hook(self, phases: Phases):

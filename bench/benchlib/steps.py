@@ -18,6 +18,7 @@ from bench.benchlib.memory import current_rss_mb, reading
 from bench.benchlib.step import BareLoop, StepRunner, build_parts, init_single_rank, make_engine
 from e2v.data.dataset import index_samples, make_loader
 from e2v.train.ds_config import resolve_deepspeed_config
+from e2v.train.flops import config_flops, device_peak_tflops, perf_scalars
 
 # DeepSpeed configurations measured beside the shipped one: what the ZeRO-2 machinery costs on one
 # rank, to say what a user with one GPU (or a small trainable set) could switch off.
@@ -77,10 +78,23 @@ def child_steps(a) -> dict:
            "phases_ms": summarise_phases(steps),
            "step_ms": stats([1e3 * sum(v for k, v in s.items() if "/" not in k) for s in steps]),
            "memory": reading(rss_start, cuda), "losses": losses}
+    out["speed"] = speed(cfg, parts.transformer, out["step_ms"]["median"] / 1e3)
     if cached and a.overhead_rounds:
         out["overhead"] = overhead(cfg, runner, engine, scheduler, initial, kept, cuda, a)
     runner.close()
     return out
+
+
+def speed(cfg, transformer, step_s: float) -> dict:
+    """The step's transformer FLOPs (e2v/train/flops.py, the count training logs) over its median
+    time: TFLOP per step (model: forward + backward; hardware: with the recomputed forward), video
+    tokens per second, TFLOPS per GPU, and MFU / HFU where the GPU's peak is known. The encoders of
+    an online step are not counted, their time is: its MFU is the transformer's share of the step."""
+    flops = config_flops(cfg, transformer)
+    peak, source = device_peak_tflops(cfg.train.peak_tflops)
+    perf = {k.removeprefix("perf/"): v for k, v in perf_scalars(flops, step_s, 1, peak).items()}
+    return {"step_tflop": flops.model / 1e12, "hardware_tflop": flops.hardware / 1e12, "peak_tflops": peak,
+            "peak_source": source, **perf}
 
 
 def child_check(a) -> dict:

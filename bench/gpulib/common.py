@@ -48,6 +48,7 @@ class Ctx:
     work: Path
     deadline: float  # time.monotonic() at which the call's budget ends
     folders: dict = dataclasses.field(default_factory=dict)
+    only: list = dataclasses.field(default_factory=list)  # --only's sections (empty: all)
     packages: dict = dataclasses.field(default_factory=lambda: {"installed_from": None, "problems": {}})
 
     def left(self) -> float:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.gpulib.fp8_section import ESTIMATE_RTOL
 from bench.gpulib.sections import CONFIGS_24GB, R2V_RUNS, SECTIONS, STEP_PHASES, WAN22_RUNS
+from bench.gpulib.speed_section import render_speed
 
 
 def _f(x, fmt="{:.2f}") -> str:
@@ -79,7 +80,19 @@ def _render_step(r: dict) -> list[str]:
                       for m in ("online", "cached") if "loss_falls" in r[m])
     return rows + ["", f"Latents {r['online']['latent_shape']}; precompute {r['precompute_s']} s; online / cached "
                        f"{r['online_over_cached']}. Phases: medians over the timed steps (CUDA events on a GPU).",
-                   "", f"Losses over every step (warmup, fixed timestep): {falls or '-'}"]
+                   "", f"Losses over every step (warmup, fixed timestep): {falls or '-'}"] + _step_speed(r)
+
+
+def _step_speed(r: dict) -> list[str]:
+    """The transformer's MFU in each mode (e2v/train/flops.py's count over the median step; the
+    online step's time includes its encoders, which the count leaves out)."""
+    modes = [m for m in ("online", "cached") if (r[m].get("speed") or {}).get("tokens_per_s")]
+    if not modes:
+        return []
+    pct = lambda s: f", MFU {100 * s['mfu']:.1f}%" if s.get("mfu") is not None else ""  # noqa: E731
+    return ["", "Speed (transformer FLOPs over the whole step): " + "; ".join(
+        f"{m} {r[m]['speed']['tokens_per_s']:.0f} video tokens/s, {r[m]['speed']['tflops_per_gpu']:.1f} TFLOPS"
+        f"{pct(r[m]['speed'])}" for m in modes) + "."]
 
 
 def _render_vae(r: dict) -> list[str]:
@@ -186,7 +199,7 @@ RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae
              "main_path": _render_main, "gpu_24gb": _render_24gb, "validation_24gb": _render_validation,
              "fp8_14b": _render_fp8, "activation_offload": _render_offload,
              "wan22": _render_wan22, "r2v": lambda r: _render_wan22(r, R2V_RUNS), "attention": _render_attention,
-             "offload_adam": _render_offload_adam}
+             "offload_adam": _render_offload_adam, "speed": render_speed}
 
 
 def write_report(result: dict, out_dir: Path) -> tuple[Path, Path]:

@@ -31,6 +31,7 @@ from bench.gpulib.common import (
     train,
 )
 from bench.gpulib.fp8_section import section_fp8_14b
+from bench.gpulib.speed_section import SPEED_BUDGET_S, section_speed
 from bench.gpulib.validation_section import section_validation
 
 
@@ -116,7 +117,7 @@ def read_bench(path: Path, estimates: dict) -> dict:
                      "phases_s": {k: round(r["phases_ms"][k]["median"] / 1e3, 3) for k in STEP_PHASES if k in r["phases_ms"]},
                      "max_memory_allocated_gib": round(alloc / 1024, 2) if alloc is not None else None,
                      "estimate_gib": estimates[mode], "latent_shape": r["latent_shape"], "device": r["device"],
-                     "loss_falls": loss_falls(r.get("losses", []))}
+                     "loss_falls": loss_falls(r.get("losses", [])), "speed": r.get("speed")}
     return out
 
 
@@ -435,6 +436,8 @@ class Section:
 SECTIONS = (
     Section("environment", 5, section_environment, "Environment"),
     Section("step_1.3b", 170, section_step, "Wan2.1-T2V-1.3B E2V step, online and cached"),
+    Section("speed", SPEED_BUDGET_S, section_speed,
+            "1.3B cached step per attention backend, eager and compiled: MFU, and the fastest keys"),
     Section("vae_dtype", 30, section_vae_dtype, "VAE in bf16 against fp32"),
     Section("main_path", 110, section_main_path, "Main path at the I2V-14B widths (2 layers), ZeRO-3 offload"),
     Section("gpu_24gb", 120, section_24gb, "24 GB configs under a 24 GiB cap"),

@@ -136,7 +136,9 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
             f"deepspeed.config: {cfg.deepspeed.config} not found; shipped: "
             f"{', '.join(sorted(p.name for p in (REPO_ROOT / 'ds_configs').glob('*.json')))}"
         )
-    _validate_fp8_base(cfg, json.loads(ds_path.read_text()).get("zero_optimization", {}).get("stage", 0))
+    zero_stage = json.loads(ds_path.read_text()).get("zero_optimization", {}).get("stage", 0)
+    _validate_fp8_base(cfg, zero_stage)
+    _validate_speed(cfg)
 
 
 def _validate_elements(cfg: Config) -> None:
@@ -311,6 +313,55 @@ def _validate_fp8_base(cfg: Config, zero_stage: int) -> None:
         raise ConfigError(f"model.base_dtype: fp8 keeps the fp8 base as buffers, whole on every GPU, which ZeRO-3 "
                           f"({cfg.deepspeed.config}) does not partition: use deepspeed.config: ds_configs/zero2.json "
                           "(or zero2_offload.json)")
+
+
+# Backends whose diffusers kernel has no backward (e2v/models/speed.py's BACKENDS: backward=False), and
+# those that take bf16 / fp16 only (half=True); the table itself imports torch, so the two facts the
+# config stage needs are restated here and tests/unit/test_speed.py holds them to the table.
+NO_BACKWARD = {"sage": "SageAttention's quantised kernels", "_flash_3": "diffusers' FlashAttention-3 forward op"}
+HALF_ONLY = ("_native_flash", "_native_cudnn", "flash", "_flash_3", "_flash_varlen_3", "sage")
+
+
+def _validate_speed(cfg: Config) -> None:
+    """speed: what can be decided without the machine (the rest is e2v/models/speed.py's preflight):
+    a backend without a backward cannot train, the causal mask and ring attention bring their own
+    attention, a half-precision kernel cannot take an fp32 run, and what compilation is not built for."""
+    s, p = cfg.speed, cfg.parallel
+    name = s.attention_backend
+    if name in NO_BACKWARD:
+        raise ConfigError(f"speed.attention_backend: {name} cannot train: {NO_BACKWARD[name]} have no backward in "
+                          f"diffusers; set speed.sampling_attention_backend: {name} (validation videos, "
+                          "tools/sample.py) and speed.attention_backend: native")
+    for key, value in (("speed.attention_backend", name), ("speed.sampling_attention_backend", s.sampling_attention_backend)):
+        if value not in (None, "native") and cfg.task == "causal":
+            raise ConfigError(f"{key}: {value} with task: causal: the causal mask sets its own attention "
+                              "(causal.attention); set it to native")
+    if name != "native" and p.ring_degree > 1:
+        raise ConfigError(f"speed.attention_backend: {name} with parallel.ring_degree {p.ring_degree}: ring attention "
+                          "runs its own attention op (torch's flash op, merged by log-sum-exp); set "
+                          "speed.attention_backend: native, or split the tokens with parallel.ulysses_degree alone")
+    if name in HALF_ONLY and cfg.train.mixed_precision == "no":
+        raise ConfigError(f"speed.attention_backend: {name} takes bf16 / fp16 only and train.mixed_precision: 'no' "
+                          "runs fp32: set train.mixed_precision: bf16, or speed.attention_backend: native")
+    v = cfg.validation
+    if (s.sampling_attention_backend in HALF_ONLY and cfg.train.mixed_precision == "no" and v.every_n_steps
+            and (v.sets or v.num_videos)):
+        raise ConfigError(f"speed.sampling_attention_backend: {s.sampling_attention_backend} takes bf16 / fp16 only "
+                          "and validation's videos run in the training dtype, fp32 (train.mixed_precision: 'no'): "
+                          "set train.mixed_precision: bf16, or sampling_attention_backend: null")
+    if not s.compile:
+        return
+    refused = {  # compilation with what it is not built or tested for: the key and why
+        "model.fp8_blocks_on_host": (cfg.model.fp8_blocks_on_host > 0, "its hooks move each block's weights to the "
+                                     "GPU around the block's call, which the compiled call would trace"),
+        "train.activation_offload": (cfg.train.activation_offload, "not tested with compiled blocks (CUDA only, and "
+                                     "no GPU ran it yet)"),
+        "parallel": (p.ulysses_degree * p.ring_degree > 1, "the context-parallel exchange inside a compiled block is "
+                     "not tested"),
+    }
+    for key, (on, why) in refused.items():
+        if on:
+            raise ConfigError(f"speed.compile with {key}: {why}; set speed.compile: false, or turn {key} off")
 
 
 def _has_cuda() -> bool:

@@ -334,6 +334,12 @@ class Train:
     checkpoint_every_minutes: float = bounded(0.0, min=0)  # 0: off
     keep_last: int = bounded(3, min=0, note="(0: keep all)")
     log_every: int = bounded(1, min=1)
+    # Where the scalars and images go: tensorboard (<run>/tb), wandb (Weights & Biases, `wandb:` below;
+    # needs `pip install wandb`), or both. scalars.jsonl is written either way (docs/outputs.md).
+    log_to: Literal["tensorboard", "wandb", "both"] = "tensorboard"
+    # The GPU's dense bf16 peak for perf/mfu; null: looked up from the GPU's name (e2v/train/flops.py's
+    # table; an unknown GPU or a CPU logs no MFU). Set it for a card the table lacks, or a clock-capped one.
+    peak_tflops: Optional[float] = bounded(None, gt=0)
     skip_nonfinite: bool = False  # skip (and count) a micro-batch whose loss, or a step whose grad norm, is inf/nan
     # Offload the activations saved for backward to CPU RAM (torch.autograd.graph.save_on_cpu):
     # with gradient checkpointing only the per-block inputs are saved, ~13 GB bf16 for 14B at
@@ -386,6 +392,54 @@ class Parallel:
     # form world / (U x R) data-parallel groups. 1 x 1: plain data parallelism.
     ulysses_degree: int = bounded(1, min=1, note="(DeepSpeed Ulysses: must divide the attention heads)")
     ring_degree: int = bounded(1, min=1, note="(ring attention over the Ulysses head shards)")
+
+
+@dataclass
+class WandB:
+    """Weights & Biases, read when train.log_to is wandb or both (e2v/train/runlog.py)."""
+    project: str = "e2v"
+    entity: Optional[str] = None  # your user or team; null: wandb's default entity
+    run_name: Optional[str] = None  # null: the run folder's name
+    # online: synced as it runs (needs `wandb login` or WANDB_API_KEY); offline: written under
+    # <run>/wandb only, `wandb sync <run>/wandb/offline-run-*` uploads it later. WANDB_MODE overrides.
+    mode: Literal["online", "offline"] = "online"
+
+
+# diffusers' attention backends a run may name (e2v/models/speed.py's BACKENDS says what each needs;
+# docs/speed.md). The Hub-kernel ones (`*_hub`) are left out: they download a kernel at run time.
+AttentionBackend = Literal["native", "flex", "_native_flash", "_native_cudnn", "flash", "_flash_3",
+                           "_flash_varlen_3", "sage", "xformers"]
+
+
+@dataclass
+class Speed:
+    """How the transformer runs, not what it computes (e2v/models/speed.py, docs/speed.md): the
+    attention kernel, regional compilation of the repeated block, TF32 and cuDNN. No key here
+    changes a parameter or checkpoint name; each changes the numbers by at most its kernel's
+    rounding."""
+    # diffusers' attention backend for every attention of the transformer in training and validation
+    # losses. native: torch's scaled_dot_product_attention, which picks flash / efficient / cuDNN itself.
+    attention_backend: AttentionBackend = "native"
+    # The backend of generated videos (validation videos, tools/sample.py); null: attention_backend.
+    # Where a backend without a backward (sage, _flash_3) goes: inference only.
+    sampling_attention_backend: Optional[AttentionBackend] = None
+    # torch.compile of each WanTransformerBlock in place (diffusers' compile_repeated_blocks): the
+    # first steps pay the compile (~1 min on a 2-core CPU: bench/RESULTS.md, section 10), names stay.
+    compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    # How the compiled block meets new shapes (buckets): auto (torch's: the first shape static, the
+    # second compiles one dynamic graph that serves every later one), dynamic (one dynamic graph from
+    # the first call), static (one graph per shape: the fastest kernels, a compile per bucket).
+    compile_shapes: Literal["auto", "dynamic", "static"] = "auto"
+    # inductor generates kernels; aot_eager / eager stop before it (to find which stage breaks)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # The transformer's fp32 matmuls (a mixed_precision: 'no' run, the modules kept in fp32) in TF32
+    # on Ampere+ GPUs: ~1e-3 relative rounding for up to ~8x the fp32 throughput. torch's default: off.
+    matmul_tf32: bool = False
+    # cuDNN convolutions (the patch embedding) in TF32: torch's default, on.
+    cudnn_tf32: bool = True
+    # cuDNN tries its algorithms per new input shape and keeps the fastest: each bucket pays it once.
+    cudnn_benchmark: bool = False
 
 
 @dataclass
@@ -480,9 +534,11 @@ class Config:
     train: Train = field(default_factory=Train)
     deepspeed: DeepSpeed = field(default_factory=DeepSpeed)
     parallel: Parallel = field(default_factory=Parallel)
+    speed: Speed = field(default_factory=Speed)
     cache: Cache = field(default_factory=Cache)
     validation: Validation = field(default_factory=Validation)
     visualization: Visualization = field(default_factory=Visualization)
+    wandb: WandB = field(default_factory=WandB)
 
     # -- derived views used across modules ------------------------------------------------------
     @property

@@ -9,7 +9,8 @@ the rank(s), the problem and the fix.
 
 Checked: the mp4 writer (validation videos, `visualization` processors with `video: true`), the
 prompt tokenizer (a run that encodes prompts at run time: no cache, or validation prompts the
-cache does not hold), and that the run folder (and the visualization folder) can be written.
+cache does not hold), that the run folder (and the visualization folder) can be written, and on
+rank 0 (the one that logs) the wandb package when `train.log_to` names Weights & Biases.
 """
 
 from __future__ import annotations
@@ -79,6 +80,18 @@ def tokenizer_problem(cfg) -> str | None:
     return None
 
 
+def wandb_problem(cfg) -> str | None:
+    """None unless train.log_to asks for Weights & Biases and the wandb package is not installed
+    (looked up, not imported: its import costs a second)."""
+    import importlib.util
+
+    from e2v.train.runlog import WANDB_FIX, boards_of
+
+    if "wandb" in boards_of(cfg) and importlib.util.find_spec("wandb") is None:
+        return f"train.log_to: {cfg.train.log_to} needs the wandb package, which is not installed; fix: {WANDB_FIX}"
+    return None
+
+
 def writable_problem(folder: Path, rank: int) -> str | None:
     """None if this rank can create, write and remove a file in `folder` (made if missing)."""
     try:
@@ -102,6 +115,8 @@ def local_problems(cfg, run_dir: Path, rank: int) -> list[str]:
         problems.append(mp4_writer_problem(run_dir))
     if encodes_prompts(cfg):
         problems.append(tokenizer_problem(cfg))
+    if rank == 0:
+        problems.append(wandb_problem(cfg))
     return [p for p in problems if p]
 
 

@@ -181,8 +181,12 @@ def main(argv=None):
     from e2v.eval.sampling import decode, generate, load_trained
     from e2v.eval.viz import write_mp4
     from e2v.models.load import for_sampling, load_parts
+    from e2v.models.speed import sampling_problem
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    problem = sampling_problem(cfg, args.device.startswith("cuda"))  # the attention kernel, before any weight loads
+    if problem:
+        raise SystemExit(f"config error: {problem}")
     v = cfg.validation
     guidance = v.guidance_scale if args.guidance is None else args.guidance
     if args.image_guidance is not None and guidance <= 1:

@@ -33,6 +33,7 @@ from e2v.conditioning.encode import Conditions, decode_latents, encode_text
 from e2v.conditioning.layout import batch_conditions, with_references
 from e2v.config.shapes import latent_size
 from e2v.data.dataset import collate, element_inputs
+from e2v.models.speed import sampling_backend
 from e2v.runtime.device import randn, to_device
 from e2v.train.step import predict
 
@@ -151,9 +152,9 @@ def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None 
     with torch.no_grad():
         c = encode_conditions(parts, cfg, batch, generator)
         negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
-    return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
-                   image_guidance_scale=image_guidance_scale,
-                   dtype=dtype)
+    with sampling_backend(model, cfg):  # speed.sampling_attention_backend, when it differs from training's
+        return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
+                       image_guidance_scale=image_guidance_scale, dtype=dtype)
 
 
 # --- trained weights -----------------------------------------------------------------------------

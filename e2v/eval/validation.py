@@ -348,8 +348,9 @@ class Validator:
             (folder / f"{k:02d}.txt").write_text(prompt + "\n")
             refs = [np.asarray(img.resize(video.shape[2:0:-1])) for img in images.values()]
             strip = frame_strip(refs, video)
-            if self.tb is not None:
+            if self.tb is not None:  # e2v.train.runlog.Boards: the strip, and the mp4 where a board shows videos
                 self.tb.add_image(f"val/video_{k:02d}", strip, step, dataformats="HWC")
+                self.tb.add_video_file(f"val/video_{k:02d}_mp4", folder / f"{k:02d}.mp4", step)
         if v.sets:  # prompts and images without held-out peers: nothing to compare with
             return len(inputs), {}
         swapped = None if swapped is None else self.decode(swapped, parts.vae)

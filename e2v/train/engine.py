@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from e2v.models import context_parallel
+from e2v.models import context_parallel, speed
 from e2v.models.expand import is_expanded
 from e2v.models.fp8 import quantize_base, swap_blocks
 from e2v.models.precision import fp32_kept_params, restore_fp32_params
@@ -83,10 +83,13 @@ def initialize_engine(parts, cfg, ds_config: dict, layout: context_parallel.Layo
     checkpointed with the engine). DeepSpeed's bf16 mode casts every parameter, including the
     modules diffusers keeps in fp32: their exact fp32 values are put back afterwards. With a
     context-parallel `layout` the transformer is made context-parallel first and DeepSpeed gets
-    its groups (gradients averaged over the data-parallel groups, ZeRO over every rank)."""
+    its groups (gradients averaged over the data-parallel groups, ZeRO over every rank). The speed:
+    keys (attention backend, compiled blocks, TF32) are applied here, for every caller."""
     import deepspeed
 
     mpu = context_parallel.enable(parts.transformer, cfg, layout) if layout is not None and layout.enabled else None
+    speed.apply(parts.transformer, cfg, speed.bucket_shapes(cfg),  # after the processors context parallelism puts in
+                ds_config.get("zero_optimization", {}).get("stage", 0))
     params = [p for p in parts.transformer.parameters() if p.requires_grad]
     kept_fp32 = fp32_kept_params(parts.transformer, parts.fp32_file_values)
     t = cfg.train

@@ -27,6 +27,7 @@ from e2v.conditioning.layout import batch_conditions
 from e2v.config.experts import boundary_ratio
 from e2v.runtime import distributed
 from e2v.runtime.device import to_device
+from e2v.train.flops import FlopCounter, MicroBatch, perf_scalars
 from e2v.train.guard import NonFiniteGuard
 from e2v.train.runlog import Log
 from e2v.train.step import add_step_stats, draw_flow, expert_sigma_range, forward_loss, step_scalars
@@ -56,14 +57,16 @@ class MicroStep:
 class StepRecord:
     """What one optimizer step leaves for logging: the kept micro-batches' losses, their pending
     statistics (e2v.train.step.add_step_stats), the sample ids trained, the ids the loader skipped,
-    the time spent waiting for data, and, when asked for (the benchmark replays them), the
-    conditions of the last micro-batch."""
+    the time spent waiting for data, the kept micro-batches' shapes (what the FLOP count reads,
+    e2v/train/flops.py), and, when asked for (the benchmark replays them), the conditions of the
+    last micro-batch."""
     losses: list[float] = field(default_factory=list)
     stats: dict[str, list] = field(default_factory=dict)
     ids: list[str] = field(default_factory=list)
     skipped: set[str] = field(default_factory=set)
     data_time: float = 0.0
     samples: int = 0
+    micro_batches: list[MicroBatch] = field(default_factory=list)
     conditions: Conditions | None = None
 
     @property
@@ -91,6 +94,7 @@ def micro_step(engine, c: Conditions, cfg, record: StepRecord, *, step: int, dty
     with phase("optimizer"):
         engine.step()
     record.losses.append(loss_value)
+    record.micro_batches.append(MicroBatch.of(c))
     with phase("logging"), phase("logging/step_stats"):
         add_step_stats(record.stats, sigma, per_sample, target, model_pred, cfg.flow, boundary_ratio(cfg))
     return MicroStep(loss_value, sigma, noisy_model_input, model_pred)
@@ -129,7 +133,9 @@ class StepLog:
     """The loop's bookkeeping after each optimizer step, on every rank (the scalars are a
     collective; rank 0 writes them): the checked gradient norm, the scalars every `log_every`
     steps, the progress bar. `excluded`: samples left out at the start; `skipped_ids` grows with
-    the samples the loader skipped mid-run."""
+    the samples the loader skipped mid-run. `flops` (e2v/train/flops.py) counts each step's FLOPs
+    from its micro-batches' shapes: tokens per second, TFLOPS per GPU and, against `peak_tflops`
+    (the GPU's dense bf16 peak; None: unknown), the MFU, in the scalars and the progress bar."""
     cfg: object
     log: Log
     bar: object
@@ -138,9 +144,12 @@ class StepLog:
     data_parallel: int
     excluded: int = 0
     skipped_ids: set[str] = field(default_factory=set)
+    flops: FlopCounter | None = None
+    peak_tflops: float | None = None
 
     def record(self, step: int, rec: StepRecord, engine, scheduler, step_time: float, phase: Phase = no_phase) -> None:
         self.skipped_ids |= rec.skipped
+        flops = self.flops.step(rec.micro_batches) if self.flops is not None else None
         with phase("logging"):
             with phase("logging/grad_norm"):
                 grad_norm = self.guard.grad_norm(engine.get_global_grad_norm(), step, rec.ids)
@@ -151,10 +160,14 @@ class StepLog:
                         self.cfg, self.world, lr=lr, grad_norm=grad_norm, step_time=step_time,
                         data_time=rec.data_time, step_losses=rec.losses, stats=rec.stats,
                         skipped_ids=self.skipped_ids, excluded=self.excluded, nonfinite=self.guard.skipped,
-                        data_parallel=self.data_parallel))
+                        data_parallel=self.data_parallel, flops=flops, peak_tflops=self.peak_tflops))
             with phase("logging/progress_bar"):
                 self.bar.update(1)
-                self.bar.set_postfix(loss=f"{rec.mean_loss:.4f}", lr=f"{lr:.1e}", refresh=False)
+                perf = perf_scalars(flops, step_time, self.data_parallel, self.peak_tflops)
+                speed = {"tok_s": f"{perf['perf/tokens_per_s']:.3g}"} if perf else {}
+                if "perf/mfu" in perf:
+                    speed["mfu"] = f"{100 * perf['perf/mfu']:.1f}%"
+                self.bar.set_postfix(loss=f"{rec.mean_loss:.4f}", lr=f"{lr:.1e}", **speed, refresh=False)
 
 
 def stop_requested(stop: dict, phase: Phase = no_phase) -> bool:

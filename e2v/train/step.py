@@ -28,6 +28,7 @@ from e2v.config.experts import EXPERTS, boundary_ratio, expert_for, sigma_range,
 from e2v.config.schema import Config
 from e2v.runtime.device import randn
 from e2v.runtime.distributed import mean_over_ranks
+from e2v.train.flops import StepFlops, perf_scalars
 from e2v.train.flow import (
     add_noise,
     latent_stats,
@@ -146,11 +147,14 @@ def read_step_stats(stats: dict[str, list]) -> dict[str, list[float]]:
 
 def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: float, data_time: float,
                  step_losses: list[float], stats: dict, skipped_ids: set, excluded: int, nonfinite: int,
-                 data_parallel: int | None = None) -> dict:
+                 data_parallel: int | None = None, flops: StepFlops | None = None,
+                 peak_tflops: float | None = None) -> dict:
     """The TensorBoard scalars of a logged step, every rank's micro-batches included (a collective).
     `data_parallel`: the ranks that load distinct micro-batches (world / the context-parallel
     degree; default world). The ranks of a context-parallel group log the same loss, so the mean
-    over all ranks is still the mean over the global batch."""
+    over all ranks is still the mean over the global batch. `flops`: this rank's FLOPs of the step
+    (e2v/train/flops.py), giving perf/tokens_per_s, perf/tflops_per_gpu and, with the GPU's
+    `peak_tflops`, perf/mfu and perf/hfu."""
     stats = read_step_stats(stats)
     ranks = mean_over_ranks({"train/loss": step_losses, "data/skipped_ids": sorted(skipped_ids), **stats}, world)
     samples = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps * (data_parallel or world)
@@ -158,6 +162,7 @@ def step_scalars(cfg, world: int, *, lr: float, grad_norm: float, step_time: flo
         "train/lr": lr, "train/grad_norm": grad_norm,
         "perf/step_time_s": step_time, "perf/data_wait_share": data_time / step_time,
         "perf/samples_per_s": samples / step_time,
+        **perf_scalars(flops, step_time, data_parallel or world, peak_tflops),
         "data/skipped_samples": ranks.pop("data/skipped_ids"), "data/excluded_samples": excluded,
         "train/nonfinite_skipped": nonfinite, **ranks,
     }

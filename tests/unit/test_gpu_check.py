@@ -246,3 +246,67 @@ def test_phases_on_cuda_are_read_from_cuda_events(monkeypatch):
     with cpu("backward"):
         time.sleep(0.01)
     assert 0.005 < cpu.t["backward"] < 1 and len(recorded) == 4
+
+
+# A speed section as an H100 would record it (bench/gpulib/speed_section.py): the figures are
+# invented for the renderer, not measured.
+SPEED = {
+    "passed": False, "wall_s": 148.0, "precompute_s": None, "frames": 81, "resolution": [480, 832],
+    "backends": ["native", "flex", "_native_cudnn"],
+    "runs": [
+        {"backend": "native", "compiled": False, "passed": True, "process_s": 38.2, "step_s": 3.912, "step_tflop": 1127.7,
+         "tokens_per_s": 8374.2, "tflops_per_gpu": 288.3, "mfu": 0.2915, "hfu": 0.3887, "peak_tflops": 989.0,
+         "peak_source": "H100 SXM (NVIDIA H100 data sheet: BF16 1,979 TFLOPS with sparsity)"},
+        {"backend": "native", "compiled": True, "passed": True, "process_s": 84.0, "step_s": 3.5, "step_tflop": 1127.7,
+         "tokens_per_s": 9360.0, "tflops_per_gpu": 322.2, "mfu": 0.3258, "hfu": 0.4344, "peak_tflops": 989.0,
+         "peak_source": "H100 SXM (NVIDIA H100 data sheet: BF16 1,979 TFLOPS with sparsity)"},
+        {"backend": "flex", "compiled": False, "passed": False, "process_s": 20.1,
+         "error": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory | tried 30 GiB"},
+    ],
+    "fastest": {"backend": "native", "compiled": True, "paste": ["speed:", "  attention_backend: native", "  compile: true"]},
+    "skipped_checks": ["_native_cudnn eager (needs ~40 s, 12 s left; --only speed gives it the whole budget)"],
+}
+
+
+def test_speed_report_from_a_recorded_result(tmp_path):
+    """The speed section's table, its failed row, the peak it divided by, the lines to paste, and
+    the combinations time left out, from a recorded result (a JSON file, as gpu.json keeps it)."""
+    from bench.gpu_check import write_report
+
+    recorded = tmp_path / "speed.json"
+    recorded.write_text(json.dumps({**FAKE, "sections": {"speed": SPEED}}))
+    text = write_report(json.loads(recorded.read_text()), tmp_path)[0].read_text()
+    assert "## speed: 1.3B cached step per attention backend, eager and compiled" in text
+    assert "| native | eager | 3.91 | 8374 | 288.3 | 29.1% | 38.9% | 38.2 |" in text
+    assert "| native | compiled | 3.50 | 9360 | 322.2 | 32.6% | 43.4% | 84.0 |" in text
+    assert "| flex | eager | FAILED: torch.OutOfMemoryError: CUDA out of memory / tried 30 GiB |" in text
+    assert "1127.7 TFLOP per step" in text and "Peak: 989 TFLOPS dense bf16, H100 SXM" in text
+    assert "```yaml\nspeed:\n  attention_backend: native\n  compile: true\n```" in text
+    assert "- skipped check: _native_cudnn eager (needs ~40 s" in text
+    assert "| speed | FAILED | 148 |" in text
+
+
+def test_speed_section_is_skipped_on_a_cpu_and_orders_its_runs(tmp_path):
+    """--allow-cpu: nothing measured, said as a skipped section (INCOMPLETE); on a GPU the runs go
+    eager native, compiled native, the other backends eager, then compiled."""
+    import bench.gpu_check as gc
+    from bench.gpulib.speed_section import order
+
+    assert gc.main(["--allow-cpu", "--only", "speed", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w")]) == 3
+    final = json.loads((tmp_path / "out/results/gpu.json").read_text())
+    assert final["verdict"] == "INCOMPLETE" and final["sections"]["speed"]["skipped"].startswith("a GPU's speed")
+    assert not (tmp_path / "w" / "data_e2v").exists(), "nothing built for a skipped section"
+    assert order(["native", "flex", "flash"]) == [("native", False), ("native", True), ("flex", False),
+                                                 ("flash", False), ("flex", True), ("flash", True)]
+
+
+def test_step_section_reports_the_transformer_mfu():
+    """read_bench carries the bench's speed figures (bench/benchlib/steps.py) into the step table."""
+    from bench.gpulib.report import _render_step
+
+    speed = {"tokens_per_s": 5767.6, "tflops_per_gpu": 198.5, "mfu": 0.2007, "hfu": 0.27}
+    r = json.loads(json.dumps(FAKE["sections"]["step_1.3b"]))
+    r["online"]["speed"], r["cached"]["speed"] = {**speed, "mfu": None}, speed
+    text = "\n".join(_render_step(r))
+    assert ("Speed (transformer FLOPs over the whole step): online 5768 video tokens/s, 198.5 TFLOPS; "
+            "cached 5768 video tokens/s, 198.5 TFLOPS, MFU 20.1%.") in text

@@ -1,0 +1,324 @@
+"""speed: (e2v/models/speed.py, docs/speed.md): every refused attention backend or combination says
+so in one line before any weight loads; a compiled block keeps every name; compiled and eager
+training give the same losses (LoRA and full, checkpointing on), the same checkpoint and export
+keys, resume into each other, and two buckets make the graphs docs/speed.md states.
+
+The compiled runs share one module-scoped set of runs (a cold inductor compile of the tiny block is
+~20-30 s on 2 cores; the inductor cache makes a later session's a few seconds)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import typing
+
+import pytest
+import torch
+from helpers import ROOT, read_scalars, train_main
+
+from e2v.config import checks
+from e2v.config.load import load_config
+from e2v.config.schema import AttentionBackend, ConfigError
+from e2v.models import speed
+from e2v.models.tiny import tiny_transformer_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = str(ROOT / "configs" / "e2v_tiny_lora.yaml")
+
+
+def _sets(*sets: str) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+# --- what the config refuses: no torch needed, answered by load_config -------------------------
+
+REFUSED = [
+    (["speed.attention_backend=sage"], "speed.attention_backend: sage cannot train: SageAttention's quantised "
+                                        "kernels have no backward in diffusers; set speed.sampling_attention_backend: sage"),
+    (["speed.attention_backend=_flash_3", "train.mixed_precision=bf16"], "speed.attention_backend: _flash_3 cannot train"),
+    (["task=causal", "speed.attention_backend=flex"], "speed.attention_backend: flex with task: causal: the causal "
+                                                      "mask sets its own attention"),
+    (["task=causal", "speed.sampling_attention_backend=sage"], "speed.sampling_attention_backend: sage with task: "
+                                                               "causal: the causal mask sets its own attention"),
+    (["parallel.ring_degree=2", "speed.attention_backend=flash", "train.mixed_precision=bf16"],
+     "speed.attention_backend: flash with parallel.ring_degree 2: ring attention runs its own attention op"),
+    (["speed.attention_backend=_native_cudnn"], "speed.attention_backend: _native_cudnn takes bf16 / fp16 only and "
+                                                "train.mixed_precision: 'no' runs fp32"),
+    (["speed.compile=true", "model.base_dtype=fp8", "model.fp8_blocks_on_host=1"], "speed.compile with "
+                                                                                  "model.fp8_blocks_on_host:"),
+    (["speed.compile=true", "train.activation_offload=true"], "speed.compile with train.activation_offload:"),
+    (["speed.compile=true", "parallel.ulysses_degree=2"], "speed.compile with parallel:"),
+]
+
+
+@pytest.mark.parametrize("sets,line", REFUSED, ids=[" ".join(s) for s, _ in REFUSED])
+def test_the_config_refuses_by_name(demo_data, sets, line):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [f"data.datasets.0.data_root={demo_data}", *sets])
+    assert line in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_config_tables_are_the_backend_table():
+    """checks.py restates two facts of BACKENDS (it imports no torch); the schema offers its names."""
+    assert set(checks.NO_BACKWARD) == {n for n, b in speed.BACKENDS.items() if not b.backward}
+    assert set(checks.HALF_ONLY) == {n for n, b in speed.BACKENDS.items() if b.half}
+    assert set(typing.get_args(AttentionBackend)) == set(speed.BACKENDS)
+
+
+# --- what the machine refuses: the preflight's one line ----------------------------------------
+
+@pytest.mark.parametrize("name", [n for n, b in speed.BACKENDS.items() if not b.cpu])
+def test_gpu_backends_are_refused_on_a_cpu(name):
+    line = speed.backend_problem(name, cuda=False)
+    assert line.startswith(f"speed.attention_backend: {name} (") and "runs on CUDA GPUs only" in line
+    assert line.endswith("set speed.attention_backend: native (torch's SDPA, which takes the CPU's flash op here)")
+
+
+def test_flex_samples_on_a_cpu_but_cannot_train_there():
+    assert "has no backward on a CPU" in speed.backend_problem("flex", cuda=False)
+    assert speed.backend_problem("flex", cuda=False, key="speed.sampling_attention_backend", training=False) is None
+    assert speed.backend_problem("native", cuda=False) is None
+
+
+def test_what_a_gpu_machine_is_told():
+    """Missing packages (this machine has none of them), the GPU generation, cuDNN and the head size,
+    each with the pip package or the key to change."""
+    for name, b in speed.BACKENDS.items():
+        if b.module is not None and importlib.util.find_spec(b.module) is None:
+            line = speed.backend_problem(name, cuda=True, capability=(9, 0))
+            assert line == (f"speed.attention_backend: {name} needs {b.pip}, which is not importable here: "
+                            f"pip install '{b.pip}', or set speed.attention_backend: native")
+    assert "needs compute capability >= 8.0 (Ampere or newer); this GPU is 7.5" in speed.backend_problem(
+        "_native_flash", cuda=True, capability=(7, 5))
+    assert speed.backend_problem("_native_flash", cuda=True, capability=(8, 0), head_dim=128) is None
+    assert "takes head sizes at most 128; this model's is 256" in speed.backend_problem(
+        "_native_cudnn", cuda=True, capability=(9, 0), head_dim=256)
+    assert "needs cuDNN 9 or newer" in speed.backend_problem("_native_cudnn", cuda=True, capability=(9, 0),
+                                                             cudnn_version=8902)
+
+
+@pytest.mark.parametrize("sets,line", [
+    (["train.mixed_precision=bf16", "speed.attention_backend=flash"], "config error: speed.attention_backend: flash "
+                                                                      "(FlashAttention-2) runs on CUDA GPUs only"),
+    (["speed.attention_backend=flex"], "config error: speed.attention_backend: flex (torch's FlexAttention"),
+    (["speed.sampling_attention_backend=xformers"], "config error: speed.sampling_attention_backend: xformers"),
+    (["speed.compile=true"], "config error: speed.compile: inductor builds C++ for the CPU and no compiler is on PATH"),
+], ids=["flash", "flex-training", "xformers-sampling", "no-compiler"])
+def test_train_e2v_stops_before_any_weight_loads(demo_data, tmp_path, monkeypatch, sets, line):
+    import train_e2v
+
+    def load_parts(*a, **k):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(train_e2v, "load_parts", load_parts)
+    if "speed.compile=true" in sets:  # a machine without a C++ compiler
+        monkeypatch.setenv("PATH", str(tmp_path))
+        monkeypatch.delenv("CXX", raising=False)
+    code = train_main("--config", TINY, *_sets(f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+                                               *sets))
+    assert isinstance(code, str) and code.startswith(line) and "\n" not in code, code
+
+
+# --- the compiled block, in process ---------------------------------------------------------------
+
+def _tiny_call(model, frames: int = 3):
+    x = torch.randn(2, 36, frames, 8, 8, generator=torch.Generator().manual_seed(1))
+    text = torch.randn(2, 512, 32, generator=torch.Generator().manual_seed(2))
+    image = torch.randn(2, 51, 32, generator=torch.Generator().manual_seed(3))
+    return model(x, timestep=torch.tensor([500.0, 300.0]), encoder_hidden_states=text,
+                 encoder_hidden_states_image=image, return_dict=False)[0]
+
+
+def test_a_compiled_block_keeps_every_name_and_the_limit_is_said(demo_data, capsys, monkeypatch):
+    """Names of parameters, buffers and the state dict unchanged (no `_orig_mod.`); static shapes raise
+    torch's recompile limit to the buckets' count; a run past the limit is told what runs eager."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    eager = WanTransformer3DModel(**tiny_transformer_config("i2v"))
+    model = copy.deepcopy(eager)
+    cfg = load_config(TINY, [f"data.datasets.0.data_root={demo_data}", "speed.compile=true",
+                             "speed.compile_backend=eager", "speed.compile_shapes=static"])
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    watch = speed.apply(model, cfg, shapes=5)
+    assert torch._dynamo.config.recompile_limit == 12  # 2 kinds of block input x 5 shapes + validation's 2
+    assert list(model.state_dict()) == list(eager.state_dict())
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    assert not any("_orig_mod" in n for n in model.state_dict())
+    torch.testing.assert_close(_tiny_call(model), _tiny_call(eager), rtol=0, atol=1e-6)
+    assert watch.graphs >= 1 and "graph(s) of the block compiled" in capsys.readouterr().out
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", watch.entries())  # the next shape is past it
+    torch.testing.assert_close(_tiny_call(model, frames=2), _tiny_call(eager, frames=2), rtol=0, atol=1e-6)
+    out = capsys.readouterr().out
+    torch._dynamo.reset()  # dynamo marked the block's code run-only (eager) for this process
+    assert "recompile_limit: a new shape or kind of input runs the block eager from now on" in out, out
+
+
+def test_flex_forward_equals_native_on_a_cpu():
+    """The backend reaches every processor (flex: the CPU's forward only), and only the model's."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    native = WanTransformer3DModel(**tiny_transformer_config("i2v")).requires_grad_(False)
+    flex = copy.deepcopy(native)
+    speed.set_backend(flex, "flex")
+    assert {str(p._attention_backend) for p in speed._processors(flex)} == {"AttentionBackendName.FLEX"}
+    assert {p._attention_backend for p in speed._processors(native)} == {None}
+    with torch.no_grad():
+        torch.testing.assert_close(_tiny_call(flex), _tiny_call(native), rtol=0, atol=1e-5)
+
+
+# Two buckets: the session's 17-frame demo data and 9-frame clips of the same kind (frame buckets 9
+# and 17: latents of 3 and 5 frames). Checkpoints at 2 and 4 (the resumes start at 2).
+RUN = ("data.auto_frame_buckets=true", "data.frame_buckets=[9,17]", "train.max_steps=4", "train.checkpoint_every=2",
+       "train.micro_batch_size=2", "train.gradient_checkpointing=true", "validation.every_n_steps=0",
+       "visualization.enabled=false", "data.num_workers=0")
+
+
+def _run(root, run_id: str, *sets: str, resume: str | None = None) -> tuple[dict, int]:
+    """One in-process run: its losses by step and the graphs torch.compile made during it."""
+    before = speed.compiled_graphs()
+    code = train_main("--config", TINY, *_sets(*RUN, f"output_dir={root}", f"run_id={run_id}", *sets),
+                      *(["--resume", resume] if resume else []))
+    assert code is None, code
+    return {s: r["train/loss"] for s, r in read_scalars(root / run_id).items() if "train/loss" in r}, \
+        speed.compiled_graphs() - before
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, demo_data):
+    from e2v.data.demo import main as make_demo
+
+    torch._dynamo.reset()  # no graph of another test's model: each run compiles what it needs
+    root = tmp_path_factory.mktemp("speed")
+    make_demo([str(root / "clips9"), "--num-samples", "8", "--frames", "9"])
+    data = f"data.datasets=[{{data_root: {demo_data}}}, {{data_root: {root / 'clips9'}}}]"
+    out = {"root": root}
+    out["eager"] = _run(root, "eager", data)
+    out["compiled"] = _run(root, "compiled", data, "speed.compile=true")
+    out["eager_to_compiled"] = _run(root, "e2c", data, "speed.compile=true",
+                                    resume=str(root / "eager" / "checkpoints" / "step_000002"))
+    out["compiled_to_eager"] = _run(root, "c2e", data, resume=str(root / "compiled" / "checkpoints" / "step_000002"))
+    one_bucket = (f"data.datasets.0.data_root={demo_data}", "model.training_type=full", "train.max_steps=2",
+                  "train.trainable=[]")
+    out["full_eager"] = _run(root, "full_eager", *one_bucket)
+    # aot_eager: dynamo's graph and AOT autograd's backward without inductor's codegen, which the LoRA
+    # run covers (a second cold inductor compile would double this fixture's ~1-2 min)
+    out["full_compiled"] = _run(root, "full_compiled", *one_bucket, "speed.compile=true", "speed.compile_backend=aot_eager")
+    fp8 = (f"data.datasets.0.data_root={demo_data}", "model.base_dtype=fp8", "train.max_steps=2")
+    out["fp8_eager"] = _run(root, "fp8_eager", *fp8)
+    out["fp8_compiled"] = _run(root, "fp8_compiled", *fp8, "speed.compile=true", "speed.compile_backend=aot_eager")
+    return out
+
+
+def _close(a: dict, b: dict, steps) -> None:
+    """fp32 losses of the compiled and the eager step: inductor reorders sums (measured ~1e-7)."""
+    assert set(steps) <= set(a) and set(steps) <= set(b), (a, b)
+    for s in steps:
+        assert a[s] == pytest.approx(b[s], rel=1e-5), (s, a[s], b[s])
+
+
+def test_compiled_training_gives_eager_losses(runs):
+    """LoRA with inductor, over two buckets; a full fine-tune and an fp8 base through dynamo and AOT
+    autograd (aot_eager), each against its eager run; checkpointing on in all."""
+    _close(runs["compiled"][0], runs["eager"][0], [1, 2, 3, 4])
+    _close(runs["full_compiled"][0], runs["full_eager"][0], [1, 2])
+    _close(runs["fp8_compiled"][0], runs["fp8_eager"][0], [1, 2])  # the fp8 Linear's autograd Function, traced
+    assert runs["eager"][1] == 0  # nothing compiled unless asked
+
+
+def test_two_buckets_make_the_graphs_the_docs_state(runs):
+    """docs/speed.md: with compile_shapes auto, at most 2 graphs per kind of block input whatever the
+    buckets (the first shape static, the second one dynamic graph for all); e2v_tiny_lora trains the
+    patch embedding, so every block's input requires grad: one kind. Exactly 2: the second bucket was met."""
+    assert runs["compiled"][1] == 2
+    doc = " ".join((ROOT / "docs" / "speed.md").read_text().replace("**", "").split())
+    assert "at most 2 graphs per kind of block input" in doc
+
+
+def test_resume_across_compilation_continues_the_losses(runs):
+    eager, compiled = runs["eager"][0], runs["compiled"][0]
+    _close(runs["eager_to_compiled"][0], eager, [3, 4])
+    _close(runs["compiled_to_eager"][0], compiled, [3, 4])
+
+
+def _keys(run) -> dict:
+    """Every name a run wrote: the checkpoint's module and parameter shapes, each safetensors file's
+    keys, the export's JSON."""
+    from safetensors import safe_open
+
+    out = {}
+    step = run / "checkpoints" / "step_000004"
+    states = torch.load(step / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    out["module"] = sorted(states["module"])
+    out["param_shapes"] = [sorted(g) for g in states["param_shapes"]]
+    for f in sorted([*run.glob("lora/*.safetensors"), *step.glob("*.safetensors"), *run.glob("*.safetensors")]):
+        if not f.name.startswith("rng_"):
+            with safe_open(str(f), "pt") as st:
+                out[str(f.relative_to(run))] = sorted(st.keys())
+    out["export"] = json.loads((step / "e2v_export.json").read_text())
+    return out
+
+
+def test_checkpoint_and_export_names_do_not_change(runs):
+    eager, compiled = _keys(runs["root"] / "eager"), _keys(runs["root"] / "compiled")
+    assert compiled == eager
+    assert "_orig_mod" not in json.dumps(compiled)
+    assert len(eager) >= 6  # module, shapes, the LoRA and its ComfyUI copy, the modules trained in full, base
+
+
+def test_sampling_switches_the_backend_and_puts_it_back(demo_data):
+    """speed.sampling_attention_backend while generate() runs: the process's active backend (models
+    loaded for sampling) and the processors of the trained model, each put back after."""
+    from diffusers import WanTransformer3DModel
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    cfg = load_config(TINY, [f"data.datasets.0.data_root={demo_data}", "speed.sampling_attention_backend=flex"])
+    torch.manual_seed(0)
+    trained = WanTransformer3DModel(**tiny_transformer_config("i2v")).requires_grad_(False)
+    speed.set_backend(trained, "native")
+    marked = speed._processors(trained)[0]
+    marked._attention_backend = AttentionBackendName._NATIVE_MATH  # a backend of its own, to be restored
+    before = _AttentionBackendRegistry.get_active_backend()[0]
+    with speed.sampling_backend(trained, cfg):
+        assert _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.FLEX
+        assert {p._attention_backend for p in speed._processors(trained)} == {None}
+        with torch.no_grad():
+            out = _tiny_call(trained)
+    assert _AttentionBackendRegistry.get_active_backend()[0] == before
+    assert marked._attention_backend == AttentionBackendName._NATIVE_MATH
+    marked._attention_backend = None
+    with torch.no_grad():
+        torch.testing.assert_close(out, _tiny_call(trained), rtol=0, atol=1e-5)
+
+
+def test_sample_py_stops_before_any_weight_loads(demo_data, tmp_path, monkeypatch):
+    """tools/sample.py with a run's GPU-only training backend on a CPU: one line, the key to --set."""
+    import e2v.models.load
+    from e2v.eval.sample_cli import main
+
+    def load_parts(*a, **k):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(e2v.models.load, "load_parts", load_parts)
+    with pytest.raises(SystemExit) as e:
+        main(["--config", TINY, "--prompt", "a red ball", "--out", str(tmp_path / "v.mp4"), "--device", "cpu",
+              *_sets(f"data.datasets.0.data_root={demo_data}", "train.mixed_precision=bf16",
+                     "speed.attention_backend=_native_cudnn")])
+    assert str(e.value).startswith("config error: speed.attention_backend: _native_cudnn (torch's cuDNN SDPA kernel "
+                                   "(cuDNN 9+)) runs on CUDA GPUs only"), e.value
+
+
+def test_tf32_and_cudnn_keys_set_torch_flags(demo_data, monkeypatch):
+    """The defaults are torch's own (a default run changes nothing); each key reaches its flag."""
+    for flag in ("allow_tf32", "benchmark"):
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    speed.set_precision(load_config(TINY, [f"data.datasets.0.data_root={demo_data}"]))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) \
+        == (False, True, False)
+    speed.set_precision(load_config(TINY, [f"data.datasets.0.data_root={demo_data}", "speed.matmul_tf32=true",
+                                           "speed.cudnn_tf32=false", "speed.cudnn_benchmark=true"]))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) \
+        == (True, False, True)
