@@ -3,7 +3,8 @@
 (dynamo only: `compile_backend: eager`, which keeps DeepSpeed's hooks and graph breaks without the
 code generation) train with their eager runs' losses and say what they compiled.
 
-The in-process tests (one rank, the names, resume, buckets, the refusals) are tests/unit/test_speed.py."""
+The in-process tests: one rank, the names, resume, buckets in tests/launch/test_compiled_step_runs.py, the
+refusals in tests/unit/test_speed.py."""
 
 from __future__ import annotations
 
