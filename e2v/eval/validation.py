@@ -11,11 +11,15 @@ two validations of the same weights give identical numbers.
 Reference use (README, "Look at what it learns"): at the same sigmas and
 noise, the loss with the references dropped (zero condition, zero mask, zero CLIP tokens, zero
 reference frames in the clean_prefix layout: the reference-dropout layout) and with the
-references shuffled across samples (sample i gets the references of sample i+1; needs >= 2
-held-out samples). Logged as the plain difference and
-relative to the true-reference loss:
+references shuffled across samples (sample i gets the references of its partner: the next held-out
+sample of its shape, i.e. of its frame and resolution bucket, cyclic within that shape, since a
+condition of another latent shape does not fit its latents; with one bucket, sample i+1).
+Logged as the plain difference and relative to the true-reference loss:
     val/reference_gap_shuffle     = loss_shuffled - loss_true           (likewise _drop)
     val/reference_gap_shuffle_rel = (loss_shuffled - loss_true) / loss_true
+The shuffle gap is taken over the samples that have a partner (loss_true too, for that gap alone;
+val/loss and the drop gap cover every sample): a sample alone in its shape is left out of it, and
+with no two samples of one shape the shuffle scalars are not logged; either is said once in the log.
 positive = the model uses its references (the bar the demo is held to: shuffle gap above 10% of the
 true-reference loss, i.e. _rel > 0.1). The shuffle gap is the honest one: a zeroed condition
 is out of distribution unless reference dropout was on in training. References matter most at
@@ -47,7 +51,7 @@ Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
 
-Length (about 480 lines): one Validator whose parts share the held-out conditions, the noise and
+Length (about 560 lines): one Validator whose parts share the held-out conditions, the noise and
 the generated videos of one validation (losses, reference gaps, videos, their sheet and fidelity);
 the pieces other modules can own already live there (sampling.py, fidelity.py, viz.py,
 models.load's visits).
@@ -73,7 +77,7 @@ from e2v.config.schema import ConfigError
 from e2v.config.shapes import vae_space_stride
 from e2v.data.dataset import E2VDataset, collate, element_inputs
 from e2v.data.media import frames_to_video, load_image
-from e2v.data.sample import element_paths
+from e2v.data.sample import element_paths, sample_bucket
 from e2v.data.store import CacheStore
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
 from e2v.eval.sampling import decode, denoise, encode_conditions, generate, noise_generator
@@ -85,6 +89,16 @@ from e2v.train.flow import add_noise, per_sample_mse
 from e2v.train.step import predict, prediction_and_target
 
 log = get_logger("e2v")
+
+
+def shape_groups(shapes: list) -> list[list[int]]:
+    """The indices of `shapes` grouped by equal shape, each group in index order, the groups in
+    the order of their first index: the samples that may stack into one batch
+    (conditioning.layout.stack_conditions concatenates, so one batch holds one latent shape)."""
+    groups: dict = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    return list(groups.values())
 
 
 def hold_out_problem(cfg, num_usable: int) -> tuple[str, str] | None:
@@ -161,6 +175,7 @@ class Validator:
         self.refs: list[dict] | None = None  # the same, preprocessed as conditioning takes them
         self.host: dict = {}  # what validation reuses, read from disk once and kept on the host (models.load)
         self.empty_text_BLD: torch.Tensor | None = None  # the cache's empty-prompt embedding (reads_cache)
+        self.said_unpaired = False  # say_unpaired's once
         # Held-out samples give losses, `validation.sets` give videos: either one is work to do.
         self.enabled = cfg.validation.every_n_steps > 0 and bool(samples or cfg.validation.sets)
 
@@ -226,41 +241,65 @@ class Validator:
         n = len(conds)
         with_refs = self.cfg.e2v_type != "none" and n > 1
         variants = {"true": list(range(n))}
+        paired: list[int] = []  # the samples the shuffle gap is taken over: those with a partner
         if with_refs:
-            variants.update(shuffled=[(i + 1) % n for i in range(n)], dropped=[None] * n)
-        totals = {k: [] for k in variants}  # variant -> per-sigma mean loss
+            partners = [self.partner(i) for i in range(n)]
+            paired = [i for i, p in enumerate(partners) if p is not None]
+            self.say_unpaired(n - len(paired))
+            if paired:  # a sample alone in its shape keeps its own references there: scored, then left out
+                variants["shuffled"] = [i if p is None else p for i, p in enumerate(partners)]
+            variants["dropped"] = [None] * n
+        totals = {k: [] for k in variants}  # variant -> per-sigma mean loss (shuffled: over `paired`)
+        paired_true = []  # per sigma, the true-reference loss over `paired`: the shuffle gap's baseline
         # A run that trains one Wan2.2 expert scores only that expert's sigmas (experts.trains_sigma);
         # each keeps its noise seed, so its numbers match a run that scores them all.
         sigmas = [(si, float(s)) for si, s in enumerate(v.sigmas) if trains_sigma(self.cfg, s)]
         for si, sigma in sigmas:
             per_variant = self.per_sample_losses(model, conds, variants, sigma, seed=v.seed * 1000 + si)
-            for name, per_sample in per_variant.items():
-                totals[name].append(sum(per_sample.tolist()) / n)  # the scalars come back here, once per sigma
+            per_host = {name: per_sample.tolist() for name, per_sample in per_variant.items()}  # once per sigma
+            for name, values in per_host.items():
+                over = paired if name == "shuffled" else range(n)
+                totals[name].append(sum(values[i] for i in over) / len(over))
+            if "shuffled" in per_host:
+                paired_true.append(sum(per_host["true"][i] for i in paired) / len(paired))
         scored = [s for _, s in sigmas]
         true = totals["true"]
         out = {"val/loss": sum(true) / len(true)}
         out.update({f"val/loss_at_sigma_{s:g}": l for s, l in zip(scored, true)})
         if with_refs:
             for name, tag in (("shuffled", "shuffle"), ("dropped", "drop")):
+                if name not in totals:
+                    continue
+                base = paired_true if name == "shuffled" else true  # the true loss over the same samples
+                base_mean = sum(base) / len(base)
                 mean = sum(totals[name]) / len(true)
                 out[f"val/loss_{name}_refs"] = mean
-                out[f"val/reference_gap_{tag}"] = mean - out["val/loss"]
-                out[f"val/reference_gap_{tag}_rel"] = (mean - out["val/loss"]) / out["val/loss"]
-                for s, l, t in zip(scored, totals[name], true):
+                out[f"val/reference_gap_{tag}"] = mean - base_mean
+                out[f"val/reference_gap_{tag}_rel"] = (mean - base_mean) / base_mean
+                for s, l, t in zip(scored, totals[name], base):
                     out[f"val/reference_gap_{tag}_at_sigma_{s:g}"] = l - t
                     out[f"val/reference_gap_{tag}_rel_at_sigma_{s:g}"] = (l - t) / t
         return out
 
     def per_sample_losses(self, model, conds: list[Conditions], variants: dict[str, list], sigma: float, *,
                           seed: int) -> dict[str, torch.Tensor]:
-        """Per variant, the loss of every held-out sample at one sigma (a tensor [n] on the device),
-        in micro-batches; the noise comes from a generator seeded by `seed` alone."""
-        fl, n, mb = self.cfg.flow, len(conds), max(1, self.cfg.train.micro_batch_size)
+        """Per variant, the loss of every held-out sample at one sigma (a tensor [n] on the device,
+        in the order of `conds`), in micro-batches of one latent shape (shape_groups); the noise
+        comes from a generator seeded by `seed` alone, drawn in sample order. A variant names, per
+        sample, the sample whose references it gets (None: dropped); that sample has its shape."""
+        fl, mb = self.cfg.flow, max(1, self.cfg.train.micro_batch_size)
         gen = torch.Generator().manual_seed(seed)
         noise = [randn(c.latents_BCTHW.shape, gen, c.latents_BCTHW.device) for c in conds]
+        shapes = [tuple(c.latents_BCTHW.shape) for c in conds]
+        for name, src in variants.items():
+            wrong = [(i, j) for i, j in enumerate(src) if j is not None and shapes[j] != shapes[i]]
+            if wrong:
+                i, j = wrong[0]
+                raise ValueError(f"validation variant {name!r}: sample {i} (latents {shapes[i]}) takes the "
+                                 f"references of sample {j} (latents {shapes[j]}); a condition must have its shape")
+        batches = [g[start:start + mb] for g in shape_groups(shapes) for start in range(0, len(g), mb)]
         per_variant = {k: [] for k in variants}
-        for start in range(0, n, mb):
-            idx = range(start, min(n, start + mb))
+        for idx in batches:
             target_c = stack_conditions([conds[i] for i in idx])
             latents = target_c.latents_BCTHW
             noise_B = torch.cat([noise[i] for i in idx])
@@ -272,7 +311,19 @@ class Validator:
                 pred = predict(model, noisy, 1000 * sigma_B, c, c.text_BLD, self.dtype)
                 pred, target = prediction_and_target(fl, pred, noisy, sigma_B, latents, noise_B)
                 per_variant[name].append(per_sample_mse(pred, target))
-        return {k: torch.cat(v) for k, v in per_variant.items()}
+        back = torch.tensor([i for idx in batches for i in idx]).argsort()  # batch order -> sample order
+        return {k: torch.cat(v)[back.to(v[0].device)] for k, v in per_variant.items()}
+
+    def say_unpaired(self, alone: int) -> None:
+        """Log once that `alone` held-out samples have no partner of their shape (none: silent)."""
+        if alone and not self.said_unpaired:
+            self.said_unpaired = True
+            n = len(self.samples)
+            what = ("no two share a frame/resolution bucket, so the shuffle gap is not logged" if alone == n else
+                    f"{alone} of {n} are alone in their frame/resolution bucket, so the shuffle gap is taken "
+                    f"over the other {n - alone}")
+            log.warning(f"validation: the references are shuffled only between held-out samples of one latent "
+                        f"shape; {what} (hold out more samples, validation.num_samples, to give each a partner)")
 
     # -- generated videos -------------------------------------------------------------------------
 
@@ -293,32 +344,50 @@ class Validator:
                         image_guidance_scale=v.image_guidance_scale, generator_device=v.generator_device,
                         negative_prompt=v.negative_prompt, device=self.device, dtype=self.dtype)
 
-    def generate_from_cache(self, model, parts, partners: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def cached_video_groups(self) -> list[list[int]]:
+        """The first `validation.num_videos` held-out samples by bucket (shape_groups): generated
+        from the cache, each video has its sample's latent shape, and one batch holds one shape."""
+        k = min(self.cfg.validation.num_videos, len(self.samples))
+        return shape_groups([sample_bucket(s, self.cfg) for s in self.samples[:k]])
+
+    def swap_source(self, k: int) -> int:
+        """Whose references the swapped video k is made with: its partner's, or (alone in its bucket)
+        its own, a row that keeps the batch's noise rows in step and that the sheet and the swap
+        scalar leave out."""
+        p = self.partner(k)
+        return k if p is None else p
+
+    def generate_from_cache(self, model, parts, partners: bool) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """What `generate` makes for the first `validation.num_videos` held-out samples, from their
-        cached conditions (reads_cache): the noise of `validation.seed` drawn first, as generate
-        draws it; the negative prompt is the empty one. With `partners`, also each sample with its
-        partner's references (same prompt, same noise). Returns (latents, swapped or None)."""
+        cached conditions (reads_cache), one batch per bucket (cached_video_groups): the noise of
+        `validation.seed` drawn first, as generate draws it (groups in turn from the one generator);
+        the negative prompt is the empty one. With `partners`, also each sample with its partner's
+        references (same prompt, same noise). Returns (latents, swapped or None), a tensor per group."""
         v = self.cfg.validation
         conds = self.encode(parts)
-        k = min(v.num_videos, len(conds))
-        c = stack_conditions(conds[:k])
-        noise = randn(c.latents_BCTHW.shape, noise_generator(v.seed, v.generator_device, self.device),
-                      c.latents_BCTHW.device)
+        generator = noise_generator(v.seed, v.generator_device, self.device)
         negative = self.empty_text_BLD if v.guidance_scale > 1 else None
         run = dict(num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
                    dtype=self.dtype)
-        latents = denoise(model, c, negative, noise, **run)
-        swapped = None
-        if partners:
-            others = stack_conditions([conds[self.partner(i)] for i in range(k)])
-            swapped = denoise(model, with_references(c, others), negative, noise, **run)
+        latents, swapped = [], [] if partners else None
+        for group in self.cached_video_groups():
+            c = stack_conditions([conds[i] for i in group])
+            noise = randn(c.latents_BCTHW.shape, generator, c.latents_BCTHW.device)
+            latents.append(denoise(model, c, negative, noise, **run))
+            if partners:
+                others = stack_conditions([conds[self.swap_source(i)] for i in group])
+                swapped.append(denoise(model, with_references(c, others), negative, noise, **run))
         return latents, swapped
 
-    def decode(self, latents_BCTHW: torch.Tensor, vae) -> np.ndarray:
-        """uint8 videos of the latents, tiled; a VAE kept on the host (reads_cache) visits the
-        device for it."""
+    def decode(self, groups: list[list[int]], latents: list[torch.Tensor], vae) -> list[np.ndarray]:
+        """uint8 videos [F,H,W,3] of the latents (one tensor per group of video indices), in video
+        order, tiled; a VAE kept on the host (reads_cache) visits the device for it."""
+        videos = [None] * sum(map(len, groups))
         with visiting(vae, self.device) if reads_cache(self.cfg) else contextlib.nullcontext(), tiled(vae):
-            return decode(latents_BCTHW, vae)
+            for group, latents_BCTHW in zip(groups, latents):
+                for k, video in zip(group, decode(latents_BCTHW, vae)):
+                    videos[k] = video
+        return videos
 
     def videos(self, model, step: int, parts=None) -> tuple[int, dict]:
         """Generate, and on rank 0 write mp4 + prompt + TensorBoard strip; for held-out videos
@@ -330,17 +399,18 @@ class Validator:
             return 0, {}
         with with_all_experts(model, parts, self.cfg, self.device, self.dtype, self.host) as full:  # Wan2.2
             if reads_cache(self.cfg):
+                groups = self.cached_video_groups()
                 latents, swapped = self.generate_from_cache(full, parts, partners=v.subject_colour is not None)
-            else:
-                latents = self.generate(full, parts, inputs)
-                swapped = None
+            else:  # every video at the config's size (element_item): one batch
+                groups = [list(range(len(inputs)))]
+                latents, swapped = [self.generate(full, parts, inputs)], None
                 if v.subject_colour is not None:  # sample k with its partner's references: same prompt, same noise
                     images = self.held_out_images()
-                    swapped = self.generate(full, parts,
-                                            [(p, images[self.partner(k)]) for k, (p, _) in enumerate(inputs)])
+                    swapped = [self.generate(full, parts,
+                                             [(p, images[self.swap_source(k)]) for k, (p, _) in enumerate(inputs)])]
         if self.rank != 0:
             return len(inputs), {}
-        videos = self.decode(latents, parts.vae)
+        videos = self.decode(groups, latents, parts.vae)
         folder = self.out / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         for k, ((prompt, images), video) in enumerate(zip(inputs, videos)):
@@ -353,7 +423,7 @@ class Validator:
                 self.tb.add_video_file(f"val/video_{k:02d}_mp4", folder / f"{k:02d}.mp4", step)
         if v.sets:  # prompts and images without held-out peers: nothing to compare with
             return len(inputs), {}
-        swapped = None if swapped is None else self.decode(swapped, parts.vae)
+        swapped = None if swapped is None else self.decode(groups, swapped, parts.vae)
         sheet = self.generated_sheet(videos, swapped)
         write_png(folder / "sheet.png", sheet)
         if self.tb is not None:
@@ -388,9 +458,12 @@ class Validator:
         frames = frames_to_video(np.asarray(background)[None], *d.resolution, d.video_resize, d.reshape_mode)
         return frames[:, 0].permute(1, 2, 0).numpy()
 
-    def partner(self, k: int) -> int:
-        """The held-out sample whose references video k is compared with (and, swapped, made with)."""
-        return (k + 1) % len(self.samples)
+    def partner(self, k: int) -> int | None:
+        """The held-out sample whose references sample k is shuffled with (the loss), and video k
+        compared with (and, swapped, made with): the next held-out sample of its bucket (which fixes
+        its latent shape), cyclic within the bucket; None when k is alone in its bucket."""
+        group = next(g for g in shape_groups([sample_bucket(s, self.cfg) for s in self.samples]) if k in g)
+        return None if len(group) == 1 else group[(group.index(k) + 1) % len(group)]
 
     def element_inputs(self) -> list[dict]:
         """Per held-out sample, its references as conditioning takes them (data.element_inputs):
@@ -406,7 +479,8 @@ class Validator:
 
     def generated_sheet(self, videos: np.ndarray, swapped: np.ndarray | None) -> np.ndarray:
         """One row per held-out video: its references (as the VAE condition takes them) | every 4th
-        frame; with the swap, then the partner's references | the frames made with them. Above
+        frame; with the swap, then the partner's references | the frames made with them (none for a
+        sample alone in its bucket: no partner). Above
         each row, what it is (the sample, whose references) and each tile's role (the element
         name, `gen fN` the generated frame N, `swap fN` the frame made with the partner's)."""
         refs = [r["vae"] for r in self.element_inputs()]
@@ -414,8 +488,8 @@ class Validator:
         for k, video in enumerate(videos):
             frames = strip_frames(len(video))
             halves = [(refs[k], video, "gen", f"{self.samples[k].id}: its references -> generated")]
-            if swapped is not None:
-                p = self.partner(k)
+            p = self.partner(k)
+            if swapped is not None and p is not None:  # alone in its bucket: no partner to swap with
                 halves.append((refs[p], swapped[k], "swap", f"references of {self.samples[p].id}, same prompt+noise"))
             tiles, heads, names, x = [], [], [], 0
             for i, (own, frames_of, tag, head) in enumerate(halves):
@@ -443,11 +517,14 @@ class Validator:
                                       parts.image_processor)
             values = torch.stack([x for own, other in sims.values() for x in (own.mean(), (own - other).nanmean())])
             values = values.tolist()  # the one copy to the host
+            compared = any(p is not None for p in partners)  # no video with a partner: no gap to log
             for i, name in enumerate(sims):
                 out[f"val/element_similarity_{name}"] = values[2 * i]
-                out[f"val/element_similarity_gap_{name}"] = values[2 * i + 1]
+                if compared:
+                    out[f"val/element_similarity_gap_{name}"] = values[2 * i + 1]
             out["val/element_similarity"] = float(np.mean(values[0::2]))
-            out["val/element_similarity_gap"] = float(np.nanmean(values[1::2]))
+            if compared:
+                out["val/element_similarity_gap"] = float(np.nanmean(values[1::2]))
         if sc is not None:
             images, block = self.held_out_images(), vae_space_stride(parts.vae.config)
             candidates = [element_colour(np.asarray(im[sc.subject])) for im in images]
@@ -459,9 +536,10 @@ class Validator:
 
             out["val/sample_reference_match"] = hit_rate([measured(x, k) for k, x in enumerate(videos)], candidates,
                                                          list(range(len(videos))))
-            if swapped is not None:
-                out["val/sample_reference_swap"] = hit_rate([measured(x, partners[k]) for k, x in enumerate(swapped)],
-                                                            candidates, partners)
+            paired = [k for k, p in enumerate(partners) if p is not None]
+            if swapped is not None and paired:  # the videos with a partner (swap_source)
+                out["val/sample_reference_swap"] = hit_rate([measured(swapped[k], partners[k]) for k in paired],
+                                                            candidates, [partners[k] for k in paired])
         return out
 
 
@@ -474,11 +552,13 @@ def summary(scalars: dict, videos: int) -> str:
             parts.append(f"{tag} gap {scalars[f'val/reference_gap_{tag}']:+.3f} "
                          f"({100 * scalars[f'val/reference_gap_{tag}_rel']:+.1f}%)")
     if "val/sample_reference_match" in scalars:
-        parts.append(f"subject colour follows the references: match {scalars['val/sample_reference_match']:.2f}, "
-                     f"swap {scalars['val/sample_reference_swap']:.2f}")
+        swap = scalars.get("val/sample_reference_swap")
+        parts.append(f"subject colour follows the references: match {scalars['val/sample_reference_match']:.2f}"
+                     + ("" if swap is None else f", swap {swap:.2f}"))
     if "val/element_similarity" in scalars:
-        parts.append(f"CLIP element similarity {scalars['val/element_similarity']:.3f} "
-                     f"(gap {scalars['val/element_similarity_gap']:+.3f})")
+        gap = scalars.get("val/element_similarity_gap")
+        parts.append(f"CLIP element similarity {scalars['val/element_similarity']:.3f}"
+                     + ("" if gap is None else f" (gap {gap:+.3f})"))
     if videos:
         parts.append(f"{videos} video(s)")
     return ", ".join(parts)
