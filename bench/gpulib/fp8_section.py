@@ -36,6 +36,12 @@ def _model(cfg, real: bool):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
+    # to_empty leaves the rope tables (non-persistent buffers, computed at construction) uninitialised
+    # memory: made again, fp32 as diffusers makes them, or the forward reads garbage (NaN losses)
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+    model.rope = WanRotaryPosEmbed(conf["attention_head_dim"], tuple(model.config.patch_size),
+                                   model.config.rope_max_seq_len)
     quantize_base(model, full_patterns(cfg, False))
     setup_training(model, cfg, expanded=False)
     model.enable_gradient_checkpointing()
