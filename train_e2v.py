@@ -178,6 +178,12 @@ def checked_config(args):
         cfg = load_config(args.config, args.set, check_paths=not args.dry_run)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
+    if cfg.task == "causal":  # what the block-causal model cannot serve: its own rule, torch's import first
+        from e2v.models.causal import causal_refusal
+
+        refusal = causal_refusal(cfg)
+        if refusal:
+            raise SystemExit(f"config error: {refusal}")
     if args.dry_run:
         p = cfg.parallel
         ranks = args.gpus or p.ulysses_degree * p.ring_degree  # the config's own count: one context-parallel group
