@@ -73,8 +73,8 @@ def test_seeded_block_draws_equal_causvids_process_timestep(batch, frames, per_b
 def test_all_clean_draws_are_redrawn():
     """A draw whose every timestep is 0 has no loss (CausVid: the mean over an empty mask, NaN):
     it is drawn again from the same generator, as often as it takes."""
-    from e2v.train.step import draw_block_timesteps, draw_flow
     from e2v.conditioning.encode import Conditions
+    from e2v.train.step import draw_block_timesteps, draw_flow
 
     steps = [0, 0, 0, 600]
     redrawn = 0
