@@ -193,6 +193,16 @@ def enable_causal(transformer, frames_per_block: int, independent_first_frame: b
     return transformer
 
 
+def ensure_causal(model, frames_per_block: int, independent_first_frame: bool, attention: str = "auto"):
+    """`enable_causal` on every WanTransformer3DModel inside `model` that is not causal yet (a
+    sampler's fresh transformer, a full fine-tune's export); one already causal keeps its settings.
+    Returns `model`."""
+    for module in model.modules():
+        if hasattr(module, "rope") and hasattr(module, "blocks") and getattr(module, "causal_state", None) is None:
+            enable_causal(module, frames_per_block, independent_first_frame, attention)
+    return model
+
+
 def _rope_hook(rope, args, output):
     """After diffusers' rope: record the grid of this forward; under a KV cache, the block's
     tables at its absolute frames (cache.frames onwards) instead of from frame 0. The shifted
