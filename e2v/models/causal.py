@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from e2v.config.shapes import frame_bucket_list, latent_size
-
 ATTENTION_PATHS = ("auto", "flex", "blocks")
 FLEX_TILE = 128  # FlexAttention's default tile (BLOCK_SIZE) in tokens, both sides
 
@@ -84,9 +82,9 @@ def frame_timesteps(t_BT: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
 
 
 def causal_refusal(cfg) -> str | None:
-    """Why this config cannot train or sample the causal task, naming the key and the fix; None
-    when it can. Called by the config checks (task: causal only)."""
-    c = cfg.causal
+    """Why this config's causal model cannot run, naming the key and the fix; None when it can.
+    Called at start (train_e2v.py) for task: causal; whether the frames split into whole blocks is
+    the config's own check (e2v/config/checks.py, by e2v.config.shapes.whole_blocks)."""
     if cfg.parallel.ulysses_degree * cfg.parallel.ring_degree > 1:
         return ("task: causal does not run under context parallelism yet (parallel.ulysses_degree / ring_degree "
                 "split the sequence the block mask is built on): set both to 1")
@@ -97,19 +95,7 @@ def causal_refusal(cfg) -> str | None:
     if cfg.model.expert is not None:
         return ("task: causal on a two-expert base (model.expert is set): the KV cache of one expert does not "
                 "serve the other; use a one-transformer base (Wan2.1) or task: bidirectional")
-    if c.attention not in ATTENTION_PATHS:
-        return f"causal.attention: {c.attention!r} is not one of {ATTENTION_PATHS}"
-    for frames in frame_bucket_list(cfg):
-        try:
-            block_ids(latent_frames(frames), c.frames_per_block, c.independent_first_frame)
-        except ValueError as e:
-            return f"data.num_frames / frame bucket {frames}: {e}"
     return None
-
-
-def latent_frames(num_frames: int) -> int:
-    """Latent frames of a clip of `num_frames` pixel frames (every Wan VAE has the same time stride)."""
-    return latent_size(num_frames, 0, 0, {})[0]
 
 
 # --- the processors' shared state ----------------------------------------------------------------

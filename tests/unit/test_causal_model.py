@@ -169,13 +169,10 @@ def test_per_frame_timesteps_of_one_value_are_diffusers_scalar_timestep():
     assert frame_timesteps(torch.tensor([[1, 2]]), 3).tolist() == [[1, 1, 1, 2, 2, 2]]
 
 
-def test_what_the_causal_task_refuses_is_named():
+def test_what_the_causal_model_refuses_is_named():
     cfg = Config()
-    cfg.data.frame_buckets = [81]  # 21 latent frames: 7 blocks of 3
+    cfg.task = "causal"
     assert causal_refusal(cfg) is None
-    cfg.data.frame_buckets = [17, 81]
-    assert "frame bucket 17" in causal_refusal(cfg)
-    cfg.data.frame_buckets = [81]
     cfg.parallel.ulysses_degree = 2
     assert "parallel.ulysses_degree" in causal_refusal(cfg)
     cfg.parallel.ulysses_degree = 1
