@@ -15,7 +15,8 @@ Two exact ways to apply the mask, never a dense L x L mask:
 - flex: FlexAttention with a BlockMask built from the block layout in 128-token tiles (full tiles,
   partial tiles with the `kv < end of q's block` rule; building it costs O(tiles^2), not O(L^2)).
   It is fused only under torch.compile: on CUDA the compiled kernel runs (a compile per shape, Triton
-  from the torch wheel, nothing built by hand); on the CPU FlexAttention's eager path materializes
+  from the torch wheel, nothing built by hand; past torch's recompile limit, 8 shapes by default,
+  dynamo falls back to the eager path: many buckets want `blocks`); on the CPU FlexAttention's eager path materializes
   the L x L scores, a compiled one costs ~5 s per shape and a C++ compiler, and neither has a
   backward (torch raises), so `auto` takes blocks there and flex on the CPU is for inference.
 
