@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None):
             save(global_step)
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
+        if cfg.task == "causal":  # beside it, the file CausVid's own inference loads
+            export.export_causvid(parts.transformer, run_dir / "lora", full_names, rank=rank)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
         if rank == 0:  # the export's outputs are rank 0's
             what = "Model" if cfg.model.training_type == "full" else "LoRA"

@@ -41,6 +41,9 @@ BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): 
 # The whole transformer (LoRA fused) under Wan's original key names, export dtypes: ComfyUI's
 # diffusion-model loader ("Load Diffusion Model") reads it and applies every tensor.
 COMFY_CHECKPOINT_FILE = "e2v_transformer_comfyui.safetensors"
+# task: causal: the whole transformer (LoRA fused) as CausVid's generator checkpoint, which CausVid's
+# and Self-Forcing's inference load (e2v/models/causvid_ckpt.py)
+CAUSVID_FILE = "e2v_causvid.pt"
 
 
 def _gathered(params: list[torch.nn.Parameter]):
@@ -198,6 +201,30 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
             for _ in values:  # this rank's part of each gather
                 pass
     return out
+
+
+def export_causvid(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path | None:
+    """task: causal: the trained transformer, whole (a LoRA run's LoRA and trained modules fused in),
+    in export dtypes, as `<out_dir>/e2v_causvid.pt` in CausVid's generator layout. Rank 0 holds the
+    whole model while writing (~2.8 GB of bf16 for the 1.3B). Collective under ZeRO: every rank
+    calls it, rank 0 writes. Returns the file on rank 0, None elsewhere."""
+    from e2v.models.causvid_ckpt import save_causvid_checkpoint
+
+    keep, meta = rank == 0, export_meta(transformer)
+    if meta["experts"]:
+        raise ValueError("task: causal exports one transformer: a two-expert base is refused (models.causal.causal_refusal)")
+    if meta["training_type"] == "full":
+        state = {n: _full_fp32(p, keep) for n, p in transformer.named_parameters()}  # every rank gathers
+        state = {n: v.to(export_dtype(n)) for n, v in state.items()} if keep else {}
+    else:
+        lora, _ = trained_state(transformer, [], keep=keep)
+        _, values = trained_modules(transformer, full_names, keep=keep)
+        state = fused_state(transformer, lora, dict(values), meta, keep=keep)
+    if not keep:
+        return None
+    path = save_causvid_checkpoint(state, Path(out_dir) / CAUSVID_FILE)
+    usual_permissions(path)
+    return path
 
 
 def trained_modules(transformer: torch.nn.Module, full_names: list[str], keep: bool = True):

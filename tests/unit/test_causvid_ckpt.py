@@ -135,3 +135,33 @@ def test_missing_unexpected_and_misshaped_keys_are_named(tmp_path):
     torch.save({"model": state}, tmp_path / "no_generator.pt")
     with pytest.raises(ValueError, match=r"no 'generator' entry \(it has \['model'\]\)"):
         load_causvid_checkpoint(tiny(1), tmp_path / "no_generator.pt")
+
+
+@pytest.mark.parametrize("training", ["full", "lora"])
+def test_a_runs_causvid_export_is_the_trained_transformer(tmp_path, training):
+    """e2v/train/export.py's export_causvid: a full fine-tune's weights, or the base with the LoRA fused
+    (W + alpha / r * B A, computed here), in export dtypes, under CausVid's keys."""
+    from peft import LoraConfig
+
+    from e2v.train.export import CAUSVID_FILE, export_causvid, export_dtype
+
+    model = tiny(0)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    if training == "lora":
+        model.requires_grad_(False)
+        with seeded(4):
+            model.add_adapter(LoraConfig(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["to_q", "to_v"]))
+        for name, module in model.named_modules():
+            if hasattr(module, "lora_A") and "default" in module.lora_A:
+                delta = module.lora_B["default"].weight @ module.lora_A["default"].weight
+                expected[f"{name}.weight"] = expected[f"{name}.weight"] + 2.0 * delta  # alpha / r = 2
+    path = export_causvid(model, tmp_path, full_names=[])
+    assert path == tmp_path / CAUSVID_FILE
+    saved = torch.load(path, map_location="cpu", weights_only=True)["generator"]
+    assert sorted(saved) == sorted(f"model.{k}" for k in original_keys(2))
+    fresh = tiny(5)
+    load_causvid_checkpoint(fresh, path)
+    for name, value in fresh.state_dict().items():
+        want = expected[name].to(export_dtype(name)).float()
+        # the fused sum is rounded to bf16 once, by peft's order of fp32 additions or ours: one bf16 step apart at most
+        torch.testing.assert_close(value.float(), want, atol=1e-6, rtol=0 if training == "full" else 2 ** -7, msg=name)
