@@ -148,3 +148,27 @@ def test_a_causal_config_samples_through_generate():
     again = denoise(parts.transformer, c, encode_text([""], parts.tokenizer, parts.text_encoder), noise, num_steps=0,
                     guidance_scale=1.0, shift=0.0, rollout=causal_rollout(cfg), generator=generator)
     assert torch.equal(latents, again)
+
+
+def test_the_sample_command_samples_a_causal_run(tmp_path):
+    """tools/sample.py on a causal config: a base with model.generator_ckpt (a CausVid file) samples
+    block by block into a video of data.num_frames frames; --steps (the UniPC loop's) is refused."""
+    from helpers import ROOT
+
+    from e2v.data.media import probe_video
+    from e2v.eval import sample_cli
+    from e2v.models.causvid_ckpt import save_causvid_checkpoint
+
+    with seeded(9):  # the config's tiny shape, other weights
+        shape = causal_config().model.tiny
+        save_causvid_checkpoint(WanTransformer3DModel(**tiny_transformer_config("i2v", shape)).state_dict(),
+                                tmp_path / "g.pt")
+    sets = ["task=causal", "causal.frames_per_block=2", "causal.independent_first_frame=true", "flow.objective=x0",
+            "flow.denoising_step_list=[1000,757,522,0]", "flow.shift=8", "data.frame_buckets=[17]",
+            f"model.generator_ckpt={tmp_path / 'g.pt'}"]
+    argv = ["--config", str(ROOT / "configs/e2v_tiny.yaml"), "--prompt", "a shape moves", "--guidance", "1",
+            "--device", "cpu", *[a for s in sets for a in ("--set", s)]]
+    with pytest.raises(SystemExit, match="--steps / --shift set the UniPC loop"):
+        sample_cli.main([*argv, "--steps", "4", "--out", str(tmp_path / "refused.mp4")])
+    sample_cli.main([*argv, "--out", str(tmp_path / "v.mp4")])
+    assert probe_video(tmp_path / "v.mp4").frames == 17
