@@ -52,6 +52,18 @@ def test_the_seed_yaml_trains_the_causal_task_through_the_launcher(full_zero2):
         buckets = {k for k in logged if k.startswith("train/loss_at_time_")}
         assert buckets and buckets <= {f"train/loss_at_time_{k}" for k in (0, 250, 500, 750, 1000)}, buckets
     assert (run / "lora/transformer/config.json").is_file()  # the whole transformer, exported
+    # and CausVid's generator file beside it: the same weights under CausVid's names
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from e2v.models.causvid_ckpt import load_causvid_checkpoint
+    from e2v.models.tiny import tiny_transformer_config
+
+    exported = WanTransformer3DModel.from_pretrained(run / "lora/transformer")
+    fresh = WanTransformer3DModel(**tiny_transformer_config("t2v"))
+    load_causvid_checkpoint(fresh, run / "lora/e2v_causvid.pt")
+    for name, value in exported.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
 
 
 def test_a_resume_continues_with_the_uninterrupted_losses(full_zero2, clips):
@@ -75,6 +87,7 @@ def test_a_lora_trains_under_zero3_in_two_processes(clips, tmp_path_factory):
     log = proc.stdout + proc.stderr
     assert "done: 2 steps" in log and "full fine-tune" not in log
     assert (out / "lora/lora/pytorch_lora_weights.safetensors").is_file() and not (out / "lora/lora/transformer").exists()
+    assert (out / "lora/lora/e2v_causvid.pt").is_file()  # the LoRA fused in, CausVid's generator layout
     scalars = read_scalars(out / "lora")
     assert all(0 < s["train/loss"] < 1e3 for s in scalars.values())
     (stopped,) = wait_all(refused, check=False)
