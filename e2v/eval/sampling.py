@@ -194,7 +194,7 @@ def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRoll
     sigmas = timestep_sigmas(torch.tensor(r.timesteps), r.shift).tolist()
     caches = {name: KVCache() for name in passes}
 
-    def run(name, x_BCThw, t, a, z, write=False):
+    def run(name, x_BCThw, t, a, z, write=False):  # one pass over block [a, z) with its cache
         cp, text = passes[name]
         block = dataclasses.replace(cp, cond_BCTHW=None if cp.cond_BCTHW is None else cp.cond_BCTHW[:, :, a:z])
         with cached(model, caches[name], write=write):
@@ -202,17 +202,19 @@ def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRoll
 
     out = []
     for a, z in block_spans(frames, r.frames_per_block, r.independent_first_frame):
-        x = noise_BCTHW[:, :, a:z].float()
+        x_BCThw = noise_BCTHW[:, :, a:z].float()
         for i, (t, sigma) in enumerate(zip(r.timesteps, sigmas)):
-            v = guided({name: run(name, x, t, a, z) for name in passes}, guidance_scale, image_guidance_scale)
+            v_BCThw = guided({name: run(name, x_BCThw, t, a, z) for name in passes}, guidance_scale,
+                             image_guidance_scale)
             if on_step is not None:
-                on_step(i, t, v)
-            x0 = frame_x0(x, v, torch.full((b, z - a), sigma, device=device))
-            if i + 1 < len(sigmas):
-                x = frame_noise(x0, randn(x0.shape, generator, device), torch.full((b, z - a), sigmas[i + 1], device=device))
+                on_step(i, t, v_BCThw)
+            x0_BCThw = frame_x0(x_BCThw, v_BCThw, torch.full((b, z - a), sigma, device=device))
+            if i + 1 < len(sigmas):  # fresh noise to the next listed t (CausVid's add_noise), not an Euler step
+                sigma_BT = torch.full((b, z - a), sigmas[i + 1], device=device)
+                x_BCThw = frame_noise(x0_BCThw, randn(x0_BCThw.shape, generator, device), sigma_BT)
         for name in passes:  # the finished block at t = 0: its clean keys and values into each cache
-            run(name, x0, 0.0, a, z, write=True)
-        out.append(x0)
+            run(name, x0_BCThw, 0.0, a, z, write=True)
+        out.append(x0_BCThw)
     return torch.cat(out, 2)
 
 
