@@ -20,6 +20,9 @@ import torch
 from e2v.models.wan_names import wan_original_key
 from e2v.runtime.files import replacing
 from e2v.runtime.integrity import weights_only_load
+from e2v.runtime.log import get_logger
+
+log = get_logger("e2v")
 
 PREFIX = "model."  # CausVid's generator wrapper holds the Wan network as `.model`
 WHICH = ("generator", "generator_ema")
@@ -67,6 +70,8 @@ def load_causvid_checkpoint(transformer, path: str | Path, which: str = "generat
                          + "; ".join(p for p in parts if p) + "): the checkpoint must be of the same Wan model "
                          "as model.pretrained (CausVid's are Wan2.1-T2V-1.3B)")
     transformer.load_state_dict({names[k]: v for k, v in state.items()}, strict=True)
+    log.info(f"model.generator_ckpt: {len(state)} tensors of {path} ['{which}'] loaded (original Wan names -> "
+             "diffusers': e2v/models/wan_names.py)")
 
 
 def _few(keys: list[str], n: int = 8) -> str:
