@@ -99,7 +99,10 @@ def draw_flow(c: Conditions, fl, generator: torch.Generator, sigma_range: tuple[
         noise = randn(latents.shape, generator, latents.device)
         return sigma, noise, frame_noise(latents, noise, sigma)
     steps = listed_timesteps(fl)
-    while True:
+    if sigma_range is not None and steps and not any(sigma_range[0] <= t / 1000 <= sigma_range[1] for t in steps if t):
+        raise ValueError(f"flow.denoising_step_list {fl.denoising_step_list}: no timestep above 0 in the expert's sigma "
+                         f"range {sigma_range}: every draw would be clean; list a noisy timestep of that expert")
+    while True:  # ends: a noisy listed timestep (config.checks) in range (above) has a positive chance each draw
         sigma = sample_sigmas(latents.shape[0], generator=generator, mode=fl.sigma_sampling, shift=fl.shift,
                               logit_mean=fl.logit_mean, logit_std=fl.logit_std,
                               timestep_list=steps, sigma_range=sigma_range)
