@@ -269,7 +269,7 @@ def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]
 # ---------------------------------------------------------------------------------------------
 
 SEED_REGRESSION_KEYS = ("num_frames", "time_division_factor", "batch_size", "lr", "max_steps", "save_interval",
-                        "denoising_step_list", "num_frame_per_block", "independent_first_frame",
+                        "denoising_step_list", "generator_task", "num_frame_per_block", "independent_first_frame",
                         "warp_denoising_step", "generator_ckpt", "max_grad_norm",
                         "gradient_checkpointing")  # each -> key_home(key)
 SEED_TASKS = {"causal_video": "causal", "bidirectional_video": "bidirectional"}  # generator_task -> task
@@ -291,7 +291,7 @@ def map_seed_regression(raw: dict, source: str) -> tuple[dict, list[str]]:
     The seed trains plain T2V (e2v_type: none) with the x0 objective at its denoising_step_list
     (flow.objective: x0), unless the file sets them; both are printed. Its metadata_path is read as
     the seed's scripts read it, relative to the working directory."""
-    names = SEED_REGRESSION_KEYS + SEED_REGRESSION_DATA_KEYS + ("generator_task",)
+    names = SEED_REGRESSION_KEYS + SEED_REGRESSION_DATA_KEYS
     seed = {k: raw.pop(k) for k in list(raw) if k in names}
     notes = [f"{source}: video-regression seed config (top-level {SEED_REGRESSION_MARK}; docs/formats.md)"]
 

@@ -149,3 +149,15 @@ def test_shipped_causal_configs_load(monkeypatch, tmp_path):
     cfg = load_config(ROOT / "configs/causal_regression.yaml", check_paths=False)
     assert (cfg.task, cfg.causal.frames_per_block, cfg.flow.denoising_step_list) == ("causal", 3, [1000, 757, 522, 0])
     assert (cfg.model.training_type, cfg.train.lr, cfg.train.grad_clip, cfg.flow.shift) == ("full", 2e-6, 10.0, 8.0)
+
+
+def test_a_seed_key_in_our_yaml_says_where_it_belongs(tmp_path):
+    """Without dataset_base_path the file is ours: a CausVid key there names our key and the seed rule."""
+    ours = write(tmp_path / "ours.yaml", "generator_task: causal_video\nmodel: {preset: tiny, base: t2v}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(ours)
+    assert str(e.value) == ("unknown key 'generator_task'; did you mean 'task'? ('generator_task' is a video-regression "
+                            "seed key: a seed file is recognised by its top-level dataset_base_path, docs/formats.md)")
+    with pytest.raises(ConfigError, match="generator_task: 'image' is not one e2v trains; use causal_video or "
+                                          "bidirectional_video"):
+        load_config(write(tmp_path / "seed.yaml", SEED.replace("causal_video", "image")))
