@@ -1,0 +1,169 @@
+"""The gpu-check section causal_step: the causal task's training step (docs/causal.md) against the
+bidirectional one on Wan2.1-T2V-1.3B's real shape (random weights, 480 x 832 x 81: latents
+16 x 21 x 60 x 104, 32,760 tokens, 7 blocks of configs/causal_regression.yaml's 3 frames), the whole
+transformer trained in bf16 with gradient checkpointing, as that config trains it. Each mode runs
+the trainer's own step (e2v.train.step: draw_flow, forward_loss) and its backward on the same
+model: bidirectional (one timestep a sample, full attention), then the block-causal model
+(enable_causal) with its attention by compiled FlexAttention and by one SDPA call per block. Per
+mode: the median step time over the timed steps after a warm-up (flex compiles there) and the peak
+allocation (torch.cuda.max_memory_allocated; the weights and their gradients, the same in every
+mode, included). The two causal paths draw the same timesteps and noise from the same seed, so
+their losses must agree: a compiled mask that drifts from the rule shows there. In process, no
+DeepSpeed and no optimizer step: what the causal task changes is the transformer's forward and
+backward; ZeRO and AdamW cost the same in both.
+
+On the CPU (--allow-cpu) it runs the same code at tiny sizes, without flex (FlexAttention has no
+CPU backward), and says that the timings and peaks at the real shape were not measured: the
+section is then INCOMPLETE, never PASSED.
+
+Legend: B batch, C channels, T latent frames, h/w latent size, L text tokens, D text width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+
+from bench.gpulib.common import GIB, ROOT, Ctx
+
+CONFIG = "configs/causal_regression.yaml"  # the seed's CausVid regression: 1.3B, 480 x 832 x 81, blocks of 3
+REAL_SHAPE = (81, 480, 832)  # frames, height, width
+TINY_SHAPE = (21, 32, 32)  # --allow-cpu: 6 latent frames, two blocks of 3
+TIMED_STEPS = {True: 3, False: 1}  # after one warm-up step, on CUDA / on the CPU
+LOSS_RTOL = 2e-2  # flex against blocks: the same exact rule, bf16 sums in another order
+MODES = {  # name -> attention path of the causal model (None: the bidirectional model)
+    "bidirectional": None,
+    "causal_flex": "flex",
+    "causal_blocks": "blocks",
+}
+
+
+def _model(cfg, real: bool, device):
+    """The transformer built on `device` (its default init: the rope tables must be computed, which a
+    meta build's to_empty would leave as garbage), in the run's dtype with diffusers' fp32 modules
+    kept, every parameter trained (CausVid trains the whole generator)."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from e2v.models.plan import KNOWN_WAN_CONFIGS
+    from e2v.models.precision import to_inference_dtype
+    from e2v.models.tiny import tiny_transformer_config
+
+    conf = KNOWN_WAN_CONFIGS[cfg.model.pretrained] if real else tiny_transformer_config("t2v")
+    dtype = torch.bfloat16 if real else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = WanTransformer3DModel.from_config(conf)
+    to_inference_dtype(model, device, dtype).train().requires_grad_(True)
+    model.enable_gradient_checkpointing()
+    return model, conf, dtype
+
+
+def _conditions(conf: dict, shape: tuple[int, int, int], device, dtype):
+    import torch
+
+    from e2v.conditioning.encode import Conditions
+
+    frames, height, width = shape
+    g = torch.Generator(device="cpu").manual_seed(1)
+    latents_BCTHW = torch.randn(1, conf["in_channels"], (frames - 1) // 4 + 1, height // 8, width // 8, generator=g)
+    text_BLD = torch.randn(1, 512, conf["text_dim"], generator=g)
+    return Conditions(latents_BCTHW=latents_BCTHW.to(device), text_BLD=text_BLD.to(device, dtype))
+
+
+def _time_mode(model, cfg, c, dtype, device, steps: int) -> dict:
+    """One warm-up step, then `steps` timed ones: the trainer's draw, forward and loss, backward.
+    Every step draws from the same seed, so every mode's first loss is on the same noise."""
+    import torch
+
+    from e2v.train.step import draw_flow, forward_loss, frame_rule
+
+    cuda = device.type == "cuda"
+    times, losses = [], []
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(1 + steps):
+        generator = torch.Generator().manual_seed(0)
+        t0 = time.perf_counter()
+        sigma, noise, noisy = draw_flow(c, cfg.flow, generator, causal=frame_rule(cfg))
+        loss = forward_loss(model, c, sigma, noise, noisy, cfg, dtype)[0]
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        for p in model.parameters():
+            p.grad = None
+    out = {"step_s": round(statistics.median(times[1:]), 3), "first_step_s": round(times[0], 3),
+           "losses": [round(x, 5) for x in losses]}
+    out["passed"] = all(math.isfinite(x) for x in losses)
+    if cuda:
+        out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+    return out
+
+
+def section_causal_step(ctx: Ctx) -> dict:
+    import torch
+
+    from e2v.config.load import load_config
+    from e2v.models.causal import enable_causal
+
+    causal_cfg = load_config(str(ROOT / CONFIG), check_paths=False)
+    device = torch.device("cuda" if ctx.cuda else "cpu")
+    shape = REAL_SHAPE if ctx.cuda else TINY_SHAPE
+    t0 = time.monotonic()
+    model, conf, dtype = _model(causal_cfg, ctx.cuda, device)
+    c = _conditions(conf, shape, device, dtype)
+    out = {"shape": list(shape), "latent_shape": list(c.latents_BCTHW.shape),
+           "frames_per_block": causal_cfg.causal.frames_per_block, "build_s": round(time.monotonic() - t0, 1),
+           "timed_steps": TIMED_STEPS[ctx.cuda], "modes": {}}
+    for name, attention in MODES.items():
+        if attention == "flex" and not ctx.cuda:
+            continue  # no backward on the CPU: said in skipped_checks below
+        cfg = causal_cfg if attention else dataclasses.replace(causal_cfg, task="bidirectional")
+        if attention:
+            c_ = causal_cfg.causal
+            enable_causal(model, c_.frames_per_block, c_.independent_first_frame, attention)
+        try:
+            out["modes"][name] = _time_mode(model, cfg, c, dtype, device, TIMED_STEPS[ctx.cuda])
+        except torch.OutOfMemoryError as e:
+            out["modes"][name] = {"passed": False, "oom": str(e)[:300]}
+    modes = out["modes"]
+    bi = modes["bidirectional"].get("step_s")
+    for name in modes:
+        s = modes[name].get("step_s")
+        modes[name]["over_bidirectional"] = round(s / bi, 3) if s and bi else None
+    out["passed"] = all(m["passed"] for m in modes.values())
+    if "causal_flex" in modes and modes["causal_flex"]["passed"] and modes["causal_blocks"]["passed"]:
+        flex, blocks = modes["causal_flex"]["losses"][0], modes["causal_blocks"]["losses"][0]
+        out["flex_blocks_rel_diff"] = abs(flex - blocks) / max(abs(blocks), 1e-12)
+        out["passed"] &= out["flex_blocks_rel_diff"] <= LOSS_RTOL
+    if not ctx.cuda:
+        out["skipped_checks"] = ["the causal step's time and peak memory at 480 x 832 x 81 and the compiled flex "
+                                 "path (no CUDA: the code path ran at tiny sizes, blocks only)"]
+    return out
+
+
+def render_causal_step(r: dict) -> list[str]:
+    """The section's lines in bench/RESULTS_GPU.md."""
+    from bench.gpulib.report import _f as f, _ok  # the report's formats (it imports this module)
+
+    if "modes" not in r:
+        return []
+    rows = ["| mode | result | step s | x bidirectional | first step s | max allocated GiB | losses |",
+            "|---|---|---|---|---|---|---|"]
+    for name, m in r["modes"].items():
+        rows.append(f"| {name} | {_ok(m)} | {f(m.get('step_s'), '{:.3f}')} | "
+                    f"{f(m.get('over_bidirectional'), '{:.2f}')} | {f(m.get('first_step_s'), '{:.1f}')} | "
+                    f"{f(m.get('max_memory_allocated_gib'), '{:.2f}')} | "
+                    f"{m.get('losses', m.get('oom', '-'))} |")
+    agree = (f"; flex and blocks losses differ by {r['flex_blocks_rel_diff']:.2e} (relative; at most {LOSS_RTOL:g})"
+             if "flex_blocks_rel_diff" in r else "")
+    frames, height, width = r["shape"]
+    return rows + ["", f"{frames} x {height} x {width} (latents {r['latent_shape']}), blocks of "
+                       f"{r['frames_per_block']} frames; the trainer's step (draw, forward, x0 loss, backward) of the "
+                       f"whole transformer with gradient checkpointing, no optimizer step; median of {r['timed_steps']} "
+                       f"step(s) after a warm-up (flex compiles there); model built in {r['build_s']} s{agree}."]
