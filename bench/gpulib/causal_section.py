@@ -2,10 +2,11 @@
 bidirectional one on Wan2.1-T2V-1.3B's real shape (random weights, 480 x 832 x 81: latents
 16 x 21 x 60 x 104, 32,760 tokens, 7 blocks of configs/causal_regression.yaml's 3 frames), the whole
 transformer trained in bf16 with gradient checkpointing, as that config trains it. Each mode runs
-the trainer's own step (e2v.train.step: draw_flow, forward_loss) and its backward on the same
-model: bidirectional (one timestep a sample, full attention), then the block-causal model
-(enable_causal) with its attention by compiled FlexAttention and by one SDPA call per block. Per
-mode: the median step time over the timed steps after a warm-up (flex compiles there) and the peak
+the training loop's own micro-step (e2v.train.loop.micro_step) on the same model: bidirectional
+(one timestep a sample, full attention), then the block-causal model (enable_causal) with its
+attention by compiled FlexAttention and by one SDPA call per block. Per mode: the median step time
+over the timed steps after a warm-up (flex compiles there), its forward and backward (the loop's
+phase hook), and the peak
 allocation (torch.cuda.max_memory_allocated; the weights and their gradients, the same in every
 mode, included). The two causal paths draw the same timesteps and noise from the same seed, so
 their losses must agree: a compiled mask that drifts from the rule shows there. In process, no
@@ -73,31 +74,69 @@ def _conditions(conf: dict, shape: tuple[int, int, int], device, dtype):
     return Conditions(latents_BCTHW=latents_BCTHW.to(device), text_BLD=text_BLD.to(device, dtype))
 
 
+class _NoOptimizer:
+    """What e2v.train.loop.micro_step calls as its engine: the model's call, backward, and a step
+    that only drops the gradients (no optimizer: the same cost in both modes, and the weights stay
+    as built, so every step sees the same model)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        for p in self.model.parameters():
+            p.grad = None
+
+
+PHASES = ("forward_and_loss", "backward")  # the loop's phases this section reports apart
+
+
 def _time_mode(model, cfg, c, dtype, device, steps: int) -> dict:
-    """One warm-up step, then `steps` timed ones: the trainer's draw, forward and loss, backward.
-    Every step draws from the same seed, so every mode's first loss is on the same noise."""
+    """One warm-up step, then `steps` timed ones, each the training loop's micro-step
+    (e2v.train.loop.micro_step: the flow draw, forward and loss, backward), its forward and backward
+    timed through the loop's phase hook (synchronized on CUDA). Every step draws from the same seed,
+    so a mode's losses repeat and the causal paths see the same draw."""
+    import contextlib
+
     import torch
 
-    from e2v.train.step import draw_flow, forward_loss, frame_rule
+    from e2v.train import loop
 
     cuda = device.type == "cuda"
-    times, losses = [], []
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    for i in range(1 + steps):
-        generator = torch.Generator().manual_seed(0)
-        t0 = time.perf_counter()
-        sigma, noise, noisy = draw_flow(c, cfg.flow, generator, causal=frame_rule(cfg))
-        loss = forward_loss(model, c, sigma, noise, noisy, cfg, dtype)[0]
-        loss.backward()
+    engine, times = _NoOptimizer(model), []
+
+    def sync():
         if cuda:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-        for p in model.parameters():
-            p.grad = None
-    out = {"step_s": round(statistics.median(times[1:]), 3), "first_step_s": round(times[0], 3),
+
+    @contextlib.contextmanager
+    def phase(name: str):
+        sync()
+        t0 = time.perf_counter()
+        yield
+        sync()
+        if name in PHASES:
+            times[-1][name] = times[-1].get(name, 0.0) + time.perf_counter() - t0
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses = []
+    for _ in range(1 + steps):
+        times.append({})
+        record = loop.StepRecord()
+        t0 = time.perf_counter()
+        loop.micro_step(engine, c, cfg, record, step=1, dtype=dtype, gen=torch.Generator().manual_seed(0), phase=phase)
+        sync()
+        times[-1]["step"] = time.perf_counter() - t0
+        losses.append(record.losses[-1])
+    timed = times[1:]
+    out = {"step_s": round(statistics.median(t["step"] for t in timed), 3), "first_step_s": round(times[0]["step"], 3),
+           **{f"{k}_s": round(statistics.median(t[k] for t in timed), 3) for k in PHASES},
            "losses": [round(x, 5) for x in losses]}
     out["passed"] = all(math.isfinite(x) for x in losses)
     if cuda:
@@ -153,10 +192,11 @@ def render_causal_step(r: dict) -> list[str]:
 
     if "modes" not in r:
         return []
-    rows = ["| mode | result | step s | x bidirectional | first step s | max allocated GiB | losses |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| mode | result | step s | forward s | backward s | x bidirectional | first step s | max allocated GiB "
+            "| losses |", "|---|---|---|---|---|---|---|---|---|"]
     for name, m in r["modes"].items():
-        rows.append(f"| {name} | {_ok(m)} | {f(m.get('step_s'), '{:.3f}')} | "
+        rows.append(f"| {name} | {_ok(m)} | {f(m.get('step_s'), '{:.3f}')} | {f(m.get('forward_and_loss_s'), '{:.3f}')} | "
+                    f"{f(m.get('backward_s'), '{:.3f}')} | "
                     f"{f(m.get('over_bidirectional'), '{:.2f}')} | {f(m.get('first_step_s'), '{:.1f}')} | "
                     f"{f(m.get('max_memory_allocated_gib'), '{:.2f}')} | "
                     f"{m.get('losses', m.get('oom', '-'))} |")
@@ -164,6 +204,6 @@ def render_causal_step(r: dict) -> list[str]:
              if "flex_blocks_rel_diff" in r else "")
     frames, height, width = r["shape"]
     return rows + ["", f"{frames} x {height} x {width} (latents {r['latent_shape']}), blocks of "
-                       f"{r['frames_per_block']} frames; the trainer's step (draw, forward, x0 loss, backward) of the "
+                       f"{r['frames_per_block']} frames; the loop's micro-step (draw, forward, x0 loss, backward) of the "
                        f"whole transformer with gradient checkpointing, no optimizer step; median of {r['timed_steps']} "
                        f"step(s) after a warm-up (flex compiles there); model built in {r['build_s']} s{agree}."]
