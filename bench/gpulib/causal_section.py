@@ -82,6 +82,9 @@ class _NoOptimizer:
     def __init__(self, model):
         self.model = model
 
+    def modules(self):  # as a DeepSpeed engine's: the model's (e2v.models.causal.reference_block walks them)
+        return self.model.modules()
+
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
 

@@ -21,8 +21,10 @@ A causal run (`task: causal`, e2v/models/causal.py) samples as CausVid does inst
 noise; at each listed t the model (the block's tokens, the earlier blocks' keys and values from
 the KV cache) predicts x0 = x_t - sigma v, which is re-noised to the next t with fresh noise (not
 an Euler step); the finished block then runs once at t = 0 to write its clean keys and values into
-the cache. Guidance runs every pass with a cache of its own. The whole latent video is decoded at
-the end, by the caller.
+the cache. Guidance runs every pass with a cache of its own. With references in the clean_prefix
+layout (docs/causal.md, "Elements to video") their block 0 is written into each cache first, at
+t = 0, and every video block attends to it. The whole latent video is decoded at the end, by the
+caller.
 
 Legend: B batch, C latent channels (16; 48 for the Wan2.2 VAE), T latent frames, h/w latent size, F pixel frames,
 H/W pixels, L tokens, D width.
@@ -194,12 +196,17 @@ def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRoll
     sigmas = timestep_sigmas(torch.tensor(r.timesteps), r.shift).tolist()
     caches = {name: KVCache() for name in passes}
 
-    def run(name, x_BCThw, t, a, z, write=False):  # one pass over block [a, z) with its cache
+    def run(name, x_BCThw, t, a, z, write=False, references=False):  # one pass over block [a, z) with its cache
         cp, text = passes[name]
         block = dataclasses.replace(cp, cond_BCTHW=None if cp.cond_BCTHW is None else cp.cond_BCTHW[:, :, a:z])
+        if not references:  # the references are in the cache already (block 0), not in the block's input
+            block = dataclasses.replace(block, ref_latents_BCNhw=None, ref_layout=None)
         with cached(model, caches[name], write=write):
             return predict(model, x_BCThw, torch.full((b, z - a), float(t), device=device), block, text, dtype)
 
+    for name, (cp, _) in passes.items():  # clean_prefix: the references' block 0 into each cache first, at t = 0
+        if cp.ref_latents_BCNhw is not None:  # a forward of no video frames: the references alone
+            run(name, noise_BCTHW[:, :, :0], 0.0, 0, 0, write=True, references=True)
     out = []
     for a, z in block_spans(frames, r.frames_per_block, r.independent_first_frame):
         x_BCThw = noise_BCTHW[:, :, a:z].float()

@@ -25,6 +25,13 @@ Per-frame timesteps: diffusers' model takes a per-token timestep [B, L] (Wan2.2 
 [B, L, 6 D] (0.6 GB in bf16 at 480x832x81 for the 1.3B) instead of per frame, the price of no new
 model class.
 
+References as block 0 (`conditioning.target_layout: clean_prefix`, docs/causal.md, "Elements to
+video"): the reference latent frames go in front of the video at timestep 0 (e2v/conditioning/ti2v.py)
+and form a block of their own, block 0, which every video block sees and which sees none of them;
+the video's blocks follow as above. How many frames of a forward are references is not in its
+input (a clean context frame also has t = 0): `reference_block` records it in the state before each
+forward (e2v/train/step.predict, the one transformer call), as the rope hook records the grid.
+
 Sampling (`KVCache`, `cached`): a forward whose input is one block attends to the cached keys and
 values of the blocks before it, at their absolute frame positions (the rope hook shifts the block's
 positions by the cached frame count, CausVid's `current_start`); `cached(..., write=True)` appends
@@ -49,12 +56,18 @@ FLEX_TILE = 128  # FlexAttention's default tile (BLOCK_SIZE) in tokens, both sid
 # --- the block layout ----------------------------------------------------------------------------
 
 
-def block_ids(num_frames: int, frames_per_block: int, independent_first_frame: bool) -> torch.Tensor:
+def block_ids(num_frames: int, frames_per_block: int, independent_first_frame: bool,
+              reference_frames: int = 0) -> torch.Tensor:
     """The block index of each latent frame, LongTensor[T]: frames 0..k-1 are block 0, and so on;
-    with `independent_first_frame` frame 0 is block 0 alone and blocks of k follow. Raises when the
-    frames do not split into whole blocks."""
+    with `independent_first_frame` frame 0 is block 0 alone and blocks of k follow. With
+    `reference_frames` N > 0 the first N frames are the references' block 0 and the video's blocks
+    follow, numbered from 1. Raises when the video's frames do not split into whole blocks."""
     if frames_per_block < 1:
         raise ValueError(f"causal.frames_per_block is {frames_per_block}: it must be at least 1")
+    if reference_frames:  # a forward of the references alone (the rollout's first cache write) has no video
+        video_T = (block_ids(num_frames - reference_frames, frames_per_block, independent_first_frame) + 1
+                   if num_frames > reference_frames else torch.zeros(0, dtype=torch.long))
+        return torch.cat([torch.zeros(reference_frames, dtype=torch.long), video_T])
     first = 1 if independent_first_frame else 0
     rest = num_frames - first
     if num_frames < 1 or rest % frames_per_block:
@@ -69,9 +82,10 @@ def block_ids(num_frames: int, frames_per_block: int, independent_first_frame: b
     return torch.cat([torch.zeros(first, dtype=torch.long), ids_T])
 
 
-def block_spans(num_frames: int, frames_per_block: int, independent_first_frame: bool) -> list[tuple[int, int]]:
-    """[start, end) latent frames of each block, in order."""
-    counts = torch.bincount(block_ids(num_frames, frames_per_block, independent_first_frame)).tolist()
+def block_spans(num_frames: int, frames_per_block: int, independent_first_frame: bool,
+                reference_frames: int = 0) -> list[tuple[int, int]]:
+    """[start, end) latent frames of each block, in order (block_ids' rule)."""
+    counts = torch.bincount(block_ids(num_frames, frames_per_block, independent_first_frame, reference_frames)).tolist()
     ends = torch.tensor(counts).cumsum(0).tolist()
     return [(e - c, e) for c, e in zip(counts, ends)]
 
@@ -89,10 +103,11 @@ def causal_refusal(cfg) -> str | None:
     if cfg.parallel.ulysses_degree * cfg.parallel.ring_degree > 1:
         return ("task: causal does not run under context parallelism yet (parallel.ulysses_degree / ring_degree "
                 "split the sequence the block mask is built on): set both to 1")
-    if cfg.conditioning.target_layout in ("sequence", "clean_prefix"):
-        return (f"task: causal with conditioning.target_layout: {cfg.conditioning.target_layout}: the layout puts "
-                "reference frames in the token sequence, which the block-causal mask does not place; use overlay "
-                "or prepend, or task: bidirectional")
+    if cfg.conditioning.target_layout == "sequence":
+        return ("task: causal with conditioning.target_layout: sequence: its reference slots follow the video with "
+                "the sample's one timestep, so no causal block can hold them; use clean_prefix (the references as "
+                "a clean block 0 that every video block sees: docs/causal.md), overlay or prepend, or task: "
+                "bidirectional")
     if cfg.model.expert is not None:
         return ("task: causal on a two-expert base (model.expert is set): the KV cache of one expert does not "
                 "serve the other; use a one-transformer base (Wan2.1) or task: bidirectional")
@@ -114,6 +129,7 @@ class KVCache:
     k: dict[int, torch.Tensor] = field(default_factory=dict)
     v: dict[int, torch.Tensor] = field(default_factory=dict)
     frames: int = 0
+    reference_frames: int = 0  # of `frames`, the references' block 0 (the first block written, at t = 0)
 
 
 @dataclass
@@ -128,6 +144,7 @@ class CausalState:
     independent_first_frame: bool
     attention: str = "auto"
     grid: tuple[int, int, int] | None = None  # (T, h/2, w/2) after the patch embedding
+    reference_frames: int = 0  # of the grid's T, the references' block 0 in front (reference_block)
     cache: KVCache | None = None
     write: bool = False
     masks: dict = field(default_factory=dict)
@@ -135,7 +152,8 @@ class CausalState:
     def spans(self) -> list[tuple[int, int]]:
         """[start, end) tokens of each block of the current forward."""
         t, h, w = self.grid
-        return [(a * h * w, b * h * w) for a, b in block_spans(t, self.frames_per_block, self.independent_first_frame)]
+        return [(a * h * w, b * h * w)
+                for a, b in block_spans(t, self.frames_per_block, self.independent_first_frame, self.reference_frames)]
 
     def path(self, device: torch.device) -> str:
         """flex or blocks for this device (`auto`: flex where it is compiled, CUDA; the module docstring)."""
@@ -153,8 +171,8 @@ def _state(module) -> CausalState:
 
 def causal_transformer(model):
     """The causal WanTransformer3DModel inside `model` (itself, a DeepSpeed engine, a peft wrapper)."""
-    found = [m for m in model.modules() if getattr(m, "causal_state", None) is not None
-             and hasattr(m, "rope")]
+    # its own attribute, not one forwarded: a DeepSpeed engine's __getattr__ answers with its module's
+    found = [m for m in model.modules() if vars(m).get("causal_state") is not None and hasattr(m, "rope")]
     if len(found) != 1:
         raise RuntimeError(f"expected one causal transformer in {type(model).__name__}, found {len(found)}: "
                            "call e2v.models.causal.enable_causal on it (two-expert bases are refused)")
@@ -213,16 +231,33 @@ def _rope_hook(rope, args, output):
     return tuple(f[:, offset * h * w:] for f in rope.forward(stand_in))
 
 
+def reference_block(model, frames: int) -> None:
+    """Record that the next forwards' first `frames` latent frames are the references' block 0
+    (0: none), on the causal transformer inside `model`; nothing for a model that is not causal.
+    Set before every forward and left in place, as the grid: a checkpointed layer's recompute in
+    backward reads the forward's. Costs one walk over the model's modules; a callable with no
+    module walk (a test's stand-in) has none to record."""
+    walk = getattr(model, "modules", None)
+    for module in walk() if walk is not None else ():
+        state = getattr(module, "causal_state", None)
+        if state is not None and hasattr(module, "rope"):
+            state.reference_frames = frames
+
+
 @contextlib.contextmanager
 def cached(model, cache: KVCache, write: bool = False):
     """Forwards inside see `cache`: their input is one block, at frame offset `cache.frames`; its
     queries attend to the cached keys and values and to its own. With `write`, each layer appends
-    the block's keys and values (run the finished block at t=0 so), and on exit the frames count."""
+    the block's keys and values (run the finished block at t=0 so), and on exit the frames count.
+    The first block written to an empty cache may be the references' (reference_block): the cache
+    keeps their count, so the blocks after it are numbered as in the full forward."""
     state = _state(causal_transformer(model))
     state.cache, state.write = cache, write
     try:
         yield cache
         if write:
+            if not cache.frames:
+                cache.reference_frames = state.reference_frames
             cache.frames += state.grid[0]
     finally:
         state.cache, state.write = None, False
@@ -277,7 +312,8 @@ class BlockCausalAttention:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         t = self.state.grid[0]
-        ids_T = block_ids(cache.frames + t, self.state.frames_per_block, self.state.independent_first_frame)
+        refs = cache.reference_frames if cache.frames else self.state.reference_frames  # the sequence's block 0
+        ids_T = block_ids(cache.frames + t, self.state.frames_per_block, self.state.independent_first_frame, refs)
         if ids_T[cache.frames:].unique().numel() != 1 or (cache.frames and ids_T[cache.frames - 1] == ids_T[-1]):
             raise ValueError(f"a cached forward takes one whole block: frames {cache.frames}..{cache.frames + t} "
                              f"are not one block under causal.frames_per_block = {self.state.frames_per_block}")

@@ -20,6 +20,8 @@
     sigma_BT        the training grid's sigma of each frame's timestep, 0 where t = 0 (clean context)
     x_t             =  (1 - sigma_BT) x0 + sigma_BT noise, per frame, one noise draw for all frames
     model_pred      =  causal transformer(x_t, t per token = the frame's listed timestep, text)
+                       (clean_prefix: the references in front at t = 0, the model's block 0; one index
+                        per block of the video's frames, the loss on them alone)
     loss            =  mse(x_t - sigma_BT * model_pred, x0) over the frames whose t is not 0, fp32
 
 Every tensor stays on the device of the conditions (e2v/runtime/device.py); only the logged scalars come
@@ -35,8 +37,7 @@ from e2v.conditioning.encode import Conditions
 from e2v.conditioning.layout import place_references, split_prediction
 from e2v.config.experts import EXPERTS, boundary_ratio, expert_for, sigma_range, trained_experts
 from e2v.config.schema import Causal, Config
-from e2v.config.shapes import PATCH
-from e2v.models.causal import block_ids, frame_timesteps
+from e2v.models.causal import block_ids, reference_block
 from e2v.runtime.device import randn
 from e2v.runtime.distributed import mean_over_ranks
 from e2v.train.flow import (
@@ -70,12 +71,8 @@ def predict(model, noisy_BCTHW: torch.Tensor, timestep_B: torch.Tensor, c: Condi
     slots, the sample's timestep) their prediction is dropped, so the loss sees the clip's frames
     only; `with_references` also returns it (None without reference frames)."""
     x, timestep = model_input(noisy_BCTHW, c.cond_BCTHW), timestep_B.to(noisy_BCTHW.device)
-    if timestep.ndim == 2:  # one per latent frame (task: causal): diffusers' per-token form
-        if c.ref_latents_BCNhw is not None:
-            raise ValueError("per-frame timesteps with reference frames in the sequence: task: causal refuses "
-                             "the clean_prefix and sequence layouts (e2v.models.causal.causal_refusal)")
-        timestep = frame_timesteps(timestep, (x.shape[3] // PATCH) * (x.shape[4] // PATCH))
-    x, timestep, n_ref = place_references(c, x, timestep)
+    x, timestep, n_ref = place_references(c, x, timestep)  # also per latent frame (task: causal) -> per token
+    reference_block(model, n_ref)  # a causal model's block 0: the clean_prefix references (none: 0)
     out = model(
         x.to(dtype), timestep=timestep, encoder_hidden_states=text_BLD.to(dtype),
         encoder_hidden_states_image=None if c.clip_BLD is None else c.clip_BLD.to(dtype),

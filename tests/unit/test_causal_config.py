@@ -115,8 +115,8 @@ def test_every_refusal_is_one_line_naming_the_key_and_the_fix(seed_dir, sets, li
 
 @pytest.mark.parametrize("sets,line", [
     (["parallel.ulysses_degree=2"], "task: causal does not run under context parallelism"),
-    (["e2v_type=vae", "conditioning.target_layout=clean_prefix", "data.elements=[{name: person, suffixes: [_p.png]}]"],
-     "task: causal with conditioning.target_layout: clean_prefix"),
+    (["e2v_type=vae", "conditioning.target_layout=sequence", "data.elements=[{name: person, suffixes: [_p.png]}]"],
+     "task: causal with conditioning.target_layout: sequence"),
 ])
 def test_what_the_model_cannot_serve_is_one_line(seed_dir, sets, line):
     """The model's own refusals (e2v.models.causal.causal_refusal): train_e2v.py asks them right after

@@ -176,5 +176,7 @@ def test_what_the_causal_model_refuses_is_named():
     cfg.parallel.ulysses_degree = 2
     assert "parallel.ulysses_degree" in causal_refusal(cfg)
     cfg.parallel.ulysses_degree = 1
-    cfg.conditioning.target_layout = "clean_prefix"
-    assert "conditioning.target_layout: clean_prefix" in causal_refusal(cfg)
+    cfg.conditioning.target_layout = "clean_prefix"  # the references as block 0: served
+    assert causal_refusal(cfg) is None
+    cfg.conditioning.target_layout = "sequence"
+    assert "conditioning.target_layout: sequence" in causal_refusal(cfg) and "use clean_prefix" in causal_refusal(cfg)
