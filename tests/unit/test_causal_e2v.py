@@ -195,3 +195,24 @@ def test_the_tiny_config_trains_in_process(demo_data, tmp_path):
     assert sorted(scalars) == [1, 2]
     assert all(0 < s["train/loss"] < 10 for s in scalars.values())
     assert (tmp_path / "e2v/lora/e2v_causvid.pt").is_file()
+
+
+def test_an_engine_forwarding_its_modules_attributes_holds_one_causal_transformer():
+    """DeepSpeed's engine answers an unknown attribute with its module's (its __getattr__): the
+    engine is not a second causal transformer (validation samples a causal run through it)."""
+    from e2v.models.causal import causal_transformer
+
+    class Engine(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.module, name)
+
+    model = tiny(2, True)
+    engine = Engine(model)
+    assert engine.causal_state is model.causal_state and causal_transformer(engine) is model
