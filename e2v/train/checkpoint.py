@@ -459,6 +459,7 @@ def run_base(path: Path) -> dict:
     from e2v.models.causvid_ckpt import load_causvid_checkpoint
     from e2v.models.load import _transformer_dtype, load_parts
     from e2v.models.precision import to_inference_dtype
+    from e2v.models.weights import require_weights
 
     config = Path(path).parent.parent / "config.yaml"
     if not config.is_file():
@@ -466,6 +467,7 @@ def run_base(path: Path) -> dict:
                                 "(the LoRA fused into its base) from its run's config.yaml beside checkpoints/; "
                                 "export from the run folder's checkpoints/step_N")
     cfg = load_config(config, check_paths=False)
+    require_weights(cfg)  # a base that is not here: weights.py's one line, before any loader runs
     transformer = load_parts(cfg, with_encoders=False).transformer
     if cfg.model.generator_ckpt:  # the base the run trained on (engine.prepare_for_training)
         load_causvid_checkpoint(transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
