@@ -1,8 +1,9 @@
 """The causal task through the launcher (docs/causal.md): the seed's own YAML
 (configs/causal_regression.yaml: generator_task causal_video, num_frame_per_block 3, the trailing 0)
 at tiny sizes trains the whole transformer under ZeRO-2 in 2 processes, a resume from its step-2
-checkpoint continues with the uninterrupted losses, a LoRA trains under ZeRO-3 in 2 processes, and
-a config the causal model cannot serve stops at start in one line. The rule itself is checked
+checkpoint continues with the uninterrupted losses, a LoRA trains under ZeRO-3 in 2 processes from the
+full run's exported CausVid file (model.generator_ckpt), and a config the causal model cannot serve
+stops at start in one line. The rule itself is checked
 in-process against CausVid's (tests/unit/test_causal_rule.py)."""
 
 import pytest
@@ -78,16 +79,31 @@ def test_a_resume_continues_with_the_uninterrupted_losses(full_zero2, clips):
         assert again[step]["train/loss"] == pytest.approx(whole[step]["train/loss"], rel=1e-6, abs=0), step
 
 
-def test_a_lora_trains_under_zero3_in_two_processes(clips, tmp_path_factory):
+def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_zero2, clips, tmp_path_factory):
+    """The seed's generator_ckpt: the LoRA run starts from the full run's CausVid file, so a module the
+    LoRA leaves frozen (the patch embedding) is exported as the full run trained it."""
+    import torch
+
+    from e2v.models.tiny import seeded, tiny_transformer_config
+
+    start = full_zero2[0] / "lora/e2v_causvid.pt"
     out = tmp_path_factory.mktemp("causal_lora")
     refused = launch_python(ROOT / "train_e2v.py", "--config", CONFIG, "--set", "parallel.ulysses_degree=2",
                             *sum((["--set", s] for s in tiny(clips, out, "refused")), []))
     proc = run_train(CONFIG, *tiny(clips, out, "lora", "model.training_type=lora", "train.max_steps=2",
-                                   "train.checkpoint_every=2", "deepspeed.config=ds_configs/zero3.json"), num_gpus=2)
+                                   "train.checkpoint_every=2", "deepspeed.config=ds_configs/zero3.json",
+                                   f"model.generator_ckpt={start}"), num_gpus=2)
     log = proc.stdout + proc.stderr
     assert "done: 2 steps" in log and "full fine-tune" not in log
     assert (out / "lora/lora/pytorch_lora_weights.safetensors").is_file() and not (out / "lora/lora/transformer").exists()
-    assert (out / "lora/lora/e2v_causvid.pt").is_file()  # the LoRA fused in, CausVid's generator layout
+    fused = torch.load(out / "lora/lora/e2v_causvid.pt", weights_only=True)["generator"]  # the LoRA fused in
+    trained = torch.load(start, weights_only=True)["generator"]
+    from diffusers import WanTransformer3DModel
+
+    with seeded(0):
+        init = WanTransformer3DModel(**tiny_transformer_config("t2v")).state_dict()["patch_embedding.weight"]
+    key = "model.patch_embedding.weight"
+    assert torch.equal(fused[key], trained[key]) and not torch.equal(trained[key], init)
     scalars = read_scalars(out / "lora")
     assert all(0 < s["train/loss"] < 1e3 for s in scalars.values())
     (stopped,) = wait_all(refused, check=False)
