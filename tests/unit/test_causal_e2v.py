@@ -6,7 +6,8 @@ paths, read off the attention); through the model, the video never moves the ref
 and the references move every video block's; the cached rollout, which writes the references' block
 into the KV cache first at t = 0, gives the latents of masked full forwards over [references at
 t = 0, finished blocks at t = 0, block b at t] (fp32, 1e-5); configs/causal_e2v_tiny.yaml trains
-in this process through train_e2v.main, its loss on the video's noisy frames only."""
+in this process through train_e2v.main (and its checkpoint exports offline to the end-of-run CausVid
+file); the loss is the video's noisy frames' alone."""
 
 import pytest
 import torch
@@ -185,8 +186,10 @@ def test_the_rollout_with_a_reference_block_equals_masked_full_forwards(k, first
 
 
 def test_the_tiny_config_trains_in_process(demo_data, tmp_path):
+    """Two steps of the whole tiny transformer; its checkpoint exports offline (tools/export_lora.py's
+    export_checkpoint, a full fine-tune's path) to the end-of-run CausVid file, tensor for tensor."""
     sets = (f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}", "run_id=e2v", "train.max_steps=2",
-            "train.checkpoint_every=0", "train.warmup_steps=0", "train.log_every=1", "validation.every_n_steps=0",
+            "train.checkpoint_every=2", "train.warmup_steps=0", "train.log_every=1", "validation.every_n_steps=0",
             "cache.enabled=false", "visualization.enabled=false", "train.micro_batch_size=2")
     assert train_main("--config", str(ROOT / "configs/causal_e2v_tiny.yaml"), *[a for s in sets for a in ("--set", s)]) is None
     from helpers import read_scalars
@@ -194,7 +197,12 @@ def test_the_tiny_config_trains_in_process(demo_data, tmp_path):
     scalars = read_scalars(tmp_path / "e2v")
     assert sorted(scalars) == [1, 2]
     assert all(0 < s["train/loss"] < 10 for s in scalars.values())
-    assert (tmp_path / "e2v/lora/e2v_causvid.pt").is_file()
+    from e2v.train.checkpoint import export_checkpoint
+
+    export_checkpoint(tmp_path / "e2v/checkpoints/step_000002", tmp_path / "offline")
+    at_end, offline = (torch.load(p, map_location="cpu", weights_only=True)["generator"]
+                       for p in (tmp_path / "e2v/lora/e2v_causvid.pt", tmp_path / "offline/e2v_causvid.pt"))
+    assert sorted(at_end) == sorted(offline) and all(torch.equal(offline[k], v) for k, v in at_end.items())
 
 
 def test_an_engine_forwarding_its_modules_attributes_holds_one_causal_transformer():
