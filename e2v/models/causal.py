@@ -338,8 +338,9 @@ class BlockCausalAttention:
         return dispatch_attention_fn(q_BLHD, k_BKHD, v_BKHD, backend=self._attention_backend)
 
     def block_mask(self, device):
-        """The BlockMask of the current grid, built once per (grid, device)."""
-        key = (self.state.grid, str(device))
+        """The BlockMask of the current grid, built once per (grid, reference frames, device): one
+        grid splits differently with another count of reference frames in front."""
+        key = (self.state.grid, self.state.reference_frames, str(device))
         if key not in self.state.masks:
             self.state.masks[key] = build_block_mask(self.state.spans(), device)
         return self.state.masks[key]

@@ -22,6 +22,7 @@ from e2v.models.causal import (
     build_block_mask,
     enable_causal,
     flex_block_attention,
+    frame_timesteps,
     reference_block,
 )
 from e2v.models.tiny import seeded, tiny_transformer_config
@@ -224,3 +225,20 @@ def test_an_engine_forwarding_its_modules_attributes_holds_one_causal_transforme
     model = tiny(2, True)
     engine = Engine(model)
     assert engine.causal_state is model.causal_state and causal_transformer(engine) is model
+
+
+def test_one_grid_with_another_count_of_references_gets_its_own_flex_mask():
+    """Blocks of 1: 2 references + 5 video frames and 3 + 4 are one 7-frame grid with other blocks."""
+    model = enable_causal(tiny(1, False), 1, False, "flex")
+    with seeded(5):
+        x, text = torch.randn(1, 16, 7, 4, 4), torch.randn(1, 8, 32)
+    t = frame_timesteps(torch.zeros(1, 7), 4)
+    masks = []
+    for refs in (2, 3):
+        reference_block(model, refs)
+        with torch.no_grad():
+            model(x, timestep=t, encoder_hidden_states=text, return_dict=False)
+        masks.append(model.blocks[0].attn1.processor.block_mask("cpu"))
+    for refs, mask in zip((2, 3), masks):  # each the rule of its own count (4 tokens a frame)
+        seen = seen_mask(lambda q, k, v, m=mask: flex_block_attention(q, k, v, m), 28)
+        assert torch.equal(seen, rule(refs, 7 - refs, 4, 1, False)), refs
