@@ -180,6 +180,12 @@ def checked_config(args):
         cfg = load_config(args.config, args.set, check_paths=not args.dry_run)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")
+    if cfg.task == "causal":  # what the block-causal model cannot serve: its own rule, torch's import first
+        from e2v.models.causal import causal_refusal
+
+        refusal = causal_refusal(cfg)
+        if refusal:
+            raise SystemExit(f"config error: {refusal}")
     if args.dry_run:
         p = cfg.parallel
         ranks = args.gpus or p.ulysses_degree * p.ring_degree  # the config's own count: one context-parallel group
@@ -394,6 +400,8 @@ def main(argv: list[str] | None = None):
             save(global_step)
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
+        if cfg.task == "causal":  # beside it, the file CausVid's own inference loads
+            export.export_causvid(parts.transformer, run_dir / "lora", full_names, rank=rank)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
         compiled = speed.compile_summary(parts.transformer)
         if rank == 0:  # the export's outputs are rank 0's

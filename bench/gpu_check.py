@@ -43,6 +43,10 @@ bench/results/gpu.json are rewritten after EVERY section, so a call cut short ke
                       math, by the aten op that ran); math fails on a GPU
   fp8_14b             the fp8 base at the I2V-14B widths (4 blocks) under the 24 GiB cap: peaks against
                       e2v/train/memory.py (bench/gpulib/fp8_section.py)
+  causal_step         the causal task's step (block-causal, per-block timesteps) against the bidirectional
+                      one, Wan2.1-T2V-1.3B at 480 x 832 x 81 with blocks of 3, random weights: time and peak
+                      memory of each, flex and per-block attention, whose losses must agree
+                      (bench/gpulib/causal_section.py)
 
 The verdict: FAILED when a section that ran failed, INCOMPLETE when none failed but a section or a
 check inside one was skipped (a budget too short, --allow-cpu's CPU-only limits), PASSED only when

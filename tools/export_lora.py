@@ -9,7 +9,9 @@ pytorch_lora_weights_comfyui.safetensors (original Wan names, `diffusion_model.`
 modules trained in full as `.diff` differences from the base weights in the checkpoint's
 e2v_base_modules.safetensors), e2v_modules.safetensors (modules trained in full), e2v_modules_comfyui.safetensors (the same
 under original Wan names) and e2v_model.json. Full fine-tunes: transformer/ (bf16, and fp32 for
-the modules diffusers keeps in fp32; save_pretrained). Works for any ZeRO stage (DeepSpeed's
+the modules diffusers keeps in fp32; save_pretrained). A causal run (task: causal) also gets
+e2v_causvid.pt, the whole transformer in CausVid's generator layout (a LoRA run's LoRA fused into
+the base its run folder's config.yaml loads). Works for any ZeRO stage (DeepSpeed's
 zero_to_fp32). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
 and are read as data only (a file that would run code is refused).
 """
@@ -33,7 +35,8 @@ def main() -> None:
         raise SystemExit(f"[export] {path} does not exist: give a checkpoint folder (runs/<run>/checkpoints/step_N) "
                          "or the run's checkpoints/latest file")
     # The base weights are not read: the checkpoint holds what trained, the base modules' copies
-    # (e2v_base_modules.safetensors) and the transformer's config, so no model folder is needed.
+    # (e2v_base_modules.safetensors) and the transformer's config, so no model folder is needed;
+    # except for a causal LoRA run's e2v_causvid.pt, the LoRA fused into its base (model.pretrained).
     from e2v.runtime.integrity import UnsafeCheckpoint
     from e2v.train.checkpoint import export_checkpoint, read_latest
 

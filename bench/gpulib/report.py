@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.gpulib.causal_section import render_causal_step
 from bench.gpulib.fp8_section import ESTIMATE_RTOL
 from bench.gpulib.sections import CONFIGS_24GB, R2V_RUNS, SECTIONS, STEP_PHASES, WAN22_RUNS
 from bench.gpulib.speed_section import render_speed
@@ -199,7 +200,7 @@ RENDERERS = {"environment": _render_environment, "step_1.3b": _render_step, "vae
              "main_path": _render_main, "gpu_24gb": _render_24gb, "validation_24gb": _render_validation,
              "fp8_14b": _render_fp8, "activation_offload": _render_offload,
              "wan22": _render_wan22, "r2v": lambda r: _render_wan22(r, R2V_RUNS), "attention": _render_attention,
-             "offload_adam": _render_offload_adam, "speed": render_speed}
+             "offload_adam": _render_offload_adam, "speed": render_speed, "causal_step": render_causal_step}
 
 
 def write_report(result: dict, out_dir: Path) -> tuple[Path, Path]:

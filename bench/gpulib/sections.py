@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.gpulib.causal_section import section_causal_step
 from bench.gpulib.common import (
     GIB,
     LIMIT_GIB,
@@ -448,5 +449,6 @@ SECTIONS = (
     Section("r2v", 40, section_r2v, "Sequence layout (SkyReels-V3 R2V / Phantom) on the tiny T2V: training and validation"),
     Section("attention", 5, section_attention, "Attention backend"),
     Section("fp8_14b", 90, section_fp8_14b, "fp8 base at the I2V-14B widths under a 24 GiB cap"),
+    Section("causal_step", 120, section_causal_step, "Causal training step against the bidirectional, 1.3B at 480 x 832 x 81"),
 )
 NAMES = [s.name for s in SECTIONS]

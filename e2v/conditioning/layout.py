@@ -38,7 +38,8 @@ from e2v.conditioning.encode import (
 )
 from e2v.conditioning.sequence import fill_slots, sequence_input, slot_frames, video_frames
 from e2v.conditioning.ti2v import pad_prefix, prefix_input
-from e2v.config.shapes import VAE_T, after_ref_frames, reference_pixel_frames
+from e2v.config.shapes import PATCH, VAE_T, after_ref_frames, reference_pixel_frames
+from e2v.models.causal import frame_timesteps
 
 
 def batch_conditions(batch: dict, parts, cfg, *, rng: random.Random, generator: torch.Generator | None = None,
@@ -95,20 +96,27 @@ def conditions(source, element_names: list[list[str]], parts, cfg, *, rng: rando
 # --- the references at the transformer's input ----------------------------------------------------
 
 
-def place_references(c: Conditions, x_BCThw: torch.Tensor, timestep_B: torch.Tensor
+def place_references(c: Conditions, x_BCThw: torch.Tensor, timestep: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The model input with the references' latent frames where the layout puts them, its
     timestep, and S, the frames to drop from the output (0 without any): clean_prefix gives
-    per-token timesteps (0 on the references); sequence keeps the sample's one timestep."""
+    per-token timesteps (0 on the references); sequence keeps the sample's one timestep.
+    `timestep` is one per sample [B], or (task: causal) one per latent frame of the clip [B, T],
+    which comes back per token (diffusers' form; the clean_prefix references at 0 in front: the
+    causal model's block 0, e2v.models.causal.reference_block); the sequence layout refuses it."""
     refs = c.ref_latents_BCNhw
     if refs is None:
-        return x_BCThw, timestep_B, 0
+        per_token = (x_BCThw.shape[3] // PATCH) * (x_BCThw.shape[4] // PATCH)
+        return x_BCThw, frame_timesteps(timestep, per_token) if timestep.ndim == 2 else timestep, 0
     if c.ref_layout == "clean_prefix":
-        x, timestep = prefix_input(refs, x_BCThw, timestep_B)
+        x, timestep = prefix_input(refs, x_BCThw, timestep)
         return x, timestep, refs.shape[2]
+    if timestep.ndim == 2:
+        raise ValueError("per-frame timesteps (task: causal) with the sequence layout's slots: no causal block holds "
+                         "them (e2v.models.causal.causal_refusal); use conditioning.target_layout: clean_prefix")
     if c.ref_layout not in ("after", "before"):
         raise ValueError(f"Conditions.ref_layout {c.ref_layout!r}: reference frames need clean_prefix, after or before")
-    return sequence_input(refs, x_BCThw, after=c.ref_layout == "after"), timestep_B, refs.shape[2]
+    return sequence_input(refs, x_BCThw, after=c.ref_layout == "after"), timestep, refs.shape[2]
 
 
 def split_prediction(c: Conditions, pred_BCFhw: torch.Tensor, n_ref: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -15,6 +15,10 @@ model's prediction for that frame is never used. Elements extend this to N refer
     model_pred      model(...)[:, :, N:]: the clip's frames only, so the target, the loss, the
                     x0 estimate, validation and the sampler all see clip-shaped tensors [B,C,T,h,w]
 
+task: causal (docs/causal.md, "Elements to video") takes the same input with a timestep per clip
+frame ([B, T]: the references' tokens still 0), and its block-causal model makes the N reference
+frames a block of their own, block 0, that every clip block sees (e2v/models/causal.py).
+
 With one reference and the clip's T latent frames this is the pipeline's input at every step for a
 video of 4T + 1 frames whose first frame is the reference (tests/unit/test_wan22_ti2v.py checks it
 against the pipeline itself). The clip is encoded on its own, so its decode needs no frames
@@ -57,15 +61,17 @@ def pad_prefix(chunks_per_sample: list[list[torch.Tensor]], dropped: list[bool],
     return out
 
 
-def prefix_input(ref_latents_BCNhw: torch.Tensor, input_BCThw: torch.Tensor, timestep_B: torch.Tensor
+def prefix_input(ref_latents_BCNhw: torch.Tensor, input_BCThw: torch.Tensor, timestep: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model input and its per-token timesteps: the clean reference frames, then the clip's
-    noisy frames; timestep 0 on each reference token, the sample's timestep on each clip token, in
-    the transformer's token order (frame, then row, then column of 2x2 patches), fp32 as the
+    noisy frames; timestep 0 on each reference token, the sample's timestep (`timestep` [B]) or
+    its frame's (task: causal: [B, T], one per clip frame) on each clip token, in the
+    transformer's token order (frame, then row, then column of 2x2 patches), fp32 as the
     pipeline builds them (its first-frame mask is fp32)."""
     b, _, n, h, w = ref_latents_BCNhw.shape
     t = input_BCThw.shape[2]
     per_frame = (h // PATCH) * (w // PATCH)
-    timestep_B = timestep_B.to(input_BCThw.device, torch.float32)
-    timestep_BL = torch.cat([timestep_B.new_zeros(b, n * per_frame), timestep_B[:, None].expand(b, t * per_frame)], 1)
+    timestep = timestep.to(input_BCThw.device, torch.float32)
+    timestep_BT = timestep if timestep.ndim == 2 else timestep[:, None].expand(b, t)
+    timestep_BL = torch.cat([timestep_BT.new_zeros(b, n), timestep_BT], 1).repeat_interleave(per_frame, 1)
     return torch.cat([ref_latents_BCNhw.to(input_BCThw.dtype), input_BCThw], dim=2), timestep_BL

@@ -21,6 +21,8 @@ from e2v.config.shapes import (
     latent_size,
     nearest_valid_sizes,
     sequence_slots_of,
+    whole_block_frames,
+    whole_blocks,
 )
 
 
@@ -104,6 +106,10 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         if ds.dataset_type in ("csv", "jsonl", "opens2v") and not ds.metadata_path:
             raise ConfigError(f"data.datasets[{i}].metadata_path: a {ds.dataset_type} dataset needs its file")
     _validate_elements(cfg)
+    ckpt = cfg.model.generator_ckpt
+    if ckpt is not None and check_paths and not Path(ckpt).is_file():
+        raise ConfigError(f"model.generator_ckpt: {ckpt} is not a file (a CausVid / Self-Forcing .pt with a "
+                          f"'{cfg.model.generator_ckpt_dict}' state dict); give its path, or remove the key")
     if not pv.concatenate_mask and cfg.model.base != "t2v":
         raise ConfigError("processors.vae.concatenate_mask: false needs a 32-channel model: set model.base: t2v "
                           "(expanded to 32 input channels)")
@@ -127,6 +133,8 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
                           f"frames before the clip, but e2v_type={cfg.e2v_type} has no VAE condition: use "
                           "target_layout: overlay")
     _validate_sequence(cfg)
+    _validate_timesteps(cfg)
+    _validate_causal(cfg)
     _validate_validation(cfg)
     _validate_cache(cfg)
     _validate_parallel(cfg)
@@ -138,7 +146,23 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
         )
     zero_stage = json.loads(ds_path.read_text()).get("zero_optimization", {}).get("stage", 0)
     _validate_fp8_base(cfg, zero_stage)
+    _validate_generator_ckpt(cfg, zero_stage)
     _validate_speed(cfg)
+
+
+def _validate_generator_ckpt(cfg: Config, zero_stage: int) -> None:
+    """model.generator_ckpt is read into one whole transformer (e2v/models/causvid_ckpt.py) before
+    the LoRA and DeepSpeed: not into ZeRO-3's partitioned load, nor into two experts."""
+    m = cfg.model
+    if m.generator_ckpt is None:
+        return
+    if m.expert is not None:
+        raise ConfigError("model.generator_ckpt holds one transformer's weights (CausVid's generator), but model.expert "
+                          "names a two-expert base: use a one-transformer base (Wan2.1), or remove generator_ckpt")
+    if zero_stage == 3 and m.pretrained is not None and m.zero3_init:
+        raise ConfigError(f"model.generator_ckpt loads into whole weights, but {cfg.deepspeed.config} (ZeRO-3) with "
+                          "model.zero3_init partitions the transformer as it loads: set model.zero3_init: false "
+                          "(every rank reads the base whole, then the checkpoint), or use ds_configs/zero2.json")
 
 
 def _validate_elements(cfg: Config) -> None:
@@ -183,6 +207,56 @@ def _validate_sequence(cfg: Config) -> None:
     if cd.sequence.loss_on_references and cfg.flow.objective != "flow":
         raise ConfigError("conditioning.sequence.loss_on_references trains the slots' velocity (target 0), which needs "
                           "flow.objective: flow; remove loss_on_references or the x0 objective")
+
+
+def _validate_timesteps(cfg: Config) -> None:
+    """flow.denoising_step_list and its warp: a 0 is a clean frame that carries no loss, so a list of
+    zeros alone trains nothing; the warp indexes the 1001 places of the training grid (its 1000
+    timesteps and 0) by 1000 - t, so it needs whole timesteps."""
+    fl = cfg.flow
+    steps = fl.denoising_step_list
+    if steps and not any(steps):
+        raise ConfigError(f"flow.denoising_step_list: {steps} has no timestep above 0: a 0 marks a clean frame, "
+                          "which carries no loss; add the noisy timesteps to train at, e.g. [1000, 757, 522, 0]")
+    if fl.warp_denoising_step:
+        if not steps:
+            raise ConfigError("flow.warp_denoising_step maps flow.denoising_step_list through the training grid, "
+                              "but the list is empty: give the list, or remove warp_denoising_step")
+        odd = [t for t in steps if t != int(t)]
+        if odd:
+            raise ConfigError(f"flow.warp_denoising_step: flow.denoising_step_list entries {odd} are not whole "
+                              "timesteps; the warp takes the training grid's timestep 1000 - t places from its "
+                              "start: give whole numbers 0..1000, or set warp_denoising_step: false")
+
+
+def _validate_causal(cfg: Config) -> None:
+    """task: causal trains CausVid's regression rule (e2v/train/step.py): per-block timesteps from
+    flow.denoising_step_list, the x0 estimate against the clean latents, no weighting, on clips
+    whose latent frames split into whole blocks. What the model cannot serve (layouts, context
+    parallelism, two experts) is its own refusal, e2v.models.causal.causal_refusal, asked at start
+    by train_e2v.py (this stage imports no torch)."""
+    if cfg.task != "causal":
+        return
+    fl, c = cfg.flow, cfg.causal
+    if not fl.denoising_step_list:
+        raise ConfigError("task: causal draws each block's timestep from flow.denoising_step_list (CausVid's rule), "
+                          "which is empty: set it, e.g. flow.denoising_step_list: [1000, 757, 522, 0]")
+    if fl.objective != "x0":
+        raise ConfigError(f"task: causal trains CausVid's regression, the x0 estimate x_t - sigma v against the clean "
+                          f"latents, but flow.objective is {fl.objective}: set flow.objective: x0")
+    if fl.weighting != "none":
+        raise ConfigError(f"task: causal averages its loss over the noisy frames unweighted, as CausVid does, but "
+                          f"flow.weighting is {fl.weighting}: set flow.weighting: none")
+    d = cfg.data
+    frames = [d.num_frames] + (d.frame_buckets if d.auto_frame_buckets else [])
+    for key, f in zip(["data.num_frames"] + ["data.frame_buckets"] * (len(frames) - 1), frames):
+        if not whole_blocks(f, c.frames_per_block, c.independent_first_frame):
+            t = (f - 1) // VAE_T + 1
+            near = " or ".join(map(str, whole_block_frames(f, c.frames_per_block, c.independent_first_frame)))
+            first = " after frame 0's own block" if c.independent_first_frame else ""
+            raise ConfigError(f"{key}: {f} frames make {t} latent frames, which do not split into whole blocks of "
+                              f"causal.frames_per_block={c.frames_per_block}{first}: use {near} frames, or another "
+                              "causal.frames_per_block")
 
 
 def _validate_cache(cfg: Config) -> None:

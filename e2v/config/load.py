@@ -147,11 +147,11 @@ def _unknown_key(key: str, path: str, fields: dict) -> ConfigError:
     where = f"{path}.{key}" if path else str(key)
     if here in REMOVED_KEYS:
         return ConfigError(f"'{where}' was {REMOVED_KEYS[here]}")
+    seed = (f" ('{key}' is a video-regression seed key: a seed file is recognised by its top-level "
+            f"{SEED_REGRESSION_MARK}, docs/formats.md)") if not path and key in SEED_REGRESSION_KEYS else ""
     if key in own:
-        return ConfigError(f"unknown key '{where}'; did you mean '{own[key]}'?")
+        return ConfigError(f"unknown key '{where}'; did you mean '{own[key]}'?{seed}")
     if homes:
-        seed = (f" ('{key}' is a video-regression seed key: a seed file is recognised by its top-level "
-                f"{SEED_REGRESSION_MARK}, docs/formats.md)") if not path and key in SEED_REGRESSION_KEYS else ""
         return ConfigError(f"{where}: not a {'key of ' + path if path else 'top-level key'}; "
                            f"did you mean {' or '.join(homes)}?{seed}")
     near = difflib.get_close_matches(str(key), list(fields) + list(own), n=1, cutoff=0.5)

@@ -301,6 +301,11 @@ class Model:
     # for each use of their block (forward, and its recompute under checkpointing): ~0.35 GB of GPU
     # per 14B block saved, 2 x that of PCIe traffic per step (docs/memory.md).
     fp8_blocks_on_host: int = bounded(0, min=0)
+    # A CausVid / Self-Forcing generator checkpoint (a .pt holding {"generator": ..., "generator_ema": ...}
+    # in the original Wan names) loaded into the transformer after model.pretrained and before the LoRA
+    # or the full fine-tune (CausVid's generator_ckpt; e2v/models/causvid_ckpt.py, docs/causal.md)
+    generator_ckpt: Optional[str] = None
+    generator_ckpt_dict: Literal["generator", "generator_ema"] = "generator"  # which state dict of the file
 
 
 @dataclass
@@ -311,8 +316,14 @@ class Flow:
     logit_std: float = bounded(1.0, gt=0)
     weighting: Literal["none", "cosmap", "sigma_sqrt"] = "none"
     objective: Literal["flow", "x0"] = "flow"  # x0: video regression (clean-latent target)
-    # timesteps (0..1000] to train at
-    denoising_step_list: list[float] = bounded(default_factory=list, gt=0, max=1000, note="(a timestep)")
+    # timesteps [0, 1000] to train at; 0 marks clean frames (no noise, no loss: the context of later
+    # blocks under task: causal); a list of zeros alone trains nothing (e2v/config/checks.py)
+    denoising_step_list: list[float] = bounded(default_factory=list, min=0, max=1000,
+                                               note="(a timestep; 0: a clean frame, no loss)")
+    # CausVid's and Self-Forcing's warp_denoising_step: each listed t is replaced by the training grid's
+    # timestep 1000 - t places from its start (the 1000-point grid of flow.shift, e2v/train/flow.py:
+    # training_grid), so [1000, 750, 500, 250] at shift 8 trains at [1000, 960, 889, 727]
+    warp_denoising_step: bool = False
 
 
 @dataclass

@@ -54,6 +54,9 @@ OLD_KEYS = {
     "flow_weighting_scheme": "flow.weighting",
     "caption_dropout_p": "conditioning.caption_dropout",
     "dataloader_num_workers": "data.num_workers",
+    "generator_task": "task",  # CausVid: causal_video / bidirectional_video (SEED_TASKS)
+    "num_frame_per_block": "causal.frames_per_block",
+    "generator_ckpt": "model.generator_ckpt",
 }
 _SCHEMA_KEYS = schema_keys()
 
@@ -266,7 +269,13 @@ def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]
 # ---------------------------------------------------------------------------------------------
 
 SEED_REGRESSION_KEYS = ("num_frames", "time_division_factor", "batch_size", "lr", "max_steps", "save_interval",
-                        "denoising_step_list")  # each -> key_home(key)
+                        "denoising_step_list", "generator_task", "num_frame_per_block", "independent_first_frame",
+                        "warp_denoising_step", "generator_ckpt", "max_grad_norm",
+                        "gradient_checkpointing")  # each -> key_home(key)
+SEED_TASKS = {"causal_video": "causal", "bidirectional_video": "bidirectional"}  # generator_task -> task
+# CausVid's Wan wrapper trains on the 1000-point grid of a FlowMatchScheduler with shift 8 (Self-Forcing:
+# its timestep_shift, 8 by default): the grid a listed timestep's sigma is read from, and warped through.
+CAUSVID_GRID_SHIFT = 8.0
 SEED_REGRESSION_DATA_KEYS = ("dataset_base_path", "metadata_path", "height", "width")  # mapped by hand below
 SEED_REGRESSION_MARK = "dataset_base_path"  # where the seed's videos are: every seed file has it, our YAML never
 
@@ -287,12 +296,23 @@ def map_seed_regression(raw: dict, source: str) -> tuple[dict, list[str]]:
     notes = [f"{source}: video-regression seed config (top-level {SEED_REGRESSION_MARK}; docs/formats.md)"]
 
     def put(dotted: str, value: Any, key: str) -> None:
-        section, name = dotted.split(".")
-        node = raw.setdefault(section, {})
+        *section, name = dotted.split(".")
+        node = raw.setdefault(section[0], {}) if section else raw
         if name in node:
             raise ConfigError(f"{source}: seed key '{key}' and {dotted} are both set: keep one")
         node[name] = value
         notes.append(f"seed key '{key}' -> {dotted} = {value!r}")
+
+    if "generator_task" in seed:
+        task = seed.pop("generator_task")
+        if task not in SEED_TASKS:
+            raise ConfigError(f"{source}: generator_task: {task!r} is not one e2v trains; use "
+                              f"{' or '.join(SEED_TASKS)} (task: {' or '.join(SEED_TASKS.values())})")
+        put(key_home("generator_task"), SEED_TASKS[task], "generator_task")
+        if "shift" not in raw.setdefault("flow", {}):
+            raw["flow"]["shift"] = CAUSVID_GRID_SHIFT
+            notes.append(f"seed regression config: flow.shift = {CAUSVID_GRID_SHIFT:g} (CausVid's training grid, the "
+                         "sigmas of its timesteps and warp_denoising_step; set flow.shift to change it)")
 
     # the seed's video paths are relative to dataset_base_path, wherever the CSV lives
     ds = {"data_root": seed.pop("dataset_base_path") or "", "dataset_type": "csv"}
@@ -308,6 +328,10 @@ def map_seed_regression(raw: dict, source: str) -> tuple[dict, list[str]]:
     if "denoising_step_list" in seed and "objective" not in raw["flow"]:
         raw["flow"]["objective"] = "x0"
         notes.append("seed regression config: flow.objective = x0 (loss on the clean-latent estimate)")
+    if "training_type" not in raw.setdefault("model", {}):
+        raw["model"]["training_type"] = "full"  # CausVid's generator_grad {model: true}: every weight
+        notes.append("seed regression config: model.training_type = full (the seed trains the whole transformer, "
+                     "as CausVid trains its generator; set model.training_type: lora for a LoRA)")
     if "e2v_type" not in raw:
         if raw.get("data", {}).get("elements"):
             raise ConfigError(f"{source}: a video-regression seed config trains plain T2V (e2v_type: none) but "

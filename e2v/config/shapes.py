@@ -56,7 +56,27 @@ def frame_bucket_list(cfg: Config) -> list[int]:
     d = cfg.data
     step = d.time_division_factor or 16
     counts = d.frame_buckets or [*range(1 + step, d.num_frames + 1, step), d.num_frames]
+    if cfg.task == "causal" and not d.frame_buckets:  # a clip trains at its largest count of whole blocks
+        counts = [f for f in counts if whole_blocks(f, cfg.causal.frames_per_block, cfg.causal.independent_first_frame)]
     return sorted(f for f in set(counts) if f >= max(cfg.reference_frames(), 1))
+
+
+def whole_blocks(num_frames: int, frames_per_block: int, independent_first_frame: bool) -> bool:
+    """Whether a clip of `num_frames` pixel frames gives latent frames that split into whole blocks of
+    the causal task (frame 0 alone first with `independent_first_frame`): the config's side of
+    e2v.models.causal.block_ids, without torch."""
+    rest = (num_frames - 1) // VAE_T + 1 - int(independent_first_frame)
+    return rest >= (0 if independent_first_frame else 1) and rest % frames_per_block == 0
+
+
+def whole_block_frames(num_frames: int, frames_per_block: int, independent_first_frame: bool) -> list[int]:
+    """The pixel frame counts nearest `num_frames` (the one below when there is one, the one above)
+    whose latent frames split into whole blocks: what a refusal offers (e2v/config/checks.py)."""
+    first, k = int(independent_first_frame), frames_per_block
+    t = (num_frames - 1) // VAE_T + 1
+    below = first + (t - 1 - first) // k * k  # the largest whole-block count under t
+    counts = [c for c in (below, below + k) if c >= (1 if first else k)]
+    return [VAE_T * (c - 1) + 1 for c in counts]
 
 
 def check_base(cfg: Config, transformer_config, vae_config) -> None:

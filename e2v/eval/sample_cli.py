@@ -25,6 +25,10 @@ a name the run did not train is refused with how to train one, and a guidance op
 cannot act (`--image-guidance` at text guidance 1) is an error. References are read as training
 read them (data.reference_read); `--generator-device device` draws on the sampling device as
 SkyReels-V3's pipeline does (validation.generator_device).
+
+A causal run (`task: causal`) samples block by block at its few-step list (e2v/eval/sampling.py:
+`causal_rollout`; `--steps` and `--shift` are refused there), from its base with
+`model.generator_ckpt` loaded when the run names one.
 """
 
 from __future__ import annotations
@@ -196,6 +200,9 @@ def main(argv=None):
     if args.image_guidance is None and v.image_guidance_scale is not None and guidance <= 1:
         log.info(f"note: validation.image_guidance_scale {v.image_guidance_scale:g} is not used at --guidance "
                  f"{guidance:g} (one pass, no dual guidance)")
+    if cfg.task == "causal" and (args.steps or args.shift is not None):
+        raise SystemExit("--steps / --shift set the UniPC loop; a causal run samples block by block at its few-step "
+                         "list: give --set flow.denoising_step_list=[...] instead (sampling.causal_rollout)")
     prompts = read_prompts(args)
     images = read_elements(args, cfg)
     drop = cfg.reference_frames(list(images)) if args.drop_frames == "ref" else int(args.drop_frames)
@@ -205,6 +212,10 @@ def main(argv=None):
 
     # The encoders on the device; the transformer moves in run(). Wan2.2: both experts, whichever the run trained.
     parts = load_parts(cfg, device=args.device, all_experts=True)
+    if cfg.model.generator_ckpt:  # the run's base (CausVid's generator weights), before a LoRA attaches to it
+        from e2v.models.causvid_ckpt import load_causvid_checkpoint
+
+        load_causvid_checkpoint(parts.transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     options = dict(num_steps=args.steps or v.num_inference_steps,
                    guidance_scale=guidance,

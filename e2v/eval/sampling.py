@@ -15,6 +15,17 @@ layouts training saw (element order, repeats, mask, zero-padded CLIP blocks, or 
 clean reference frames in front), for any number of elements, and for a T2V base (`e2v_type:
 none`: no condition, no image tokens).
 
+A causal run (`task: causal`, e2v/models/causal.py) samples as CausVid does instead, through the same
+`denoise` (its `rollout` option, `causal_rollout(cfg)`): block by block over the few-step list
+(`flow.denoising_step_list` without its trailing 0, warped as trained), each block from its own
+noise; at each listed t the model (the block's tokens, the earlier blocks' keys and values from
+the KV cache) predicts x0 = x_t - sigma v, which is re-noised to the next t with fresh noise (not
+an Euler step); the finished block then runs once at t = 0 to write its clean keys and values into
+the cache. Guidance runs every pass with a cache of its own. With references in the clean_prefix
+layout (docs/causal.md, "Elements to video") their block 0 is written into each cache first, at
+t = 0, and every video block attends to it. The whole latent video is decoded at the end, by the
+caller.
+
 Legend: B batch, C latent channels (16; 48 for the Wan2.2 VAE), T latent frames, h/w latent size, F pixel frames,
 H/W pixels, L tokens, D width.
 """
@@ -22,8 +33,10 @@ H/W pixels, L tokens, D width.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +46,10 @@ from e2v.conditioning.encode import Conditions, decode_latents, encode_text
 from e2v.conditioning.layout import batch_conditions, with_references
 from e2v.config.shapes import latent_size
 from e2v.data.dataset import collate, element_inputs
+from e2v.models.causal import KVCache, block_spans, cached, ensure_causal
 from e2v.models.speed import sampling_backend
 from e2v.runtime.device import randn, to_device
+from e2v.train.flow import frame_noise, frame_x0, timestep_sigmas, training_timesteps
 from e2v.train.step import predict
 
 
@@ -82,35 +97,133 @@ def encode_conditions(parts, cfg, batch: dict, generator: torch.Generator | None
 @torch.no_grad()
 def denoise(model, c: Conditions, negative_text_BLD: torch.Tensor | None, noise_BCTHW: torch.Tensor, *,
             num_steps: int, guidance_scale: float, shift: float, dtype=torch.float32,
-            image_guidance_scale: float | None = None, on_step=None) -> torch.Tensor:
+            image_guidance_scale: float | None = None, on_step=None, rollout: CausalRollout | None = None,
+            generator: torch.Generator | None = None) -> torch.Tensor:
     """UniPC flow-prediction loop from `noise_BCTHW` (on the model's device, as the conditions);
     returns the clean latents (normalised) there. The schedule's timesteps stay on the CPU (the
     scheduler looks its step up by value; its 0-dim sigmas combine with any device).
     CFG (guidance_scale > 1, as diffusers decides) repeats the call with the negative text only;
     with `image_guidance_scale` also a third call with the negative text and no references (the
     module docstring's dual guidance).
+    `rollout` (a causal run's, causal_rollout): CausVid's block-by-block sampler instead
+    (causal_denoise; num_steps and shift are the UniPC loop's, unused there), its fresh noise from
+    `generator`.
     `on_step(i, timestep, velocity)` sees every step's guided velocity (tests use it)."""
+    passes = guidance_passes(c, negative_text_BLD, guidance_scale, image_guidance_scale)
+    if rollout is not None:
+        return causal_denoise(model, passes, noise_BCTHW, rollout, guidance_scale=guidance_scale,
+                              image_guidance_scale=image_guidance_scale, dtype=dtype, generator=generator,
+                              on_step=on_step)
     scheduler = make_scheduler(shift)
     scheduler.set_timesteps(num_steps, device="cpu")
     latents = noise_BCTHW.float()
     b = latents.shape[0]
-    neg = None
-    if guidance_scale > 1.0:
-        neg = negative_text_BLD if negative_text_BLD.shape[0] == b else negative_text_BLD.expand(b, -1, -1)
     for i, t in enumerate(scheduler.timesteps):
         timestep = t.expand(b)  # int64, as the Wan pipelines pass it
-        v = predict(model, latents, timestep, c, c.text_BLD, dtype)
-        if neg is not None:
-            v_uncond = predict(model, latents, timestep, c, neg, dtype)
-            if image_guidance_scale is None:
-                v = v_uncond + guidance_scale * (v - v_uncond)
-            else:
-                v_free = predict(model, latents, timestep, with_references(c, None), neg, dtype)
-                v = v_free + image_guidance_scale * (v_uncond - v_free) + guidance_scale * (v - v_uncond)
+        v = guided({name: predict(model, latents, timestep, cp, text, dtype) for name, (cp, text) in passes.items()},
+                   guidance_scale, image_guidance_scale)
         if on_step is not None:
             on_step(i, t, v)
         latents = scheduler.step(v, t, latents, return_dict=False)[0]
     return latents
+
+
+def guidance_passes(c: Conditions, negative_text_BLD: torch.Tensor | None, guidance_scale: float,
+                    image_guidance_scale: float | None) -> dict[str, tuple[Conditions, torch.Tensor]]:
+    """The transformer calls of one guided step, in call order: `cond` (the text), with CFG also
+    `uncond` (the negative text, the same references), with dual guidance also `free` (the negative
+    text, no references)."""
+    passes = {"cond": (c, c.text_BLD)}
+    if guidance_scale > 1.0:
+        b = c.text_BLD.shape[0]
+        neg = negative_text_BLD if negative_text_BLD.shape[0] == b else negative_text_BLD.expand(b, -1, -1)
+        passes["uncond"] = (c, neg)
+        if image_guidance_scale is not None:
+            passes["free"] = (with_references(c, None), neg)
+    return passes
+
+
+def guided(v: dict[str, torch.Tensor], guidance_scale: float, image_guidance_scale: float | None) -> torch.Tensor:
+    """The guided velocity from the passes' velocities (guidance_passes' names)."""
+    if "uncond" not in v:
+        return v["cond"]
+    if "free" not in v:
+        return v["uncond"] + guidance_scale * (v["cond"] - v["uncond"])
+    return v["free"] + image_guidance_scale * (v["uncond"] - v["free"]) + guidance_scale * (v["cond"] - v["uncond"])
+
+
+# --- the causal task's sampler -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CausalRollout:
+    """How a causal run samples: its block layout and attention path (`causal:`), the listed
+    timesteps it denoises at (no trailing 0) and the shift of the training grid their sigmas come from."""
+
+    frames_per_block: int
+    independent_first_frame: bool
+    attention: str
+    timesteps: tuple[float, ...]
+    shift: float
+
+
+def causal_rollout(cfg) -> CausalRollout | None:
+    """The rollout of a `task: causal` config (None for a bidirectional one): the trained timesteps
+    (flow.denoising_step_list, warped when flow.warp_denoising_step) without the trailing 0, which
+    is the cache-writing pass, not a denoising step."""
+    if cfg.task != "causal":
+        return None
+    steps = training_timesteps(cfg.flow).tolist()
+    if steps and steps[-1] == 0:
+        steps = steps[:-1]
+    if not steps or 0 in steps:
+        raise ValueError(f"flow.denoising_step_list {cfg.flow.denoising_step_list}: the causal sampler needs the "
+                         "few-step list, decreasing timesteps above 0 with an optional trailing 0 "
+                         "(CausVid's: [1000, 757, 522, 0])")
+    c = cfg.causal
+    return CausalRollout(c.frames_per_block, c.independent_first_frame, c.attention, tuple(steps), cfg.flow.shift)
+
+
+def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRollout, *, guidance_scale: float,
+                   image_guidance_scale: float | None, dtype, generator: torch.Generator | None = None,
+                   on_step=None) -> torch.Tensor:
+    """CausVid's block-by-block sampling (module docstring) from `noise_BCTHW`; returns the clean
+    latents [B,C,T,h,w]. Each guidance pass keeps its own KV cache. The fresh noise of the re-noising
+    comes from `generator` (a fixed seed when None: the same video for the same noise)."""
+    ensure_causal(model, r.frames_per_block, r.independent_first_frame, r.attention)
+    generator = generator or torch.Generator().manual_seed(0)
+    b, _, frames = noise_BCTHW.shape[:3]
+    device = noise_BCTHW.device
+    sigmas = timestep_sigmas(torch.tensor(r.timesteps), r.shift).tolist()
+    caches = {name: KVCache() for name in passes}
+
+    def run(name, x_BCThw, t, a, z, write=False, references=False):  # one pass over block [a, z) with its cache
+        cp, text = passes[name]
+        block = dataclasses.replace(cp, cond_BCTHW=None if cp.cond_BCTHW is None else cp.cond_BCTHW[:, :, a:z])
+        if not references:  # the references are in the cache already (block 0), not in the block's input
+            block = dataclasses.replace(block, ref_latents_BCNhw=None, ref_layout=None)
+        with cached(model, caches[name], write=write):
+            return predict(model, x_BCThw, torch.full((b, z - a), float(t), device=device), block, text, dtype)
+
+    for name, (cp, _) in passes.items():  # clean_prefix: the references' block 0 into each cache first, at t = 0
+        if cp.ref_latents_BCNhw is not None:  # a forward of no video frames: the references alone
+            run(name, noise_BCTHW[:, :, :0], 0.0, 0, 0, write=True, references=True)
+    out = []
+    for a, z in block_spans(frames, r.frames_per_block, r.independent_first_frame):
+        x_BCThw = noise_BCTHW[:, :, a:z].float()
+        for i, (t, sigma) in enumerate(zip(r.timesteps, sigmas)):
+            v_BCThw = guided({name: run(name, x_BCThw, t, a, z) for name in passes}, guidance_scale,
+                             image_guidance_scale)
+            if on_step is not None:
+                on_step(i, t, v_BCThw)
+            x0_BCThw = frame_x0(x_BCThw, v_BCThw, torch.full((b, z - a), sigma, device=device))
+            if i + 1 < len(sigmas):  # fresh noise to the next listed t (CausVid's add_noise), not an Euler step
+                sigma_BT = torch.full((b, z - a), sigmas[i + 1], device=device)
+                x_BCThw = frame_noise(x0_BCThw, randn(x0_BCThw.shape, generator, device), sigma_BT)
+        for name in passes:  # the finished block at t = 0: its clean keys and values into each cache
+            run(name, x0_BCThw, 0.0, a, z, write=True)
+        out.append(x0_BCThw)
+    return torch.cat(out, 2)
 
 
 @torch.no_grad()
@@ -154,7 +267,8 @@ def generate(model, parts, cfg, prompts: list[str], elements: list[dict] | None 
         negative = encode_text([negative_prompt], parts.tokenizer, parts.text_encoder) if guidance_scale > 1 else None
     with sampling_backend(model, cfg):  # speed.sampling_attention_backend, when it differs from training's
         return denoise(model, c, negative, noise, num_steps=num_steps, guidance_scale=guidance_scale, shift=shift,
-                       image_guidance_scale=image_guidance_scale, dtype=dtype)
+                       image_guidance_scale=image_guidance_scale,
+                       dtype=dtype, rollout=causal_rollout(cfg), generator=generator)
 
 
 # --- trained weights -----------------------------------------------------------------------------

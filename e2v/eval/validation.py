@@ -80,7 +80,7 @@ from e2v.data.media import frames_to_video, load_image
 from e2v.data.sample import element_paths, sample_bucket
 from e2v.data.store import CacheStore
 from e2v.eval.fidelity import element_colour, element_similarity, hit_rate, subject_colour
-from e2v.eval.sampling import decode, denoise, encode_conditions, generate, noise_generator
+from e2v.eval.sampling import causal_rollout, decode, denoise, encode_conditions, generate, noise_generator
 from e2v.eval.viz import GAP, frame_strip, hstack, label_rows, strip_frames, tile_spans, to_uint8, write_mp4, write_png
 from e2v.models.load import load_clip, load_vae, visiting, with_all_experts, with_encoders
 from e2v.runtime.device import randn, to_device
@@ -368,7 +368,7 @@ class Validator:
         generator = noise_generator(v.seed, v.generator_device, self.device)
         negative = self.empty_text_BLD if v.guidance_scale > 1 else None
         run = dict(num_steps=v.num_inference_steps, guidance_scale=v.guidance_scale, shift=v.sample_shift,
-                   dtype=self.dtype)
+                   dtype=self.dtype, rollout=causal_rollout(self.cfg))
         latents, swapped = [], [] if partners else None
         for group in self.cached_video_groups():
             c = stack_conditions([conds[i] for i in group])

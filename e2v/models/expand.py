@@ -50,11 +50,16 @@ def clip_width(parts: Parts | None, cfg: Config) -> int:
                          f"model.image_encoder must name a CLIP vision model folder") from None
 
 
+# The layouts whose references are latent frames of their own in the token sequence (Wan2.2 TI2V's
+# clean prefix, SkyReels-V3's slots): the base takes them with its latent channels as they are.
+IN_SEQUENCE = ("clean_prefix", "sequence")
+
+
 def added_pathways(cfg: Config) -> list[str]:
     """The pathways (EXPANSION_MODULES keys) the base lacks and expansion adds: those e2v_type uses
     on a T2V base (model.base: t2v); image attention alone on a two-expert Wan2.2 base with the CLIP
     pathway. Known from the config, before any weight loads."""
-    if cfg.e2v_type == "none" or cfg.conditioning.target_layout == "sequence":  # a T2V base takes it as it is
+    if cfg.e2v_type == "none" or cfg.conditioning.target_layout in IN_SEQUENCE:  # a T2V base takes it as it is
         return []
     if cfg.model.base == "t2v":
         return (["vae"] if cfg.uses_vae_condition else []) + (["clip"] if cfg.uses_clip else [])
@@ -71,7 +76,7 @@ def needs_expansion(config, cfg: Config) -> bool:
     asked to take element conditions, or a Wan2.2 expert asked to take CLIP tokens. The base is
     stated in the config (model.base), never guessed, so what trains in full is known before any
     weight loads."""
-    if cfg.conditioning.target_layout == "sequence":  # the references go in the sequence: nothing is widened
+    if cfg.conditioning.target_layout in IN_SEQUENCE:  # the references go in the sequence: nothing is widened
         return False  # (what the base must be: shapes.check_base)
     t2v = config["in_channels"] == T2V_CHANNELS and config.get("added_kv_proj_dim") is None
     if t2v and cfg.e2v_type != "none" and cfg.model.base != "t2v":

@@ -27,6 +27,11 @@ a an the shape object subject person dog toy moves glides drifts slides across o
 around patterned textured striped plain background scene simple small large moving slowly quickly
 clapping sitting walking hands their video shows in this of with and on to is are into near
 """.split()
+# Colour names (the causal demo's prompts name the subject's colour: bench/causal_demo.py). Their ids
+# follow every word above and their embedding rows are drawn after every part is built, from a seed of
+# their own (build_tiny_parts), so what the words above encode to, and every other tiny weight, is as
+# it was without them.
+_TINY_COLOUR_WORDS = "red yellow green cyan blue magenta".split()
 
 
 @contextlib.contextmanager
@@ -74,7 +79,7 @@ def build_tiny_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for w in _TINY_VOCAB_TEXT:
+    for w in _TINY_VOCAB_TEXT + _TINY_COLOUR_WORDS:
         vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -98,8 +103,8 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
         vae = (build_tiny_vae22 if base == "ti2v" else build_tiny_vae)(seed, informative=informative_vae)
         tokenizer = build_tiny_tokenizer()
         text_encoder = UMT5EncoderModel(UMT5Config(
-            vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, dropout_rate=0.0,
+            vocab_size=len(tokenizer) - len(_TINY_COLOUR_WORDS), d_model=32, d_kv=8, d_ff=64, num_layers=2,
+            num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
         ))
         image_encoder = image_processor = None  # TI2V-5B ships none: no image attention to feed
         if base != "ti2v":
@@ -108,5 +113,7 @@ def build_tiny_parts(seed: int = 0, base: str = "i2v", informative_vae: bool = T
                 num_attention_heads=2, intermediate_size=64, image_size=TINY_CLIP_SIZE, patch_size=TINY_CLIP_PATCH,
             )).eval()
             image_processor = clip_image_processor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    with seeded(seed + 1):  # the colour words' rows (_TINY_COLOUR_WORDS), after every other draw
+        text_encoder.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     text_encoder.eval(), vae.eval()
     return Parts(transformer, vae, text_encoder, tokenizer, image_encoder, image_processor)

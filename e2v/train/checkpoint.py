@@ -45,7 +45,17 @@ from e2v.runtime.integrity import (
     weights_only_zero_to_fp32,
 )
 from e2v.runtime.log import get_logger
-from e2v.train.export import BASE_FILE, FULL_DIR, export_dtype, export_meta, read_base, save_full, write_lora_exports
+from e2v.train.export import (
+    BASE_FILE,
+    FULL_DIR,
+    export_dtype,
+    export_meta,
+    fuse_lora_state,
+    read_base,
+    save_full,
+    write_causvid,
+    write_lora_exports,
+)
 
 log = get_logger("e2v.checkpoint")
 
@@ -419,7 +429,8 @@ def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
 
 
 def export_checkpoint(path: Path, out_dir: Path) -> Path:
-    """The same files export_lora writes at the end of a run, from a checkpoint folder."""
+    """The same files export_lora (and, task: causal, export_causvid) write at the end of a run,
+    from a checkpoint folder."""
     state, meta = state_from_checkpoint(path)
     all_base = read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
     out = Path(out_dir)
@@ -432,4 +443,33 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
         lora = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in st.items() if "lora_" in k}
         extra = {n.replace(".base_layer", ""): st[n] for n in split_names(meta["full_names"], expert)}
         write_lora_exports(folder, lora, extra, meta, base=split_state(all_base, expert))
+    if meta.get("task") == "causal":  # beside them, CausVid's file (one transformer: the loop ran once)
+        whole = state if meta["training_type"] == "full" else fuse_lora_state(run_base(path), lora, extra, meta)
+        write_causvid(whole, Path(out_dir), meta)
     return out
+
+
+def run_base(path: Path) -> dict:
+    """The frozen base a LoRA checkpoint trained on, which it does not hold (a lean save): the
+    transformer its run's config.yaml loads (model.pretrained or the tiny preset, expanded as in
+    training, model.generator_ckpt read into it), in the dtype training held it (bf16 under
+    train.mixed_precision: bf16, the modules diffusers keeps in fp32 kept), as a state dict.
+    Reading it costs the base model's size in host memory."""
+    from e2v.config.load import load_config
+    from e2v.models.causvid_ckpt import load_causvid_checkpoint
+    from e2v.models.load import _transformer_dtype, load_parts
+    from e2v.models.precision import to_inference_dtype
+    from e2v.models.weights import require_weights
+
+    config = Path(path).parent.parent / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} is missing: a LoRA checkpoint of task: causal exports e2v_causvid.pt "
+                                "(the LoRA fused into its base) from its run's config.yaml beside checkpoints/; "
+                                "export from the run folder's checkpoints/step_N")
+    cfg = load_config(config, check_paths=False)
+    require_weights(cfg)  # a base that is not here: weights.py's one line, before any loader runs
+    transformer = load_parts(cfg, with_encoders=False).transformer
+    if cfg.model.generator_ckpt:  # the base the run trained on (engine.prepare_for_training)
+        load_causvid_checkpoint(transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
+    to_inference_dtype(transformer, "cpu", _transformer_dtype(cfg))
+    return dict(transformer.state_dict())

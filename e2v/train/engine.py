@@ -17,6 +17,8 @@ import random
 import torch
 
 from e2v.models import context_parallel, speed
+from e2v.models.causal import enable_causal
+from e2v.models.causvid_ckpt import load_causvid_checkpoint
 from e2v.models.expand import is_expanded
 from e2v.models.fp8 import quantize_base, swap_blocks
 from e2v.models.precision import fp32_kept_params, restore_fp32_params
@@ -62,12 +64,18 @@ def lr_lambda(cfg):
 
 
 def prepare_for_training(parts, cfg) -> list[str]:
-    """Freeze the base, attach the LoRA (seeded by `cfg.seed` alone, so every rank holds the same
+    """Load a CausVid generator checkpoint into the base (`model.generator_ckpt`), make the
+    transformer block-causal (`task: causal`), freeze the base, attach the LoRA (seeded by `cfg.seed` alone, so every rank holds the same
     adapter), unfreeze `train.trainable` and an expanded base's new modules, and turn on gradient
     checkpointing. The encoders are already frozen (models.place_encoders). With model.base_dtype
     fp8 the frozen block Linears are stored in fp8 first, layer by layer on the host, before the
     LoRA wraps them and before DeepSpeed moves the model to the GPU (e2v/models/fp8.py). Returns
     the names trained in full beside the LoRA."""
+    if cfg.model.generator_ckpt:  # the base's weights: before fp8 storage and before the LoRA wraps them
+        load_causvid_checkpoint(parts.transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
+    if cfg.task == "causal":  # processors and a rope hook only: no parameter for DeepSpeed to see
+        c = cfg.causal
+        enable_causal(parts.transformer, c.frames_per_block, c.independent_first_frame, c.attention)
     if cfg.model.base_dtype == "fp8":
         quantize_base(parts.transformer, full_patterns(cfg, is_expanded(cfg)))
     with torch.random.fork_rng(devices=[]):

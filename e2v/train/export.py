@@ -41,6 +41,9 @@ BASE_FILE = "e2v_base_modules.safetensors"  # run folder (and each checkpoint): 
 # The whole transformer (LoRA fused) under Wan's original key names, export dtypes: ComfyUI's
 # diffusion-model loader ("Load Diffusion Model") reads it and applies every tensor.
 COMFY_CHECKPOINT_FILE = "e2v_transformer_comfyui.safetensors"
+# task: causal: the whole transformer (LoRA fused) as CausVid's generator checkpoint, which CausVid's
+# and Self-Forcing's inference load (e2v/models/causvid_ckpt.py)
+CAUSVID_FILE = "e2v_causvid.pt"
 
 
 def _gathered(params: list[torch.nn.Parameter]):
@@ -113,6 +116,8 @@ def export_meta(transformer: torch.nn.Module) -> dict:
         "full_names": [n for n in trainable if "lora_" not in n],
         "training_type": "lora" if peft else "full",
         "experts": [name for name, _ in experts if name],
+        # a block-causal model (models.causal.enable_causal) also exports CausVid's file (export_causvid)
+        "task": "causal" if getattr(first, "causal_state", None) is not None else "bidirectional",
     }
 
 
@@ -200,6 +205,40 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     return out
 
 
+def export_causvid(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path | None:
+    """task: causal: the trained transformer, whole (a LoRA run's LoRA and trained modules fused in),
+    in export dtypes, as `<out_dir>/e2v_causvid.pt` in CausVid's generator layout (write_causvid).
+    Rank 0 holds the whole model while writing (~2.8 GB of bf16 for the 1.3B). Collective under
+    ZeRO: every rank calls it, rank 0 writes. Returns the file on rank 0, None elsewhere."""
+    keep, meta = rank == 0, export_meta(transformer)
+    _one_transformer(meta)  # on every rank, before any collective
+    if meta["training_type"] == "full":
+        state = {n: _full_fp32(p, keep) for n, p in transformer.named_parameters()}  # every rank gathers
+    else:
+        lora, _ = trained_state(transformer, [], keep=keep)
+        _, values = trained_modules(transformer, full_names, keep=keep)
+        state = fused_state(transformer, lora, dict(values), meta, keep=keep)
+    return write_causvid(state, out_dir, meta) if keep else None
+
+
+def write_causvid(state: dict, out_dir: Path, meta: dict) -> Path:
+    """The one rule of CausVid's file for the end-of-run export (export_causvid) and the offline one
+    (checkpoint.export_checkpoint): the whole transformer `state` (diffusers names; a LoRA already
+    fused) in export dtypes as `<out_dir>/e2v_causvid.pt`, `{"generator": {"model.<original Wan
+    name>": ...}}` (e2v/models/causvid_ckpt.py), with the run's file permissions."""
+    from e2v.models.causvid_ckpt import save_causvid_checkpoint
+
+    _one_transformer(meta)
+    path = save_causvid_checkpoint({n: v.to(export_dtype(n)) for n, v in state.items()}, Path(out_dir) / CAUSVID_FILE)
+    usual_permissions(path)
+    return path
+
+
+def _one_transformer(meta: dict) -> None:
+    if meta["experts"]:
+        raise ValueError("task: causal exports one transformer: a two-expert base is refused (models.causal.causal_refusal)")
+
+
 def trained_modules(transformer: torch.nn.Module, full_names: list[str], keep: bool = True):
     """The modules trained in full as (layout: name -> (fp32, shape), a generator of (name, fp32
     CPU value) in that order): each value is gathered when the generator reaches it (a collective
@@ -220,16 +259,21 @@ def fused_state(transformer: torch.nn.Module, lora: dict, extra: dict, meta: dic
     trained in full (`extra`), and the LoRA (`lora`, diffusers naming) fused by diffusers / peft
     (`load_lora_adapter`, `fuse_lora`) in fp32. Rank 0 (`keep`) holds the whole model in fp32
     while fusing: 4 bytes a parameter, ~57 GiB for a 14B transformer. {} where not `keep`."""
-    from diffusers import WanTransformer3DModel
-
     named = [(n, p) for n, p in transformer.named_parameters() if not p.requires_grad]
     frozen = {n.replace(".base_layer", ""): _full_fp32(p, keep) for n, p in named}
-    if not keep:
-        return {}
+    return fuse_lora_state(frozen, lora, extra, meta) if keep else {}
+
+
+def fuse_lora_state(frozen: dict, lora: dict, extra: dict, meta: dict) -> dict:
+    """fused_state's fusing, from plain tensors (the offline export passes the base the run's
+    config.yaml loads as `frozen`): `frozen` and `extra` (diffusers names; `extra` wins where both
+    have a name) make the whole transformer, the LoRA is fused into it in fp32. Export dtypes."""
+    from diffusers import WanTransformer3DModel
+
     config = {k: v for k, v in meta["transformer_config"].items() if not k.startswith("_")}
     with torch.device("meta"):
         model = WanTransformer3DModel.from_config(config)
-    model.load_state_dict({**frozen, **extra}, strict=True, assign=True)
+    model.load_state_dict({k: v.float() for k, v in {**frozen, **extra}.items()}, strict=True, assign=True)
     model.load_lora_adapter(lora, prefix=None, adapter_name="e2v", metadata=meta["lora"])
     model.fuse_lora(lora_scale=1.0)
     model.unload_lora()

@@ -133,3 +133,61 @@ def latent_stats(target_BCTHW: torch.Tensor, pred_BCTHW: torch.Tensor) -> dict[s
     target, pred = target_BCTHW.detach().float(), pred_BCTHW.detach().float()
     return {"target_latent_mean": target.mean(), "target_latent_std": target.std(),
             "pred_latent_mean": pred.mean(), "pred_latent_std": pred.std()}
+
+
+# --- CausVid's training grid and per-frame timesteps (task: causal) ----------------------------
+
+GRID_STEPS = 1000  # the training grid's timesteps (CausVid's and Self-Forcing's set_timesteps(1000))
+
+
+def training_grid(shift: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigmas, timesteps) of the grid CausVid's and Self-Forcing's Wan wrapper trains on, float32 as
+    their scheduler builds them: 1001 equal steps from 1 to 0 without the last (1, 0.999, ..., 0.001),
+    shifted by `shift` (shift_sigma), timesteps 1000 x sigma. Index i is i places from the noisy end."""
+    sigmas = shift_sigma(torch.linspace(1.0, 0.0, GRID_STEPS + 1)[:-1], shift)
+    return sigmas, sigmas * GRID_STEPS
+
+
+def training_timesteps(fl) -> torch.Tensor:
+    """flow.denoising_step_list as trained, float32: itself, or with `warp_denoising_step` each t
+    replaced by the grid's timestep 1000 - t places from its start (t = 0 stays 0), as CausVid and
+    Self-Forcing warp it: [1000, 750, 500, 250] -> [1000, 960, 888.9, 727.3] at shift 8."""
+    steps = torch.tensor(fl.denoising_step_list, dtype=torch.float32)
+    if not fl.warp_denoising_step:
+        return steps
+    timesteps = torch.cat([training_grid(fl.shift)[1], torch.zeros(1)])
+    return timesteps[GRID_STEPS - steps.long()]
+
+
+def timestep_sigmas(timesteps: torch.Tensor, shift: float) -> torch.Tensor:
+    """The sigma each timestep is trained at: the sigma of the grid point nearest it (CausVid's
+    scheduler takes the argmin over the grid, in float64), and exactly 0 at t = 0, a clean frame
+    (its last grid point is sigma 0.008 at shift 8; CausVid's own real-video path gives the clean
+    latent there, and sampling caches the finished block at t = 0)."""
+    sigmas, grid = training_grid(shift)
+    nearest = (grid.double()[None, :] - timesteps.double().flatten()[:, None]).abs().argmin(1)
+    return torch.where(timesteps.flatten() == 0, 0.0, sigmas[nearest]).view(timesteps.shape)
+
+
+def frame_noise(x0_BCTHW: torch.Tensor, noise_BCTHW: torch.Tensor, sigma_BT: torch.Tensor) -> torch.Tensor:
+    """x_t per frame: (1 - sigma) x0 + sigma eps with each latent frame's own sigma (x0 itself where
+    sigma is 0)."""
+    s = sigma_BT[:, None, :, None, None].to(x0_BCTHW)
+    return (1 - s) * x0_BCTHW + s * noise_BCTHW
+
+
+def frame_x0(x_t_BCTHW: torch.Tensor, v_BCTHW: torch.Tensor, sigma_BT: torch.Tensor) -> torch.Tensor:
+    """The x0 estimate x_t - sigma v per frame, computed in float64 as CausVid's wrapper does, fp32 out."""
+    s = sigma_BT[:, None, :, None, None].double()
+    return (x_t_BCTHW.double() - s * v_BCTHW.double()).float()
+
+
+def per_frame_mse(pred_BCTHW: torch.Tensor, target_BCTHW: torch.Tensor) -> torch.Tensor:
+    """Mean squared error per sample and latent frame [B, T], in fp32."""
+    return (pred_BCTHW.float() - target_BCTHW.float()).pow(2).mean((1, 3, 4))
+
+
+def seed_time_bucket(mean_t: float) -> str:
+    """The video-regression seed's `loss_at_time_<k>` bucket: a sample's mean timestep over its
+    frames, floored to a multiple of 250 (0, 250, 500, 750, 1000)."""
+    return str(int(mean_t) // 250 * 250)

@@ -1,7 +1,7 @@
 """The training loop's body, the one copy: train_e2v.py trains with it and the step benchmark
 (bench/benchlib/step.py) times it. One optimizer step is `gradient_accumulation_steps`
 micro-batches (`train_step`), each fetched and moved to the device once, conditioned (encoded or
-from the cache), then `micro_step`: the flow draw (Wan2.2's experts: the expert's sigma range),
+from the cache), then `micro_step`: the flow draw (Wan2.2's experts: the expert's sigma range; task: causal: per block),
 forward and loss, the non-finite check, backward and optimizer step. `StepLog.record` is what
 the loop does after a step: the gradient norm, the scalars, the progress bar.
 
@@ -30,7 +30,7 @@ from e2v.runtime.device import to_device
 from e2v.train.flops import FlopCounter, MicroBatch, perf_scalars
 from e2v.train.guard import NonFiniteGuard
 from e2v.train.runlog import Log
-from e2v.train.step import add_step_stats, draw_flow, expert_sigma_range, forward_loss, step_scalars
+from e2v.train.step import add_step_stats, draw_flow, expert_sigma_range, forward_loss, frame_rule, step_scalars
 
 Phase = Callable[[str], ContextManager]
 PHASES = ("data_wait", "conditioning", "noise_and_input", "forward_and_loss", "loss_check", "backward", "optimizer",
@@ -82,7 +82,7 @@ def micro_step(engine, c: Conditions, cfg, record: StepRecord, *, step: int, dty
     DeepSpeed engine or anything with its call, backward and step (the benchmark's bare loop)."""
     expert_range = expert_sigma_range(cfg, step, len(record.losses))  # Wan2.2's experts: one per micro-batch
     with phase("noise_and_input"):
-        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range)
+        sigma, noise, noisy_model_input = draw_flow(c, cfg.flow, gen, expert_range, causal=frame_rule(cfg))
     with phase("forward_and_loss"):
         loss, per_sample, model_pred, target = forward_loss(engine, c, sigma, noise, noisy_model_input, cfg, dtype)
     with phase("loss_check"):

@@ -1,0 +1,141 @@
+"""The causal task's demo data and its score (make demo-causal; docs/causal.md, "The demo").
+
+    python bench/causal_demo.py prepare --data demo_causal          # after make_demo_dataset.py --write-meta
+    python bench/causal_demo.py score --run runs/causal_tiny-<stamp> --seeds 0 1 2
+
+prepare: the demo's clips (e2v/data/demo.py) with prompts that name the subject's colour, as a CSV
+beside them (`causal_metadata.csv`, columns video,prompt): "a red shape moves across the scene". The
+name is the hue's nearest of six (red, yellow, green, cyan, blue, magenta, 60 degrees apart; the
+tiny tokenizer knows them); the demo draws every hue, so the subjects of one name spread +-30 degrees.
+
+score: for each colour name and noise seed, the trained run samples "a <name> shape moves across the
+scene" block by block in its few steps (e2v.eval.sampling.generate: CausVid's rollout, no guidance),
+the subject's colour is read off the video (e2v.eval.fidelity.subject_colour: the blocks departing most
+from each place's median over the frames), and it is a hit when that colour is nearer the mean colour
+of the training subjects of the prompted name than of any other name. Chance is 1/6. The same rule on
+the training clips themselves (their VAE round trip: what a perfect model could reach) and on the
+untrained transformer (the floor) is printed beside it. Nothing is written to the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import colorsys
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2v.conditioning.encode import encode_video
+from e2v.config.load import load_config
+from e2v.data.dataset import E2VDataset, index_samples
+from e2v.eval.fidelity import nearest, subject_colour
+from e2v.eval.sampling import decode, generate, load_trained
+from e2v.models.load import load_parts
+from e2v.runtime.device import as_pixels
+
+COLOURS = ("red", "yellow", "green", "cyan", "blue", "magenta")  # hue 0, 60, ... 300 degrees
+METADATA = "causal_metadata.csv"
+TEMPLATE = "a {} shape moves across the scene"  # every word in the tiny tokenizer's vocabulary
+
+
+def colour_name(rgb) -> str:
+    """The nearest of COLOURS to an RGB colour's hue."""
+    hue = colorsys.rgb_to_hsv(*(c / 255 for c in rgb))[0]
+    return COLOURS[round(hue * 6) % 6]
+
+
+def prepare(data: Path) -> dict[str, list]:
+    """Write data/causal_metadata.csv from the demo's ID.json files; returns name -> subject colours."""
+    metas = sorted(data.glob("*.json"))
+    if not metas:
+        raise SystemExit(f"{data}: no ID.json (make the demo with --write-meta: python tools/make_demo_dataset.py "
+                         f"{data} --frames 21 --write-meta)")
+    rows, by_name = [], {n: [] for n in COLOURS}
+    for path in metas:
+        meta = json.loads(path.read_text())
+        name = colour_name(meta["subject"]["colour"])
+        by_name[name].append(meta["subject"]["colour"])
+        rows.append({"video": f"{meta['id']}.mp4", "prompt": TEMPLATE.format(name)})
+    with (data / METADATA).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["video", "prompt"])
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{data / METADATA}: {len(rows)} clips; " + ", ".join(f"{n} {len(c)}" for n, c in by_name.items()))
+    return by_name
+
+
+def class_colours(data: Path) -> list[np.ndarray]:
+    """The mean subject colour of each name's training clips (the candidates a measured colour is matched to)."""
+    by_name = {n: [] for n in COLOURS}
+    for path in sorted(data.glob("*.json")):
+        colour = json.loads(path.read_text())["subject"]["colour"]
+        by_name[colour_name(colour)].append(colour)
+    return [np.mean(by_name[n], axis=0) if by_name[n] else np.full(3, np.nan) for n in COLOURS]
+
+
+def hits(videos: list[np.ndarray], owners: list[int], candidates: list[np.ndarray]) -> float:
+    return float(np.mean([nearest(subject_colour(v), candidates) == o for v, o in zip(videos, owners)]))
+
+
+@torch.no_grad()
+def sampled(model, parts, cfg, seed: int) -> list[np.ndarray]:
+    """One video per colour name from noise seed `seed`, uint8 [F,H,W,3]."""
+    latents = generate(model, parts, cfg, [TEMPLATE.format(n) for n in COLOURS], seed=seed, guidance_scale=1.0)
+    return list(decode(latents, parts.vae))
+
+
+@torch.no_grad()
+def round_trips(parts, cfg, limit: int = 48) -> tuple[list[np.ndarray], list[int]]:
+    """The training clips through the VAE (encode, decode) with their names' indexes."""
+    samples = index_samples(cfg, verbose=False)[:limit]
+    data = E2VDataset(cfg, samples)
+    videos, owners = [], []
+    for i in range(len(samples)):
+        item = data[i]
+        videos.append(decode(encode_video(as_pixels(item["video"][None]), parts.vae), parts.vae)[0])
+        owners.append(COLOURS.index(item["prompt"].split()[1]))
+    return videos, owners
+
+
+def score(run: Path, seeds: list[int]) -> dict:
+    cfg = load_config(str(run / "config.yaml"), check_paths=False)
+    cfg.cache.enabled = False
+    data = Path(cfg.data.datasets[0].data_root)
+    candidates = class_colours(data)
+    parts = load_parts(cfg, device="cpu")
+    untrained = parts.transformer.float().eval()
+    trained = load_trained(load_parts(cfg, device="cpu", with_encoders=False).transformer, run / "lora").float().eval()
+    owners = list(range(len(COLOURS)))
+    rows = {seed: (hits(sampled(trained, parts, cfg, seed), owners, candidates),
+                   hits(sampled(untrained, parts, cfg, seed), owners, candidates)) for seed in seeds}
+    clips, clip_owners = round_trips(parts, cfg)
+    ceiling = hits(clips, clip_owners, candidates)
+    print("seed  trained  untrained   (a hit: the subject in the prompted colour; chance 1/6 = 0.17)")
+    for seed, (t, u) in rows.items():
+        print(f"{seed:>4}  {t:7.2f}  {u:9.2f}")
+    mean = float(np.mean([t for t, _ in rows.values()]))
+    print(f"mean  {mean:7.2f}  {np.mean([u for _, u in rows.values()]):9.2f}   training clips' VAE round trip: "
+          f"{ceiling:.2f} over {len(clips)}")
+    return {"seeds": rows, "mean": mean, "ceiling": ceiling}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="write the colour-naming CSV beside the demo's clips")
+    prep.add_argument("--data", type=Path, required=True)
+    sc = sub.add_parser("score", help="the subject-colour hit rate of a trained causal run's samples")
+    sc.add_argument("--run", type=Path, required=True)
+    sc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = p.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.data)
+    else:
+        score(args.run, args.seeds)
+
+
+if __name__ == "__main__":
+    main()

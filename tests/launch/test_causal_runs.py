@@ -1,0 +1,113 @@
+"""The causal task through the launcher (docs/causal.md): the seed's own YAML
+(configs/causal_regression.yaml: generator_task causal_video, num_frame_per_block 3, the trailing 0)
+at tiny sizes trains the whole transformer under ZeRO-2 in 2 processes, a resume from its step-2
+checkpoint continues with the uninterrupted losses, a LoRA trains under ZeRO-3 in 2 processes from the
+full run's exported CausVid file (model.generator_ckpt), and a config the causal model cannot serve
+stops at start in one line. The rule itself is checked
+in-process against CausVid's (tests/unit/test_causal_rule.py)."""
+
+import pytest
+from helpers import ROOT, read_scalars
+from helpers_launch import launch_python, run_train, wait_all
+from helpers_t2v import make_csv_videos
+
+CONFIG = str(ROOT / "configs/causal_regression.yaml")
+FRAMES, SIZE, STEPS = 21, 32, 4  # 21 frames: 6 latent frames, two blocks of the seed's 3
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    data = tmp_path_factory.mktemp("causal_csv")
+    make_csv_videos(data, num_clips=4, num_frames=FRAMES, height=SIZE, width=SIZE)
+    return data
+
+
+def tiny(data, out, run_id: str, *sets: str) -> tuple:
+    """The seed file's keys overridden to the tiny preset, the clips, and fp32 (bit-exact resume)."""
+    return ("model.preset=tiny", "model.pretrained=null", f"data.datasets.0.data_root={data}",
+            f"data.datasets.0.media_root={data}", f"data.datasets.0.metadata_path={data / 'metadata.csv'}",
+            f"data.num_frames={FRAMES}", f"data.resolution=[{SIZE},{SIZE}]", "train.mixed_precision='no'",
+            "train.gradient_checkpointing=false", "train.lr=1e-3", f"output_dir={out}", f"run_id={run_id}", *sets)
+
+
+@pytest.fixture(scope="module")
+def full_zero2(clips, tmp_path_factory):
+    """The seed's regression as it is (the whole transformer), ZeRO-2, 2 processes, a save every 2 steps."""
+    out = tmp_path_factory.mktemp("causal_runs")
+    proc = run_train(CONFIG, *tiny(clips, out, "full", f"train.max_steps={STEPS}", "train.checkpoint_every=2"),
+                     num_gpus=2)
+    return out / "full", proc
+
+
+def test_the_seed_yaml_trains_the_causal_task_through_the_launcher(full_zero2):
+    run, proc = full_zero2
+    log = proc.stdout + proc.stderr
+    assert "seed key 'generator_task' -> task = 'causal'" in log and "model.training_type = full" in log
+    assert "full fine-tune" in log and f"done: {STEPS} steps" in log
+    scalars = read_scalars(run)
+    assert sorted(scalars) == list(range(1, STEPS + 1))
+    for step, logged in scalars.items():
+        for name in ("train/loss", "train/target_latent_mean", "train/target_latent_std", "train/pred_latent_mean",
+                     "train/pred_latent_std"):
+            assert name in logged, (step, name)
+        buckets = {k for k in logged if k.startswith("train/loss_at_time_")}
+        assert buckets and buckets <= {f"train/loss_at_time_{k}" for k in (0, 250, 500, 750, 1000)}, buckets
+    assert (run / "lora/transformer/config.json").is_file()  # the whole transformer, exported
+    # and CausVid's generator file beside it: the same weights under CausVid's names
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from e2v.models.causvid_ckpt import load_causvid_checkpoint
+    from e2v.models.tiny import tiny_transformer_config
+
+    exported = WanTransformer3DModel.from_pretrained(run / "lora/transformer")
+    fresh = WanTransformer3DModel(**tiny_transformer_config("t2v"))
+    load_causvid_checkpoint(fresh, run / "lora/e2v_causvid.pt")
+    for name, value in exported.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+
+
+def test_a_resume_continues_with_the_uninterrupted_losses(full_zero2, clips):
+    run, _ = full_zero2
+    out = run.parent
+    resumed = run_train(CONFIG, *tiny(clips, out, "resumed", f"train.max_steps={STEPS}", "train.checkpoint_every=2"),
+                        num_gpus=2, extra=("--resume", str(run / "checkpoints/step_000002")))
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    whole, again = read_scalars(run), read_scalars(out / "resumed")
+    assert sorted(again) == [3, 4]
+    for step in (3, 4):
+        assert again[step]["train/loss"] == pytest.approx(whole[step]["train/loss"], rel=1e-6, abs=0), step
+
+
+def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_zero2, clips, tmp_path_factory):
+    """The seed's generator_ckpt: the LoRA run starts from the full run's CausVid file, so a module the
+    LoRA leaves frozen (the patch embedding) is exported as the full run trained it."""
+    import torch
+
+    from e2v.models.tiny import seeded, tiny_transformer_config
+
+    start = full_zero2[0] / "lora/e2v_causvid.pt"
+    out = tmp_path_factory.mktemp("causal_lora")
+    refused = launch_python(ROOT / "train_e2v.py", "--config", CONFIG, "--set", "parallel.ulysses_degree=2",
+                            *sum((["--set", s] for s in tiny(clips, out, "refused")), []))
+    proc = run_train(CONFIG, *tiny(clips, out, "lora", "model.training_type=lora", "train.max_steps=2",
+                                   "train.checkpoint_every=2", "deepspeed.config=ds_configs/zero3.json",
+                                   f"model.generator_ckpt={start}"), num_gpus=2)
+    log = proc.stdout + proc.stderr
+    assert "done: 2 steps" in log and "full fine-tune" not in log
+    assert (out / "lora/lora/pytorch_lora_weights.safetensors").is_file() and not (out / "lora/lora/transformer").exists()
+    fused = torch.load(out / "lora/lora/e2v_causvid.pt", weights_only=True)["generator"]  # the LoRA fused in
+    trained = torch.load(start, weights_only=True)["generator"]
+    from diffusers import WanTransformer3DModel
+
+    with seeded(0):
+        init = WanTransformer3DModel(**tiny_transformer_config("t2v")).state_dict()["patch_embedding.weight"]
+    key = "model.patch_embedding.weight"
+    assert torch.equal(fused[key], trained[key]) and not torch.equal(trained[key], init)
+    scalars = read_scalars(out / "lora")
+    assert all(0 < s["train/loss"] < 1e3 for s in scalars.values())
+    (stopped,) = wait_all(refused, check=False)
+    lines = [line for line in stopped.stderr.splitlines() if line.startswith("config error")]
+    assert stopped.returncode != 0 and lines == [
+        "config error: task: causal does not run under context parallelism yet (parallel.ulysses_degree / "
+        "ring_degree split the sequence the block mask is built on): set both to 1"], stopped.stderr[-2000:]
