@@ -39,14 +39,16 @@ def import_stages() -> None:
     global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
     global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
     global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable, FlopCounter, device_peak_tflops
+    global CacheError, CacheStore, reads_cache
     if "Log" in globals():
         return
     import torch
 
     from e2v.data.dataset import BadSampleError, index_samples, make_loader
     from e2v.data.preflight import unusable
+    from e2v.data.store import CacheError, CacheStore
     from e2v.eval.preflight_deps import check_later_phases
-    from e2v.eval.validation import Validator, hold_out_problem, split_held_out
+    from e2v.eval.validation import Validator, hold_out_problem, reads_cache, split_held_out
     from e2v.eval.viz import Visualizer
     from e2v.models import speed
     from e2v.models.agree import agree_on_local_facts
@@ -316,8 +318,12 @@ def main(argv: list[str] | None = None):
     excluded = []  # samples left out at the start (on_bad_sample: skip); the same list on every rank
     try:  # before any weight is read: rank 0 checks every sample, every rank gets the verdict
         samples, val_samples = split_held_out(index_samples(cfg, verbose=rank == 0, excluded=excluded), cfg)
+        if cfg.cache.enabled:  # a missing or stale entry: named now, not after minutes of loading weights
+            CacheStore(cfg).verify_all(samples + (val_samples if reads_cache(cfg) else []))
     except BadSampleError as e:
         raise SystemExit(f"data error: {e}")
+    except CacheError as e:
+        raise SystemExit(f"cache error: {e}")
     except ConfigError as e:  # a hold-out that leaves nothing to train: before any weight loads
         raise SystemExit(f"config error: {e}")
     if val_samples:

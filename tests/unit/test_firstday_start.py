@@ -324,3 +324,18 @@ def test_the_partitioned_load_host_figure():
     eight = {"load_cpu_per_node_gb": 8 * e * p / GB, "load_partitioned_gb": {
         name: partitioned_load_bytes(c, e, name, 8, 1) / GB for name in ("zero3.json", "zero3_offload.json")}}
     assert "the same figure" not in load_line(cfg, eight, 8)
+
+
+def test_a_run_from_a_cache_never_computed_stops_before_any_weight_loads(demo_data, tmp_path, monkeypatch):
+    """cache.enabled without tools/precompute.py: the missing entries named in one message with the
+    command that makes them, before the model is built (minutes at real sizes), not a traceback."""
+    import train_e2v
+
+    train_e2v.import_stages()
+    built = []
+    monkeypatch.setattr(train_e2v, "build_model", lambda *a, **k: built.append(1))
+    code = train_main("--config", str(ROOT / "configs/e2v_tiny.yaml"), "--set", f"data.datasets.0.data_root={demo_data}",
+                      "--set", f"cache.dir={tmp_path / 'cache'}", "--set", f"output_dir={tmp_path}")
+    assert isinstance(code, str) and code.startswith("cache error: ") and not built, code
+    assert "no cache entry" in code and code.endswith("python tools/precompute.py --config <this config> (it recomputes "
+                                                      "only these)")

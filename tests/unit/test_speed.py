@@ -31,13 +31,16 @@ def _sets(*sets: str) -> list[str]:
 
 # --- what the config refuses: no torch needed, answered by load_config -------------------------
 
+# a causal run the config accepts otherwise: CausVid's list, blocks of one frame (the tiny clips' 5 latent frames)
+CAUSAL = ["task=causal", "flow.objective=x0", "flow.weighting=none", "flow.denoising_step_list=[1000,757,522,0]",
+          "causal.frames_per_block=1"]
 REFUSED = [
     (["speed.attention_backend=sage"], "speed.attention_backend: sage cannot train: SageAttention's quantised "
                                         "kernels have no backward in diffusers; set speed.sampling_attention_backend: sage"),
     (["speed.attention_backend=_flash_3", "train.mixed_precision=bf16"], "speed.attention_backend: _flash_3 cannot train"),
-    (["task=causal", "speed.attention_backend=flex"], "speed.attention_backend: flex with task: causal: the causal "
+    ([*CAUSAL, "speed.attention_backend=flex"], "speed.attention_backend: flex with task: causal: the causal "
                                                       "mask sets its own attention"),
-    (["task=causal", "speed.sampling_attention_backend=sage"], "speed.sampling_attention_backend: sage with task: "
+    ([*CAUSAL, "speed.sampling_attention_backend=sage"], "speed.sampling_attention_backend: sage with task: "
                                                                "causal: the causal mask sets its own attention"),
     (["parallel.ring_degree=2", "speed.attention_backend=flash", "train.mixed_precision=bf16"],
      "speed.attention_backend: flash with parallel.ring_degree 2: ring attention runs its own attention op"),
