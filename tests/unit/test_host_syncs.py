@@ -5,8 +5,6 @@ GPU: copying a meta tensor to the host raises, as a per-micro-batch sync would c
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -14,7 +12,9 @@ META = torch.device("meta")
 
 
 def flow(objective="flow", steps=None):
-    return SimpleNamespace(objective=objective, denoising_step_list=steps)
+    from e2v.config.schema import Flow
+
+    return Flow(objective=objective, denoising_step_list=steps)
 
 
 def test_step_statistics_stay_on_the_device_until_the_logged_step():
