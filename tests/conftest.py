@@ -43,6 +43,15 @@ import pytest
 os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if os.environ.get("ATEN_CPU_CAPABILITY"):
+    # A suite run with forced CPU kernels (make test-portable) compiles into an inductor cache of its own:
+    # kernels cached under the machine's own capability, loaded under another, gave NaN losses here
+    # (a fresh cache under the forced one gives the eager losses).
+    import getpass
+    import tempfile
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Workers share the cores: one intra-op thread each (set before torch is imported), or their
     # OpenMP threads spin against each other (bench/RESULTS.md, section 7: `test_fast_threads`).
