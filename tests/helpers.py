@@ -139,3 +139,11 @@ def load_checkpoint_module(model, state: dict) -> None:
     assert not unexpected, f"checkpoint keys the model lacks: {unexpected[:5]}"
     assert not trained & set(missing), f"trained tensors missing from the checkpoint: {sorted(trained & set(missing))[:5]}"
 
+
+def gpu_report(sections: dict, cuda: bool = True) -> str:
+    """bench/gpulib/report.py's report of a recorded GPU check holding `sections` (an H100's, 200 of
+    480 s): what the renderer tests read."""
+    from bench.gpulib.report import render
+
+    return render({"device": "NVIDIA H100 80GB HBM3", "cuda": cuda, "date_utc": "2026-01-01 00:00 UTC", "argv": "",
+                   "budget_s": 480, "elapsed_s": 200.0, "finished": True, "passed": False, "sections": sections})

@@ -7,6 +7,7 @@ verdict is INCOMPLETE, never PASSED."""
 import json
 
 import pytest
+from helpers import gpu_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,15 +23,8 @@ GPU = {"passed": False, "wall_s": 95.2, "shape": [81, 480, 832], "latent_shape":
                                    "over_bidirectional": None}}}
 
 
-def _report(sections: dict, cuda: bool = True) -> str:
-    from bench.gpulib.report import render
-
-    return render({"device": "NVIDIA H100 80GB HBM3", "cuda": cuda, "date_utc": "2026-01-01 00:00 UTC", "argv": "",
-                   "budget_s": 480, "elapsed_s": 200.0, "finished": True, "passed": False, "sections": sections})
-
-
 def test_the_report_of_a_recorded_gpu_result():
-    text = _report({"causal_step": GPU})
+    text = gpu_report({"causal_step": GPU})
     assert "| causal_step | FAILED | 95 |" in text
     assert "## causal_step: Causal training step against the bidirectional, 1.3B at 480 x 832 x 81" in text
     assert "| bidirectional | ok | 2.412 | 0.800 | 1.600 | 1.00 | 3.0 | 9.87 | [0.71, 0.71, 0.71, 0.71] |" in text
@@ -52,7 +46,8 @@ def test_on_the_cpu_the_section_runs_tiny_and_says_what_it_did_not_measure(tmp_p
     assert r["passed"] and list(r["modes"]) == ["bidirectional", "causal_blocks"]
     assert r["latent_shape"] == [1, 16, 6, 4, 4] and r["frames_per_block"] == 3
     for m in r["modes"].values():
-        assert m["step_s"] >= m["forward_and_loss_s"] + m["backward_s"] > 0 and len(m["losses"]) == 2 and m["losses"][0] == m["losses"][1]  # one seed every step
+        # medians of each phase over the steps: the step's dominates each phase's (not their sum's)
+        assert m["step_s"] >= max(m["forward_and_loss_s"], m["backward_s"]) > 0 and len(m["losses"]) == 2 and m["losses"][0] == m["losses"][1]  # one seed every step
     assert r["modes"]["bidirectional"]["losses"] != r["modes"]["causal_blocks"]["losses"]  # another rule, another draw
     assert "480 x 832 x 81 and the compiled flex path" in r["skipped_checks"][0]
     text = (tmp_path / "out/RESULTS_GPU.md").read_text()

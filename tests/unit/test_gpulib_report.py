@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import gpu_report
 
 VALIDATION = {"passed": True, "wall_s": 80, "limit_gib": 24.0, "precompute": {"rc": 0},
               "estimate": {"gpu_total_gib": 15.81, "validation_gib": 17.2, "fits": True},
@@ -19,43 +20,36 @@ FP8 = {"passed": False, "wall_s": 60, "layers": 4, "fp8_on_host_gib": 1.25, "bui
        "peak_validation_gib": 9.6, "measured_to_estimate": {"train": 1.05, "validation": 1.2}}
 
 
-def _report(sections: dict, cuda: bool = True) -> str:
-    from bench.gpulib.report import render
-
-    return render({"device": "NVIDIA H100 80GB HBM3", "cuda": cuda, "date_utc": "2026-01-01 00:00 UTC", "argv": "",
-                   "budget_s": 480, "elapsed_s": 200.0, "finished": True, "passed": False, "sections": sections})
-
-
 def test_validation_24gb_has_its_run_its_validations_and_its_estimate():
-    text = _report({"validation_24gb": VALIDATION})
+    text = gpu_report({"validation_24gb": VALIDATION})
     assert "## validation_24gb: Validation of a 24 GB config under a 24 GiB cap" in text
     assert "| validation_24gb | ok | 0 | {'1': 0.51, '2': 0.49} | 3.25 | 16.02 |" in text
     assert ("Validated at steps [0, 2] (losses {'0': 0.6, '2': 0.55}); video written: yes; 81 frames at 480 x 832. "
             "Estimate 15.8 GiB training, 17.2 GiB the validation phase; max reserved 17.50 GiB; exceeds by - GiB; "
             "under torch.cuda.set_per_process_memory_fraction = 24.0 GiB.") in text
-    failed = _report({"validation_24gb": {**VALIDATION, "passed": False, "video_written": False, "real_size": False,
+    failed = gpu_report({"validation_24gb": {**VALIDATION, "passed": False, "video_written": False, "real_size": False,
                                           "frames": 9, "resolution": [64, 64], "exceeds_by_gib": 1.5, "oom": True,
                                           "refused_gib": 2.0}})
     assert "| validation_24gb | FAILED |" in failed
     assert "video written: NO; 9 frames at 64 x 64 (tiny sizes, not the training shape)" in failed
     assert "exceeds by 1.50 (refused 2.00) GiB" in failed
-    no_precompute = _report({"validation_24gb": {"passed": False, "limit_gib": 24.0, "precompute": {"rc": 1},
+    no_precompute = gpu_report({"validation_24gb": {"passed": False, "limit_gib": 24.0, "precompute": {"rc": 1},
                                                  "estimate": VALIDATION["estimate"]}})
     assert "The precompute failed (rc 1): nothing was trained." in no_precompute
 
 
 def test_fp8_14b_has_peaks_against_estimates():
-    text = _report({"fp8_14b": FP8})
+    text = gpu_report({"fp8_14b": FP8})
     assert "## fp8_14b: fp8 base at the I2V-14B widths under a 24 GiB cap" in text
     assert "| train | 10.50 | 10.00 | 1.050 |" in text and "| validation | 9.60 | 8.00 | 1.200 |" in text
     assert ("4 blocks at the I2V-14B widths, their fp8 weights on the host (1.25 GiB), built in 12.3 s; loss 0.1235. "
             "Passed when each peak is within 15% of e2v.train.memory's estimate.") in text
     assert "| fp8_14b | FAILED | 60 |" in text
-    cpu = _report({"fp8_14b": {**{k: v for k, v in FP8.items() if not k.startswith("peak")},
+    cpu = gpu_report({"fp8_14b": {**{k: v for k, v in FP8.items() if not k.startswith("peak")},
                                "measured_to_estimate": {}, "peaks": "not measured without CUDA", "passed": True}},
                   cuda=False)
     assert "| train | - | 10.00 | - |" in cpu and "Peaks: not measured without CUDA." in cpu
-    oom = _report({"fp8_14b": {**FP8, "oom": "CUDA out of memory. Tried to allocate 2.00 GiB"}})
+    oom = gpu_report({"fp8_14b": {**FP8, "oom": "CUDA out of memory. Tried to allocate 2.00 GiB"}})
     assert "Out of memory under the cap: CUDA out of memory. Tried to allocate 2.00 GiB" in oom
 
 
