@@ -122,6 +122,15 @@ def test_live_holder_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
     lock.release()
 
 
+def _next_second() -> None:
+    """TensorBoard orders a folder's event files by name: whole seconds, then a per-process counter
+    that sorts as text (writer 10 before writer 9). A real resume starts seconds later; so does a
+    writer here (it failed when a worker's 10th writer shared a second with its 9th)."""
+    import time
+
+    time.sleep(1.01 - time.time() % 1)
+
+
 def test_resumed_log_holds_each_step_once(tmp_path):
     """scalars.jsonl cut and TensorBoard purged after the resumed step; a torn last line goes too."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -134,6 +143,7 @@ def test_resumed_log_holds_each_step_once(tmp_path):
     first.close()
     with open(tmp_path / "scalars.jsonl", "a") as f:
         f.write('{"step": 6, "train/lo')  # killed mid-write
+    _next_second()
     resumed = Log(tmp_path, rank=0, first_step=4)
     for step in (4, 5, 6):
         resumed.scalars(step, {"train/loss": 10.0 * step})
@@ -143,6 +153,7 @@ def test_resumed_log_holds_each_step_once(tmp_path):
     assert [d["train/loss"] for d in lines] == [1, 2, 3, 40, 50, 60]
     events = EventAccumulator(str(tmp_path / "tb")).Reload().Scalars("train/loss")
     assert [(e.step, e.value) for e in events] == [(1, 1), (2, 2), (3, 3), (4, 40), (5, 50), (6, 60)]
+    _next_second()
     fresh = Log(tmp_path, rank=0)  # a fresh start in the folder (no checkpoint to resume from)
     fresh.scalars(1, {"train/loss": 7.0})
     fresh.close()
