@@ -1,7 +1,7 @@
 """The config schema: every key a user can write is a field of the dataclasses below, its bounds
 declared beside it (`bounded(..., min=1)`, checked by e2v.config.checks) and whether it shapes
 the cached tensors (`cached(...)`, read by e2v/data/store.py's fingerprint). The
-schema is one table a user reads through (about 500 lines, a section a dataclass); splitting it
+schema is one table a user reads through (about 650 lines, a section a dataclass); splitting it
 would scatter the keys of one YAML across files.
 
 The shape rules derived from these keys live in e2v/config/shapes.py, loading and `--set`

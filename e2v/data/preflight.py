@@ -28,6 +28,9 @@ so every rank decides the same samples bad (the same answer as one rank's check)
 data stops on every rank together. The gather waits in a group of its own whose timeout is sized to
 the shard (DeepSpeed's default group gives up after 10 minutes); a set whose check would take long
 is told to fill the cache beforehand with tools/check_dataset.py.
+
+Length (about 480 lines): one concern, the per-sample rules and the parallel pass that applies
+them; the rules are what training, the dry run and the validator must share, so they stay together.
 """
 
 from __future__ import annotations

@@ -57,6 +57,10 @@ the pieces other modules can own already live there (sampling.py, fidelity.py, v
 models.load's visits).
 
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
+
+Length (about 560 lines): one Validator, whose losses, pairing rule (a sample's partner within its
+bucket) and videos read the same held-out conditions; the fidelity measures and the sampler live
+in e2v/eval/fidelity.py and e2v/eval/sampling.py. Next to split when it grows: the video half.
 """
 
 from __future__ import annotations

@@ -407,8 +407,8 @@ def flex_block_attention(q_BLHD, k_BLHD, v_BLHD, block_mask) -> torch.Tensor:
         out = _compiled_flex(q, k, v, block_mask=block_mask)
     else:
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            raise NotImplementedError("causal.attention: flex has no backward on the CPU (torch's FlexAttention): "
-                                      "train with causal.attention: blocks or auto there")
+            raise RuntimeError("causal.attention: flex has no backward on the CPU (torch's FlexAttention): "
+                           "train with causal.attention: blocks or auto there")
         with warnings.catch_warnings():  # its "unfused implementation" warning: the docstring's cost, known
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             out = flex_attention(q, k, v, block_mask=block_mask)

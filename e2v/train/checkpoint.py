@@ -17,6 +17,9 @@ saves).
 Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's RNG states go
 into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
 Nothing is unpickled beyond data: see e2v/runtime/integrity.py.
+
+Length (about 470 lines): saving and resuming are one concern (what a save writes is what resume
+reads); the export writers it calls live in e2v/train/export.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ and the per-video bookkeeping that resumption needs (counts, reasons, the record
 across files would have to be threaded through every stage by hand.
 
 Legend: F frames, H/W target height/width; frames_FHW3 uint8 RGB, masks_FHW bool.
+
+Length (about 490 lines): the driver's stages in their order, each a short function calling the
+stage modules of e2v/data/prepare/; split, the order would have to be read across files.
 """
 
 from __future__ import annotations
