@@ -73,7 +73,7 @@ lint: install
 
 # The unit suite (the numerics: every comparison of two code paths, layouts or batchings) once under
 # each family of CPU kernels PyTorch has for this machine, and once with MKL held to AVX2: a test
-# that passes only with this CPU's rounding fails here, not on a user's machine (README, "Quick start").
+# that passes only with this CPU's rounding fails here, not on a user's machine (docs/architecture.md, "Tests").
 # PORTABLE_CAPS: the ATEN_CPU_CAPABILITY values to run (avx512 only where the CPU has it). ~4 x 90 s.
 PORTABLE_CAPS ?= default avx2 $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx512)
 test-portable: install
