@@ -15,6 +15,11 @@ from each place's median over the frames), and it is a hit when that colour is n
 of the training subjects of the prompted name than of any other name. Chance is 1/6. The same rule on
 the training clips themselves (their VAE round trip: what a perfect model could reach) and on the
 untrained transformer (the floor) is printed beside it. Nothing is written to the run folder.
+
+Per block: the same hit read on each causal block's frames alone (the background still the whole
+video's median), so "first" and "last" say whether the colour is there when the rollout starts and
+still there when it ends, and "kept" is the share hit in every block. `--lora` scores another weights
+folder of the run (a checkpoint exported by tools/export_lora.py); `--set` changes a sampling key.
 """
 
 from __future__ import annotations
@@ -80,6 +85,25 @@ def hits(videos: list[np.ndarray], owners: list[int], candidates: list[np.ndarra
     return float(np.mean([nearest(subject_colour(v), candidates) == o for v, o in zip(videos, owners)]))
 
 
+def block_frames(cfg, num_frames: int) -> list[range]:
+    """The pixel frames of each causal block (e2v.models.causal.block_spans over the latent frames):
+    latent frame 0 is pixel frame 0, latent frame k > 0 the VAE's 4 frames 4k-3..4k."""
+    from e2v.models.causal import block_spans
+
+    spans = block_spans((num_frames - 1) // 4 + 1, cfg.causal.frames_per_block, cfg.causal.independent_first_frame)
+    return [range(0 if a == 0 else 4 * a - 3, 4 * (z - 1) + 1) for a, z in spans]
+
+
+def block_hits(videos: list[np.ndarray], owners: list[int], candidates: list[np.ndarray], cfg) -> np.ndarray:
+    """[video, block] booleans: the subject of that block's frames in the owner's colour."""
+    rows = []
+    for video, owner in zip(videos, owners):
+        background = np.median(video, axis=0).astype(np.uint8)
+        rows.append([nearest(subject_colour(video[list(frames)], background), candidates) == owner
+                     for frames in block_frames(cfg, len(video))])
+    return np.asarray(rows)
+
+
 @torch.no_grad()
 def sampled(model, parts, cfg, seed: int) -> list[np.ndarray]:
     """One video per colour name from noise seed `seed`, uint8 [F,H,W,3]."""
@@ -100,26 +124,36 @@ def round_trips(parts, cfg, limit: int = 48) -> tuple[list[np.ndarray], list[int
     return videos, owners
 
 
-def score(run: Path, seeds: list[int]) -> dict:
-    cfg = load_config(str(run / "config.yaml"), check_paths=False)
+def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list[str] = ()) -> dict:
+    cfg = load_config(str(run / "config.yaml"), overrides=list(overrides), check_paths=False)
     cfg.cache.enabled = False
     data = Path(cfg.data.datasets[0].data_root)
     candidates = class_colours(data)
     parts = load_parts(cfg, device="cpu")
     untrained = parts.transformer.float().eval()
-    trained = load_trained(load_parts(cfg, device="cpu", with_encoders=False).transformer, run / "lora").float().eval()
+    trained = load_trained(load_parts(cfg, device="cpu", with_encoders=False).transformer,
+                           lora or run / "lora").float().eval()
     owners = list(range(len(COLOURS)))
-    rows = {seed: (hits(sampled(trained, parts, cfg, seed), owners, candidates),
-                   hits(sampled(untrained, parts, cfg, seed), owners, candidates)) for seed in seeds}
+    rows = {}
+    for seed in seeds:
+        videos = sampled(trained, parts, cfg, seed)
+        blocks = block_hits(videos, owners, candidates, cfg)
+        rows[seed] = (hits(videos, owners, candidates), hits(sampled(untrained, parts, cfg, seed), owners, candidates),
+                      blocks[:, 0].mean(), blocks[:, -1].mean(), blocks.all(axis=1).mean())
     clips, clip_owners = round_trips(parts, cfg)
     ceiling = hits(clips, clip_owners, candidates)
-    print("seed  trained  untrained   (a hit: the subject in the prompted colour; chance 1/6 = 0.17)")
-    for seed, (t, u) in rows.items():
-        print(f"{seed:>4}  {t:7.2f}  {u:9.2f}")
-    mean = float(np.mean([t for t, _ in rows.values()]))
-    print(f"mean  {mean:7.2f}  {np.mean([u for _, u in rows.values()]):9.2f}   training clips' VAE round trip: "
-          f"{ceiling:.2f} over {len(clips)}")
-    return {"seeds": rows, "mean": mean, "ceiling": ceiling}
+    clip_blocks = block_hits(clips, clip_owners, candidates, cfg)
+    print("seed  trained  untrained  first block  last block  kept   (a hit: the subject in the prompted colour; "
+          "chance 1/6 = 0.17)")
+    for seed, row in rows.items():
+        print(f"{seed:>4}  {row[0]:7.2f}  {row[1]:9.2f}  {row[2]:11.2f}  {row[3]:10.2f}  {row[4]:4.2f}")
+    means = np.mean(list(rows.values()), axis=0)
+    print(f"mean  {means[0]:7.2f}  {means[1]:9.2f}  {means[2]:11.2f}  {means[3]:10.2f}  {means[4]:4.2f}")
+    print(f"the training clips' VAE round trip: {ceiling:.2f} over {len(clips)}; first block "
+          f"{clip_blocks[:, 0].mean():.2f}, last block {clip_blocks[:, -1].mean():.2f}, kept {clip_blocks.all(1).mean():.2f}")
+    return {"seeds": rows, "mean": float(means[0]), "first": float(means[2]), "last": float(means[3]),
+            "kept": float(means[4]), "ceiling": ceiling,
+            "ceiling_blocks": clip_blocks.mean(0).tolist()}
 
 
 def main(argv=None):
@@ -130,11 +164,13 @@ def main(argv=None):
     sc = sub.add_parser("score", help="the subject-colour hit rate of a trained causal run's samples")
     sc.add_argument("--run", type=Path, required=True)
     sc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    sc.add_argument("--lora", type=Path, help="the weights to score (default: the run's lora/ folder)")
+    sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for sampling")
     args = p.parse_args(argv)
     if args.command == "prepare":
         prepare(args.data)
     else:
-        score(args.run, args.seeds)
+        score(args.run, args.seeds, args.lora, args.set)
 
 
 if __name__ == "__main__":
