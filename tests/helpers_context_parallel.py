@@ -1,6 +1,8 @@
 """The spawned side of tests/unit/test_context_parallel.py: 2 processes over gloo, each measuring
 context parallelism (e2v/models/context_parallel.py) against the same computation done whole in the
-same process (the oracle: the stock diffusers model / attention on the unsplit sequence). Each rank
+same process (the oracle: the stock diffusers model / attention on the unsplit sequence; for task:
+causal, the block-causal model on the unsplit sequence, whose rule is held to CausVid's by
+tests/unit/test_causal_rule.py). Each rank
 writes its numbers to <out>/rank<r>.json; the test asserts on them.
 
 Legend: B batch, S video tokens, D width."""
@@ -106,6 +108,76 @@ def whole_model(ulysses: int, ring: int, rank: int, checkpointing: bool) -> dict
             "sequence_data_parallel_size": mpu.get_sequence_data_parallel_world_size()}
 
 
+FRAME_T = torch.tensor([[900.0, 700.0, 500.0, 300.0, 100.0], [1000.0, 0.0, 250.0, 750.0, 500.0]])  # [B, T]
+
+
+def causal_model(rank: int, frames_per_block: int, first_alone: bool, checkpointing: bool, cp_first: bool) -> dict:
+    """The tiny transformer made block-causal (e2v/models/causal.py, the exact per-block path) with a
+    timestep per latent frame (diffusers' per-token form, which its plan splits with the tokens),
+    Ulysses 2, against the same causal model unsplit in this process: the gathered prediction and
+    the parameter gradients of mean(prediction^2) summed over the group. `cp_first`: made
+    context-parallel before causal (either order must keep both). Also: the stock bidirectional
+    model's distance from the reference (the rule is there to be kept), a cached forward on the
+    split model refused, and the causal sampler on the split model (context_parallel.whole_sequence)
+    against the same rollout unsplit, before the split forward, which must be whole again after it."""
+    from e2v.conditioning.encode import Conditions
+    from e2v.eval.sampling import CausalRollout, denoise
+    from e2v.models import context_parallel
+    from e2v.models.causal import KVCache, cached, enable_causal, frame_timesteps
+
+    cfg = _cfg(2, 1)
+    inputs = {**_inputs(), "timestep": frame_timesteps(FRAME_T, 16)}  # 5 latent frames of 4 x 4 tokens
+    bidirectional = _tiny()(**inputs)[0].detach()
+    model = _tiny()
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+
+    def causal():
+        enable_causal(model, frames_per_block, first_alone, "blocks")
+
+    g = torch.Generator().manual_seed(5)
+    noise = torch.randn(1, 16, 5, 8, 8, generator=g)
+    c = Conditions(latents_BCTHW=torch.zeros_like(noise), text_BLD=torch.randn(1, 512, 32, generator=g),
+                   cond_BCTHW=torch.randn(1, 20, 5, 8, 8, generator=g), clip_BLD=torch.randn(1, 17, 32, generator=g))
+    rollout = CausalRollout(frames_per_block, first_alone, "blocks", (1000.0, 757.0, 522.0), 8.0)
+
+    def sample():
+        return denoise(model, c, None, noise, num_steps=0, guidance_scale=1.0, shift=0.0, rollout=rollout,
+                       generator=torch.Generator().manual_seed(3))
+
+    causal()
+    ref = model(**inputs)[0]
+    ref.square().mean().backward()
+    ref, ref_grads = ref.detach(), _grads(model)
+    model.zero_grad()
+    ref_sample = sample()
+
+    if cp_first:  # a fresh model: context-parallel, then causal
+        model = _tiny()
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        mpu = context_parallel.enable(model, cfg, context_parallel.layout(cfg, rank, 2))
+        causal()
+    else:
+        mpu = context_parallel.enable(model, cfg, context_parallel.layout(cfg, rank, 2))
+    try:
+        with torch.no_grad(), cached(model, KVCache()):
+            model(**inputs)
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    split_sample = sample()
+    out = model(**inputs)[0]
+    out.square().mean().backward()
+    grads = _grads(model)
+    for v in grads.values():
+        torch.distributed.all_reduce(v, group=mpu.get_sequence_parallel_group())
+    return {"out": (out.detach() - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
+            "grad_scale": max(v.abs().max().item() for v in ref_grads.values()),
+            "bidirectional_gap": (bidirectional - ref).abs().max().item(),
+            "sample": (split_sample - ref_sample).abs().max().item(), "cached_refused": refused}
+
+
 SAVED_SHAPE = dict(heads=4, head_dim=32, ffn=256, layers=2, frames=5, size=32)  # 5 x 16 x 16 = 1280 tokens
 
 
@@ -156,6 +228,8 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         "attention_ring": attention_alone(1, 2, rank),
         "model_ulysses": whole_model(2, 1, rank, checkpointing=False),
         "model_ring_checkpointing": whole_model(1, 2, rank, checkpointing=True),
+        "causal_ulysses": causal_model(rank, 1, False, checkpointing=False, cp_first=False),
+        "causal_ulysses_checkpointing": causal_model(rank, 2, True, checkpointing=True, cp_first=True),
         "saved_bytes": {f"ulysses2_checkpointing_{ck}": saved_bytes(2, rank, ck) for ck in (False, True)},
     }
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))

@@ -232,8 +232,8 @@ def _validate_timesteps(cfg: Config) -> None:
 def _validate_causal(cfg: Config) -> None:
     """task: causal trains CausVid's regression rule (e2v/train/step.py): per-block timesteps from
     flow.denoising_step_list, the x0 estimate against the clean latents, no weighting, on clips
-    whose latent frames split into whole blocks. What the model cannot serve (layouts, context
-    parallelism, two experts) is its own refusal, e2v.models.causal.causal_refusal, asked at start
+    whose latent frames split into whole blocks. What the model cannot serve (layouts, ring
+    attention, two experts) is its own refusal, e2v.models.causal.causal_refusal, asked at start
     by train_e2v.py (this stage imports no torch)."""
     if cfg.task != "causal":
         return

@@ -47,6 +47,7 @@ from e2v.conditioning.layout import batch_conditions, with_references
 from e2v.config.shapes import latent_size
 from e2v.data.dataset import collate, element_inputs
 from e2v.models.causal import KVCache, block_spans, cached, ensure_causal
+from e2v.models.context_parallel import whole_sequence
 from e2v.models.speed import sampling_backend
 from e2v.runtime.device import randn, to_device
 from e2v.train.flow import frame_noise, frame_x0, timestep_sigmas, training_timesteps
@@ -189,41 +190,44 @@ def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRoll
                    on_step=None) -> torch.Tensor:
     """CausVid's block-by-block sampling (module docstring) from `noise_BCTHW`; returns the clean
     latents [B,C,T,h,w]. Each guidance pass keeps its own KV cache. The fresh noise of the re-noising
-    comes from `generator` (a fixed seed when None: the same video for the same noise)."""
+    comes from `generator` (a fixed seed when None: the same video for the same noise). A
+    context-parallel model samples unsplit (context_parallel.whole_sequence): every rank of a group
+    runs the same whole forwards."""
     ensure_causal(model, r.frames_per_block, r.independent_first_frame, r.attention)
-    generator = generator or torch.Generator().manual_seed(0)
-    b, _, frames = noise_BCTHW.shape[:3]
-    device = noise_BCTHW.device
-    sigmas = timestep_sigmas(torch.tensor(r.timesteps), r.shift).tolist()
-    caches = {name: KVCache() for name in passes}
+    with whole_sequence(model):  # under context parallelism, unsplit: a cached forward is one block
+        generator = generator or torch.Generator().manual_seed(0)
+        b, _, frames = noise_BCTHW.shape[:3]
+        device = noise_BCTHW.device
+        sigmas = timestep_sigmas(torch.tensor(r.timesteps), r.shift).tolist()
+        caches = {name: KVCache() for name in passes}
 
-    def run(name, x_BCThw, t, a, z, write=False, references=False):  # one pass over block [a, z) with its cache
-        cp, text = passes[name]
-        block = dataclasses.replace(cp, cond_BCTHW=None if cp.cond_BCTHW is None else cp.cond_BCTHW[:, :, a:z])
-        if not references:  # the references are in the cache already (block 0), not in the block's input
-            block = dataclasses.replace(block, ref_latents_BCNhw=None, ref_layout=None)
-        with cached(model, caches[name], write=write):
-            return predict(model, x_BCThw, torch.full((b, z - a), float(t), device=device), block, text, dtype)
+        def run(name, x_BCThw, t, a, z, write=False, references=False):  # one pass over block [a, z) with its cache
+            cp, text = passes[name]
+            block = dataclasses.replace(cp, cond_BCTHW=None if cp.cond_BCTHW is None else cp.cond_BCTHW[:, :, a:z])
+            if not references:  # the references are in the cache already (block 0), not in the block's input
+                block = dataclasses.replace(block, ref_latents_BCNhw=None, ref_layout=None)
+            with cached(model, caches[name], write=write):
+                return predict(model, x_BCThw, torch.full((b, z - a), float(t), device=device), block, text, dtype)
 
-    for name, (cp, _) in passes.items():  # clean_prefix: the references' block 0 into each cache first, at t = 0
-        if cp.ref_latents_BCNhw is not None:  # a forward of no video frames: the references alone
-            run(name, noise_BCTHW[:, :, :0], 0.0, 0, 0, write=True, references=True)
-    out = []
-    for a, z in block_spans(frames, r.frames_per_block, r.independent_first_frame):
-        x_BCThw = noise_BCTHW[:, :, a:z].float()
-        for i, (t, sigma) in enumerate(zip(r.timesteps, sigmas)):
-            v_BCThw = guided({name: run(name, x_BCThw, t, a, z) for name in passes}, guidance_scale,
-                             image_guidance_scale)
-            if on_step is not None:
-                on_step(i, t, v_BCThw)
-            x0_BCThw = frame_x0(x_BCThw, v_BCThw, torch.full((b, z - a), sigma, device=device))
-            if i + 1 < len(sigmas):  # fresh noise to the next listed t (CausVid's add_noise), not an Euler step
-                sigma_BT = torch.full((b, z - a), sigmas[i + 1], device=device)
-                x_BCThw = frame_noise(x0_BCThw, randn(x0_BCThw.shape, generator, device), sigma_BT)
-        for name in passes:  # the finished block at t = 0: its clean keys and values into each cache
-            run(name, x0_BCThw, 0.0, a, z, write=True)
-        out.append(x0_BCThw)
-    return torch.cat(out, 2)
+        for name, (cp, _) in passes.items():  # clean_prefix: the references' block 0 into each cache first, at t = 0
+            if cp.ref_latents_BCNhw is not None:  # a forward of no video frames: the references alone
+                run(name, noise_BCTHW[:, :, :0], 0.0, 0, 0, write=True, references=True)
+        out = []
+        for a, z in block_spans(frames, r.frames_per_block, r.independent_first_frame):
+            x_BCThw = noise_BCTHW[:, :, a:z].float()
+            for i, (t, sigma) in enumerate(zip(r.timesteps, sigmas)):
+                v_BCThw = guided({name: run(name, x_BCThw, t, a, z) for name in passes}, guidance_scale,
+                                 image_guidance_scale)
+                if on_step is not None:
+                    on_step(i, t, v_BCThw)
+                x0_BCThw = frame_x0(x_BCThw, v_BCThw, torch.full((b, z - a), sigma, device=device))
+                if i + 1 < len(sigmas):  # fresh noise to the next listed t (CausVid's add_noise), not an Euler step
+                    sigma_BT = torch.full((b, z - a), sigmas[i + 1], device=device)
+                    x_BCThw = frame_noise(x0_BCThw, randn(x0_BCThw.shape, generator, device), sigma_BT)
+            for name in passes:  # the finished block at t = 0: its clean keys and values into each cache
+                run(name, x0_BCThw, 0.0, a, z, write=True)
+            out.append(x0_BCThw)
+        return torch.cat(out, 2)
 
 
 @torch.no_grad()

@@ -37,6 +37,15 @@ values of the blocks before it, at their absolute frame positions (the rope hook
 positions by the cached frame count, CausVid's `current_start`); `cached(..., write=True)` appends
 the block's own keys and values (the t=0 pass over the finished block).
 
+Context parallelism (docs/context_parallel.md): Ulysses (`parallel.ulysses_degree`) serves the mask
+exactly. Its all-to-all gives each rank the whole sequence for H/U heads before attention runs, so
+e2v/models/context_parallel.py's processor applies the same rule there (`block_causal_attention`, on
+the grid the rope hook records from the rope's unsplit input); the per-token timestep is split with
+the tokens by diffusers' plan. Ring attention (`parallel.ring_degree > 1`) takes no mask in
+diffusers, so it is refused (`causal_refusal`). The sampler's cached forwards run on the unsplit
+model (context_parallel.whole_sequence): one block at a time is small, and need not divide by the
+degree.
+
 Legend: B batch, T latent frames, n tokens per latent frame (h/2 * w/2), L tokens (T n), H heads,
 D head width, K cached tokens.
 """
@@ -97,13 +106,17 @@ def frame_timesteps(t_BT: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
     return t_BT.repeat_interleave(tokens_per_frame, dim=1)
 
 
+RING_REFUSAL = ("task: causal with parallel.ring_degree: {}: diffusers' ring attention takes no mask, so it cannot "
+                "apply the block-causal rule; set parallel.ring_degree: 1 and split with parallel.ulysses_degree "
+                "instead (its exchange gives attention the whole sequence, which the rule needs)")
+
+
 def causal_refusal(cfg) -> str | None:
     """Why this config's causal model cannot run, naming the key and the fix; None when it can.
     Called at start (train_e2v.py) for task: causal; whether the frames split into whole blocks is
     the config's own check (e2v/config/checks.py, by e2v.config.shapes.whole_blocks)."""
-    if cfg.parallel.ulysses_degree * cfg.parallel.ring_degree > 1:
-        return ("task: causal does not run under context parallelism yet (parallel.ulysses_degree / ring_degree "
-                "split the sequence the block mask is built on): set both to 1")
+    if cfg.parallel.ring_degree > 1:
+        return RING_REFUSAL.format(cfg.parallel.ring_degree)
     if cfg.conditioning.target_layout == "sequence":
         return ("task: causal with conditioning.target_layout: sequence: its reference slots follow the video with "
                 "the sample's one timestep, so no causal block can hold them; use clean_prefix (the references as "
@@ -186,7 +199,9 @@ def causal_transformer(model):
 def enable_causal(transformer, frames_per_block: int, independent_first_frame: bool, attention: str = "auto"):
     """Make a diffusers WanTransformer3DModel block-causal in self-attention, in place: every
     block's attn1 gets a BlockCausalAttention processor and the rope module a hook that records
-    the latent grid of each forward (and shifts positions under a KV cache). No parameter, buffer or
+    the latent grid of each forward (and shifts positions under a KV cache); on a transformer made
+    context-parallel already (context_parallel.enable, either order works) its processors keep
+    the Ulysses exchange and take the rule for the attention after it. No parameter, buffer or
     module is added or renamed. Returns the transformer."""
     if attention not in ATTENTION_PATHS:
         raise ValueError(f"causal.attention: {attention!r} is not one of {ATTENTION_PATHS}")
@@ -199,8 +214,13 @@ def enable_causal(transformer, frames_per_block: int, independent_first_frame: b
     if not getattr(transformer.rope, "causal_hooked", False):  # once: a second hook would shift twice
         transformer.rope.register_forward_hook(_rope_hook)
         transformer.rope.causal_hooked = True
+    from e2v.models.context_parallel import ContextParallelSelfAttention
+
     for i, block in enumerate(transformer.blocks):
-        block.attn1.set_processor(BlockCausalAttention(state, i))
+        if isinstance(block.attn1.processor, ContextParallelSelfAttention):  # made context-parallel first
+            block.attn1.processor.make_causal(BlockCausalAttention(state, i))
+        else:
+            block.attn1.set_processor(BlockCausalAttention(state, i))
     return transformer
 
 
@@ -309,13 +329,7 @@ class BlockCausalAttention:
 
     def attend(self, q_BLHD, k_BLHD, v_BLHD):
         """Block-causal attention over the whole sequence of this forward."""
-        t, h, w = self.state.grid
-        if q_BLHD.shape[1] != t * h * w:
-            raise RuntimeError(f"self-attention over {q_BLHD.shape[1]} tokens, but the latent grid {t}x{h}x{w} has "
-                               f"{t * h * w}: a split sequence (context parallelism) is refused for task: causal")
-        if self.state.path(q_BLHD.device) == "flex":
-            return flex_block_attention(q_BLHD, k_BLHD, v_BLHD, self.block_mask(q_BLHD.device))
-        return blocks_attention(q_BLHD, k_BLHD, v_BLHD, self.state.spans(), self._attention_backend)
+        return block_causal_attention(self.state, q_BLHD, k_BLHD, v_BLHD, self._attention_backend)
 
     def attend_cached(self, cache: KVCache, q_BLHD, k_BLHD, v_BLHD):
         """The block's queries against [cached keys, its own]: what its rows of the masked full
@@ -338,12 +352,31 @@ class BlockCausalAttention:
         return dispatch_attention_fn(q_BLHD, k_BKHD, v_BKHD, backend=self._attention_backend)
 
     def block_mask(self, device):
-        """The BlockMask of the current grid, built once per (grid, reference frames, device): one
-        grid splits differently with another count of reference frames in front."""
-        key = (self.state.grid, self.state.reference_frames, str(device))
-        if key not in self.state.masks:
-            self.state.masks[key] = build_block_mask(self.state.spans(), device)
-        return self.state.masks[key]
+        return block_mask(self.state, device)
+
+
+def block_causal_attention(state: CausalState, q_BLHD, k_BLHD, v_BLHD, backend=None) -> torch.Tensor:
+    """The block-causal rule over the whole sequence of this forward (any number of heads: under
+    Ulysses a rank's H/U), by the state's path: flex with the grid's BlockMask, or one call per
+    block on diffusers' dispatch with `backend`. What BlockCausalAttention and, after the Ulysses
+    exchange, context parallelism's processor apply."""
+    t, h, w = state.grid
+    if q_BLHD.shape[1] != t * h * w:
+        raise RuntimeError(f"self-attention over {q_BLHD.shape[1]} tokens, but the latent grid {t}x{h}x{w} has "
+                           f"{t * h * w}: a split sequence is refused for task: causal (the block rule needs every "
+                           "token: under parallel.ulysses_degree the exchange gives attention the whole sequence)")
+    if state.path(q_BLHD.device) == "flex":
+        return flex_block_attention(q_BLHD, k_BLHD, v_BLHD, block_mask(state, q_BLHD.device))
+    return blocks_attention(q_BLHD, k_BLHD, v_BLHD, state.spans(), backend)
+
+
+def block_mask(state: CausalState, device):
+    """The BlockMask of the current grid, built once per (grid, reference frames, device): one
+    grid splits differently with another count of reference frames in front."""
+    key = (state.grid, state.reference_frames, str(device))
+    if key not in state.masks:
+        state.masks[key] = build_block_mask(state.spans(), device)
+    return state.masks[key]
 
 
 def blocks_attention(q_BLHD, k_BLHD, v_BLHD, spans: list[tuple[int, int]], backend=None) -> torch.Tensor:

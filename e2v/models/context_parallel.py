@@ -20,7 +20,12 @@ In the transformer (`enable`):
 - with R > 1 that attention is diffusers' ring attention (`TemplatedRingAttention`) over the R ranks
   of a ring group: the other shards' keys and values, merged by their log-sum-exp;
 - cross-attention needs nothing: a query's attention over the text and image tokens does not depend
-  on the other queries, so each token shard attends the whole, unsplit context, exactly.
+  on the other queries, so each token shard attends the whole, unsplit context, exactly;
+- a block-causal transformer (`task: causal`, e2v/models/causal.py) keeps its rule: after the
+  Ulysses exchange attention sees every token of the sequence, so the processor applies the
+  model's own block rule there (causal.block_causal_attention) instead of full attention; ring
+  attention takes no mask and is refused for it. The causal sampler's cached forwards run on the
+  unsplit model (`whole_sequence`).
 
 Gradients. The split's backward gives rank k the gradient through its own tokens and the gather's
 backward hands it its slice of dL/dprediction, so the P ranks' parameter gradients sum to the
@@ -34,11 +39,13 @@ Legend: B batch, S video tokens (S/P per rank), H heads, D head width.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from e2v.config.schema import ConfigError
+from e2v.models.causal import RING_REFUSAL, BlockCausalAttention, block_causal_attention
 
 
 @dataclass(frozen=True)
@@ -161,10 +168,42 @@ def enable(transformer, cfg, lay: Layout) -> SequenceParallelGroups:
     cp.setup(lay.rank, lay.world, accelerator_device(), mesh)
     ring = ParallelConfig(context_parallel_config=cp) if lay.ring > 1 else None
     ulysses = cp._ulysses_mesh.get_group() if lay.ulysses > 1 else None
-    for block in transformer.blocks:
-        block.attn1.set_processor(ContextParallelSelfAttention(ulysses, ring))
+    state = getattr(transformer, "causal_state", None)  # made causal first (enable_causal): keep its rule
+    for i, block in enumerate(transformer.blocks):
+        processor = ContextParallelSelfAttention(ulysses, ring)
+        if state is not None:
+            processor.make_causal(BlockCausalAttention(state, i))
+        block.attn1.set_processor(processor)
     apply_context_parallel(transformer, cp, transformer._cp_plan)
+    transformer.e2v_context_parallel = cp  # what whole_sequence takes off and puts back
     return SequenceParallelGroups(cp._flattened_mesh.get_group(), all_group)
+
+
+@contextlib.contextmanager
+def whole_sequence(model):
+    """Inside, every context-parallel transformer in `model` (itself, a DeepSpeed engine) runs
+    unsplit: diffusers' split and gather hooks are taken off and each self-attention gets the
+    processor of the whole sequence (the layer's block-causal one, or local attention), with the
+    backend it had; put back on exit. Every rank of a group then computes the same whole forward.
+    For the causal sampler: its cached forwards are one block each, small, and a block's tokens
+    need not divide by the degree. Nothing changes for a model without context parallelism."""
+    from diffusers.hooks.context_parallel import apply_context_parallel, remove_context_parallel
+
+    walk = getattr(model, "modules", None)  # a callable without modules (a test's stand-in) has none
+    found = [m for m in walk() if vars(m).get("e2v_context_parallel") is not None] if walk else []
+    split = {}
+    for t in found:
+        remove_context_parallel(t, t._cp_plan)
+        for block in t.blocks:
+            split[block.attn1] = block.attn1.processor
+            block.attn1.set_processor(block.attn1.processor.unsplit())
+    try:
+        yield model
+    finally:
+        for attn, processor in split.items():
+            attn.set_processor(processor)
+        for t in found:
+            apply_context_parallel(t, t.e2v_context_parallel, t._cp_plan)
 
 
 class ContextParallelSelfAttention:
@@ -172,7 +211,8 @@ class ContextParallelSelfAttention:
     self-attention path (projections, RMS norm across heads, rope; transformer_wan.py), with the
     attention over the whole sequence done by DeepSpeed's Ulysses exchange around the local
     attention, which is diffusers' dispatch (SDPA or the chosen backend) or, with ring_degree > 1,
-    diffusers' ring attention."""
+    diffusers' ring attention. On a block-causal transformer (`make_causal`) the local attention
+    is the layer's block rule instead (Ulysses only)."""
 
     _attention_backend = None  # set by the model's set_attention_backend, as on diffusers' processors
     _parallel_config = None
@@ -181,14 +221,32 @@ class ContextParallelSelfAttention:
         from deepspeed.sequence.layer import DistributedAttention
 
         self.ring_config = ring_config
+        self.causal = None  # the layer's BlockCausalAttention (make_causal): its rule, its cache path unsplit
         # [B, S/P, H, D] -> all-to-all (scatter heads, gather tokens) -> [B, S/R, H/U, D] -> attend -> back
         self.exchange = (None if ulysses_group is None else
                          DistributedAttention(self.attend, ulysses_group, scatter_idx=2, gather_idx=1))
+
+    def make_causal(self, causal: BlockCausalAttention) -> None:
+        """Attend by the block-causal rule of `causal` (the layer's processor of e2v/models/causal.py)
+        after the exchange. Ring attention has no mask to take it: refused."""
+        if self.ring_config is not None:
+            raise ConfigError(RING_REFUSAL.format(self.ring_config.context_parallel_config.ring_degree))
+        self.causal = causal
+
+    def unsplit(self):
+        """The processor of this layer for the whole sequence on one rank (whole_sequence), with this
+        one's attention backend: the block-causal one, or this one without exchange."""
+        whole = self.causal if self.causal is not None else ContextParallelSelfAttention(None, None)
+        whole._attention_backend = self._attention_backend
+        return whole
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
         assert encoder_hidden_states is None and attention_mask is None, "self-attention only (attn1)"
+        if self.causal is not None and self.causal.state.cache is not None:
+            raise RuntimeError("a KV-cached causal forward on a context-parallel transformer: its block is split "
+                               "over the ranks; sample inside e2v.models.context_parallel.whole_sequence (unsplit)")
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         query, key = attn.norm_q(query), attn.norm_k(key)
         q_BSHD, k_BSHD, v_BSHD = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
@@ -204,6 +262,8 @@ class ContextParallelSelfAttention:
         """Attention over this rank's head shard: whole sequence (Ulysses), or its ring of shards."""
         from diffusers.models.attention_dispatch import TemplatedRingAttention, dispatch_attention_fn
 
+        if self.causal is not None:  # the whole sequence is here (Ulysses): the block rule, as without the split
+            return block_causal_attention(self.causal.state, q_BSHD, k_BSHD, v_BSHD, self._attention_backend)
         if self.ring_config is None:
             return dispatch_attention_fn(q_BSHD, k_BSHD, v_BSHD, backend=self._attention_backend)
         forward_op, backward_op = _ring_ops(q_BSHD)

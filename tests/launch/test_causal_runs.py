@@ -2,13 +2,14 @@
 (configs/causal_regression.yaml: generator_task causal_video, num_frame_per_block 3, the trailing 0)
 at tiny sizes trains the whole transformer under ZeRO-2 in 2 processes, a resume from its step-2
 checkpoint continues with the uninterrupted losses, a LoRA trains under ZeRO-3 in 2 processes from the
-full run's exported CausVid file (model.generator_ckpt), and a config the causal model cannot serve
-stops at start in one line. The rule itself is checked
-in-process against CausVid's (tests/unit/test_causal_rule.py)."""
+full run's exported CausVid file (model.generator_ckpt), a config the causal model cannot serve
+(ring attention) stops at start in one line, and 2 processes at Ulysses 2 train and validate what 1
+process does. The rule itself is checked in-process against CausVid's (tests/unit/test_causal_rule.py),
+and under Ulysses against the unsplit model (tests/unit/test_context_parallel.py)."""
 
 import pytest
 from helpers import ROOT, read_scalars
-from helpers_launch import launch_python, run_train, wait_all
+from helpers_launch import launch_python, launch_train, run_train, wait_all
 from helpers_t2v import make_csv_videos
 
 CONFIG = str(ROOT / "configs/causal_regression.yaml")
@@ -88,7 +89,7 @@ def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_z
 
     start = full_zero2[0] / "lora/e2v_causvid.pt"
     out = tmp_path_factory.mktemp("causal_lora")
-    refused = launch_python(ROOT / "train_e2v.py", "--config", CONFIG, "--set", "parallel.ulysses_degree=2",
+    refused = launch_python(ROOT / "train_e2v.py", "--config", CONFIG, "--set", "parallel.ring_degree=2",
                             *sum((["--set", s] for s in tiny(clips, out, "refused")), []))
     proc = run_train(CONFIG, *tiny(clips, out, "lora", "model.training_type=lora", "train.max_steps=2",
                                    "train.checkpoint_every=2", "deepspeed.config=ds_configs/zero3.json",
@@ -109,5 +110,50 @@ def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_z
     (stopped,) = wait_all(refused, check=False)
     lines = [line for line in stopped.stderr.splitlines() if line.startswith("config error")]
     assert stopped.returncode != 0 and lines == [
-        "config error: task: causal does not run under context parallelism yet (parallel.ulysses_degree / "
-        "ring_degree split the sequence the block mask is built on): set both to 1"], stopped.stderr[-2000:]
+        "config error: task: causal with parallel.ring_degree: 2: diffusers' ring attention takes no mask, so it "
+        "cannot apply the block-causal rule; set parallel.ring_degree: 1 and split with parallel.ulysses_degree "
+        "instead (its exchange gives attention the whole sequence, which the rule needs)"], stopped.stderr[-2000:]
+
+
+# 3 steps from the seed file, validated at steps 0 and 3 (losses at 5 sigmas, one held-out video
+# sampled block by block); 3 clips train, 1 is held out.
+VALIDATED = ("train.max_steps=3", "validation.every_n_steps=3", "validation.num_samples=1",
+             "validation.num_videos=1", "validation.guidance_scale=1")
+
+
+@pytest.fixture(scope="module")
+def ulysses_pair(clips, tmp_path_factory):
+    """The seed's causal run in 1 process and in 2 at Ulysses 2, side by side (one intra-op thread
+    each: the ranks share the machine's cores, tests/launch/test_context_parallel_runs.py)."""
+    out = tmp_path_factory.mktemp("causal_cp")
+    env = {"OMP_NUM_THREADS": "1"}
+    one = launch_train(CONFIG, *tiny(clips, out, "one", *VALIDATED), num_gpus=1, env=env)
+    u2 = launch_train(CONFIG, *tiny(clips, out, "u2", *VALIDATED, "parallel.ulysses_degree=2"), num_gpus=2, env=env)
+    one_done, u2_done = wait_all(one, u2)
+    return out, u2_done
+
+
+def test_ulysses_causal_run_equals_one_process_run(ulysses_pair):
+    """2 processes at Ulysses 2 (the block rule applied after the exchange, each frame's timestep split
+    with its tokens) train what 1 process trains: every step's loss and gradient norm and the
+    validation losses at steps 0 and 3 within 1e-5 relative; the validation video (the causal sampler,
+    run on the unsplit model under context parallelism) is the same file."""
+    out, proc = ulysses_pair
+    log = proc.stdout + proc.stderr
+    assert "context parallel: 2 processes = 1 data-parallel group(s) x 2 Ulysses x 1 ring" in log
+    assert "done: 3 steps" in log
+    cp, one = read_scalars(out / "u2"), read_scalars(out / "one")
+    assert sorted(s for s in cp if "train/loss" in cp[s]) == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in ("train/loss", "train/grad_norm"):
+            assert cp[step][key] == pytest.approx(one[step][key], rel=1e-5, abs=0), (step, key)
+    val = [k for k in one[3] if k.startswith("val/loss")]
+    assert val and all(k in cp[s] for s in (0, 3) for k in val)
+    for step in (0, 3):
+        for key in val:
+            assert cp[step][key] == pytest.approx(one[step][key], rel=1e-5, abs=0), (step, key)
+    videos = sorted((out / "one" / "samples").rglob("*.mp4"))
+    assert videos and [p.relative_to(out / "one") for p in videos] == [
+        p.relative_to(out / "u2") for p in sorted((out / "u2" / "samples").rglob("*.mp4"))]
+    for video in videos:
+        assert video.read_bytes() == (out / "u2" / video.relative_to(out / "one")).read_bytes(), video

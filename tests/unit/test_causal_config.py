@@ -114,7 +114,8 @@ def test_every_refusal_is_one_line_naming_the_key_and_the_fix(seed_dir, sets, li
 
 
 @pytest.mark.parametrize("sets,line", [
-    (["parallel.ulysses_degree=2"], "task: causal does not run under context parallelism"),
+    (["parallel.ring_degree=2"], "task: causal with parallel.ring_degree: 2: diffusers' ring attention takes no mask"),
+    (["parallel.ulysses_degree=2", "parallel.ring_degree=2"], "task: causal with parallel.ring_degree: 2"),
     (["e2v_type=vae", "conditioning.target_layout=sequence", "data.elements=[{name: person, suffixes: [_p.png]}]"],
      "task: causal with conditioning.target_layout: sequence"),
 ])
@@ -125,6 +126,16 @@ def test_what_the_model_cannot_serve_is_one_line(seed_dir, sets, line):
 
     refusal = causal_refusal(load_config(write(seed_dir / "seed.yaml", SEED), sets))
     assert refusal.startswith(line) and "\n" not in refusal, refusal
+    if "ring_degree" in line:  # the fix named: Ulysses instead
+        assert "set parallel.ring_degree: 1 and split with parallel.ulysses_degree instead" in refusal, refusal
+
+
+def test_ulysses_context_parallelism_is_served(seed_dir):
+    """Ulysses gives attention the whole sequence (a head shard of it), so the block rule applies there:
+    no refusal (the spawned check: tests/unit/test_context_parallel.py)."""
+    from e2v.models.causal import causal_refusal
+
+    assert causal_refusal(load_config(write(seed_dir / "seed.yaml", SEED), ["parallel.ulysses_degree=2"])) is None
 
 
 def test_the_causal_config_loads_without_torch(seed_dir):

@@ -173,9 +173,12 @@ def test_what_the_causal_model_refuses_is_named():
     cfg = Config()
     cfg.task = "causal"
     assert causal_refusal(cfg) is None
-    cfg.parallel.ulysses_degree = 2
-    assert "parallel.ulysses_degree" in causal_refusal(cfg)
-    cfg.parallel.ulysses_degree = 1
+    cfg.parallel.ulysses_degree = 2  # Ulysses serves the block rule (attention sees the whole sequence)
+    assert causal_refusal(cfg) is None
+    cfg.parallel.ulysses_degree, cfg.parallel.ring_degree = 1, 2  # ring attention takes no mask
+    assert causal_refusal(cfg).startswith("task: causal with parallel.ring_degree: 2") and (
+        "parallel.ulysses_degree instead" in causal_refusal(cfg))
+    cfg.parallel.ring_degree = 1
     cfg.conditioning.target_layout = "clean_prefix"  # the references as block 0: served
     assert causal_refusal(cfg) is None
     cfg.conditioning.target_layout = "sequence"

@@ -2,8 +2,9 @@
 
 In process (2 processes spawned over gloo, tests/helpers_context_parallel.py): the self-attention
 wrapper alone and the whole tiny transformer, Ulysses 2 and ring 2 (with gradient checkpointing),
-against the same computation on the whole sequence; the activation formula against the bytes a
-rank of a Ulysses-2 group saves for backward.
+against the same computation on the whole sequence; the block-causal transformer (task: causal)
+under Ulysses 2 against itself unsplit; the activation formula against the bytes a rank of a
+Ulysses-2 group saves for backward.
 
 The training runs with context parallelism against runs without it: tests/launch/test_context_parallel_runs.py."""
 
@@ -96,6 +97,36 @@ def test_context_parallel_transformer_equals_whole_sequence_transformer(spawned,
         r = rank[f"model_{kind}"]
         assert r["out"] < TOL and r["grads"] < TOL and r["grad_scale"] > 1e-2, r
         assert (r["sequence_parallel_size"], r["sequence_data_parallel_size"]) == (2, 2)
+
+
+@pytest.mark.parametrize("kind", ["ulysses", "ulysses_checkpointing"])
+def test_context_parallel_causal_transformer_equals_whole_sequence_causal_transformer(spawned, kind):
+    """task: causal under Ulysses 2, with a timestep per latent frame: the block rule applied after the
+    exchange gives the unsplit causal model's prediction and summed gradients (frames_per_block 1;
+    with checkpointing, frame 0 alone then blocks of 2, made context-parallel before causal). The
+    stock bidirectional model is far from it (the rule is kept, not dropped); a cached forward on the
+    split model is refused; the causal sampler on it runs unsplit and equals the rollout without
+    context parallelism."""
+    for rank in spawned:
+        r = rank[f"causal_{kind}"]
+        assert r["out"] < TOL and r["grads"] < TOL and r["grad_scale"] > 1e-2, r
+        assert r["bidirectional_gap"] > 1e-2, r
+        assert r["sample"] < TOL, r
+        assert "sample inside e2v.models.context_parallel.whole_sequence" in r["cached_refused"], r
+
+
+def test_ring_attention_refuses_the_causal_rule():
+    """A ring processor cannot take the block rule (diffusers' ring attention has no mask): the
+    causal_refusal line, naming parallel.ring_degree and the fix."""
+    from types import SimpleNamespace
+
+    from e2v.config.schema import ConfigError
+    from e2v.models.context_parallel import ContextParallelSelfAttention
+
+    ring = ContextParallelSelfAttention(None, SimpleNamespace(context_parallel_config=SimpleNamespace(ring_degree=2)))
+    with pytest.raises(ConfigError, match=r"^task: causal with parallel.ring_degree: 2: .*set parallel.ring_degree: 1 "
+                                          r"and split with parallel.ulysses_degree instead"):
+        ring.make_causal(None)
 
 
 def test_context_parallel_activation_formula_matches_saved_bytes_per_rank(spawned):
