@@ -14,10 +14,14 @@ it is 1,560 a frame), fp32, forward and backward, each way:
   per mode: the median time over the repeats, the bytes autograd keeps for backward (exact and
   load-independent), and the largest difference from the dense mask's output (the oracle).
 
-step: the bench's "small" transformer (2 heads x 128, FFN 1024, 4 layers) at 81 x 128 x 128 (21 x 8 x 8 =
-1,344 video tokens), batch 1, fp32: bidirectional (one timestep) against block-causal (blocks path,
-a timestep per frame: diffusers' per-token time embedding), forward + backward of mean(prediction^2),
-median time and the bytes kept for backward.
+step: one transformer layer of the 1.3B's width (12 heads x 128, FFN 8960; the tiny preset's 32-wide
+text) at 81 x 128 x 128 (21 x 8 x 8 = 1,344 video tokens), batch 1, fp32, without gradient
+checkpointing (with it, a layer keeps its inputs only, which this hook does not see): bidirectional (one timestep) against block-causal (blocks path, a timestep per
+frame: diffusers' per-token time embedding, whose modulation tensors are then [B, L, D] instead of
+[B, 1, D]), forward + backward of mean(prediction^2): the median time and the bytes kept for
+backward, per video token (they grow linearly with the tokens: no attention state is L x L), and
+those bytes scaled to the 1.3B at 480 x 832 x 81 (32,760 tokens, 30 layers; fp32 here, about half
+in bf16).
 
 The FLOP share of the block-causal attention is sum_b (block b's queries x keys 0..b) / L^2
 = 28 / 49 = 0.571 for 7 equal blocks; the time share follows it where attention dominates.
@@ -38,18 +42,20 @@ sys.path.insert(0, str(ROOT))
 
 HEADS, HEAD_DIM = 12, 128  # Wan2.1-T2V-1.3B
 FRAMES, PER_BLOCK, TOKENS_PER_FRAME = 21, 3, 120
-STEP_MODEL = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
-                  text_dim=32, freq_dim=256, ffn_dim=1024, num_layers=4, cross_attn_norm=True,
+STEP_MODEL = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                  out_channels=16, text_dim=32, freq_dim=256, ffn_dim=8960, num_layers=1, cross_attn_norm=True,
                   qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+REAL_TOKENS, REAL_LAYERS = 32760, 30  # Wan2.1-T2V-1.3B at 480 x 832 x 81
 STEP_CLIP = (21, 16, 16)  # latent frames, h, w: 81 x 128 x 128
 REPEATS = 3
 
 
-def _saved_bytes(fn) -> tuple[object, int]:
-    """fn()'s result and the bytes of the storages autograd saved for backward while it ran."""
+def _saved_bytes(fn, leave_out=()) -> tuple[object, int]:
+    """fn()'s result and the bytes of the storages autograd saved for backward while it ran, but
+    those of the tensors in `leave_out` (the parameters)."""
     import torch
 
-    storages = {}
+    storages, left = {}, {x.untyped_storage().data_ptr() for x in leave_out}
 
     def pack(x):
         storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
@@ -57,7 +63,7 @@ def _saved_bytes(fn) -> tuple[object, int]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         out = fn()
-    return out, sum(storages.values())
+    return out, sum(v for k, v in storages.items() if k not in left)
 
 
 def _timed(fn, repeats: int = REPEATS) -> float:
@@ -107,7 +113,7 @@ def attention() -> dict:
         result, saved = _saved_bytes(lambda: fn(*leaves))
         row = {"fwd_bwd_s": round(_timed(step), 4), "forward_s": round(_timed(lambda: fn(q, k, v)), 4),
                "saved_mb": round(saved / 2**20, 1)}
-        if name != "full":
+        if name == "blocks":  # dense_mask is the oracle itself
             row["max_diff_from_dense"] = float((result.detach() - oracle).abs().max())
         out["modes"][name] = row
     with torch.no_grad():
@@ -129,19 +135,20 @@ def step() -> dict:
     from e2v.models.causal import enable_causal, frame_timesteps
 
     t, h, w = STEP_CLIP
+    tokens = t * h * w // 4
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 16, t, h, w, generator=g)
     text = torch.randn(1, 512, 32, generator=g)
-    out = {"latents": [t, h, w], "tokens": t * h * w // 4, "modes": {}}
-    for name in ("bidirectional", "causal_blocks"):
+    out = {"latents": [t, h, w], "tokens": tokens, "modes": {}}
+    for task in ("bidirectional", "causal_blocks"):
         torch.manual_seed(0)
         model = WanTransformer3DModel(**STEP_MODEL).requires_grad_(True)
-        if name == "bidirectional":
+        if task == "bidirectional":
             timestep = torch.tensor([500.0])
         else:
             enable_causal(model, PER_BLOCK, False, "blocks")
-            per_frame = torch.tensor([[1000.0, 757.0, 522.0, 0.0, 757.0, 522.0, 1000.0]]).repeat_interleave(PER_BLOCK, 1)
-            timestep = frame_timesteps(per_frame, h * w // 4)
+            listed = torch.tensor([[1000.0, 757.0, 522.0, 0.0, 757.0, 522.0, 1000.0]])
+            timestep = frame_timesteps(listed.repeat_interleave(PER_BLOCK, 1), h * w // 4)
 
         def forward():
             return model(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
@@ -150,16 +157,44 @@ def step() -> dict:
             forward().square().mean().backward()
             model.zero_grad(set_to_none=True)
 
-        pred, saved = _saved_bytes(forward)
-        params = sum(p.untyped_storage().nbytes() for p in model.parameters())
-        out["modes"][name] = {"fwd_bwd_s": round(_timed(train_step), 3),
-                              "saved_mb": round(max(saved - params, 0) / 2**20, 1)}
+        pred, activations = _saved_bytes(forward, list(model.parameters()))
         del pred
+        out["modes"][task] = {
+            "fwd_bwd_s": round(_timed(train_step, 2), 3), "saved_mb": round(activations / 2**20, 1),
+            "saved_kb_per_token": round(activations / tokens / 2**10, 2),
+            "saved_gb_at_real_shape": round(activations / tokens * REAL_TOKENS * REAL_LAYERS / 2**30, 1)}
     bi = out["modes"]["bidirectional"]
     for row in out["modes"].values():
         row["time_over_bidirectional"] = round(row["fwd_bwd_s"] / bi["fwd_bwd_s"], 3)
         row["saved_over_bidirectional"] = round(row["saved_mb"] / bi["saved_mb"], 3)
     return out
+
+
+def render_causal(r: dict) -> list[str]:
+    """Section 11 of bench/RESULTS.md from bench/results/causal.json."""
+    a, s, m = r["attention"], r["step"], r["machine"]
+    lines = ["## 11. The causal task's cost against the bidirectional (bench/bench_causal.py, CPU)", "",
+             f"{m['date_utc']}, {m['cpu']}, {m['cores']} cores, one torch thread, torch {m['versions']['torch']}"
+             + (f"; {m['note']}" if m.get("note") else "") + ".", "",
+             f"Self-attention of the 1.3B's heads ({a['heads']} x {a['head_dim']}) over {a['tokens']} tokens in "
+             f"{a['blocks']} blocks, fp32 (the block-causal FLOP share {a['flop_share']:.3f}); the dense mask is the "
+             f"oracle (an L x L bool: {a['dense_mask_bytes'] / 2**20:.1f} MiB here, "
+             f"{a['dense_mask_bytes_at_32760'] / 2**30:.2f} GiB at 32,760 tokens).", "",
+             "| attention | forward s | forward + backward s | x full (fwd, fwd+bwd) | saved for backward MB "
+             "| max abs diff from the dense mask |", "|---|---|---|---|---|---|"]
+    for name, row in a["modes"].items():
+        diff = f"{row['max_diff_from_dense']:.1e}" if "max_diff_from_dense" in row else "-"
+        lines.append(f"| {name} | {row['forward_s']} | {row.get('fwd_bwd_s', '- (no CPU backward)')} | "
+                     f"{row['forward_over_full']}, {row.get('fwd_bwd_over_full', '-')} | {row.get('saved_mb', '-')} "
+                     f"| {diff} |")
+    lines += ["", f"One transformer layer of the 1.3B's width at {s['tokens']} video tokens "
+              f"({' x '.join(map(str, s['latents']))} latents), fp32, no gradient checkpointing:", "",
+              "| task | forward + backward s | x bidirectional | saved for backward MB | KB a token | x bidirectional "
+              "| at 32,760 tokens x 30 layers, GB (fp32) |", "|---|---|---|---|---|---|---|"]
+    for name, row in s["modes"].items():
+        lines.append(f"| {name} | {row['fwd_bwd_s']} | {row['time_over_bidirectional']} | {row['saved_mb']} | "
+                     f"{row['saved_kb_per_token']} | {row['saved_over_bidirectional']} | {row['saved_gb_at_real_shape']} |")
+    return lines + [""]
 
 
 def main(argv=None) -> dict:
@@ -178,15 +213,17 @@ def main(argv=None) -> dict:
           f"(FLOP share {a['flop_share']:.3f})")
     print("mode         forward s  fwd+bwd s  saved MB  / full (fwd, fwd+bwd)  max |diff| from dense mask")
     for name, r in a["modes"].items():
-        diff = f"{r['max_diff_from_dense']:.2e}" if "max_diff_from_dense" in r else "(no mask)"
+        diff = (f"{r['max_diff_from_dense']:.2e}" if "max_diff_from_dense" in r
+                else "(the oracle)" if name == "dense_mask" else "(no mask)")
         print(f"{name:<12} {r['forward_s']:9.4f}  {r.get('fwd_bwd_s', float('nan')):9.4f}  "
               f"{r.get('saved_mb', float('nan')):8.1f}  {r['forward_over_full']:5.3f} "
               f"{r.get('fwd_bwd_over_full', float('nan')):5.3f}   {diff}")
     s = result["step"]
-    print(f"step: the small transformer at {s['latents']} latents ({s['tokens']} tokens)")
+    print(f"step: one layer of the 1.3B's width at {s['latents']} latents ({s['tokens']} tokens), fp32")
     for name, r in s["modes"].items():
-        print(f"{name:<14} fwd+bwd {r['fwd_bwd_s']:.3f} s ({r['time_over_bidirectional']:.3f}x)  saved "
-              f"{r['saved_mb']:.1f} MB ({r['saved_over_bidirectional']:.3f}x)")
+        print(f"{name:<28} fwd+bwd {r['fwd_bwd_s']:.3f} s ({r['time_over_bidirectional']:.3f}x)  saved "
+              f"{r['saved_mb']:.1f} MB ({r['saved_over_bidirectional']:.3f}x), {r['saved_kb_per_token']:.1f} KB a "
+              f"token: {r['saved_gb_at_real_shape']:.1f} GB at 32,760 tokens x 30 layers")
     print(f"-> {args.out}")
     return result
 

@@ -105,6 +105,19 @@ def block_hits(videos: list[np.ndarray], owners: list[int], candidates: list[np.
 
 
 @torch.no_grad()
+def tint_hits(videos: list[np.ndarray], owners: list[int], tints: list[np.ndarray]) -> float:
+    """The share of videos whose mean colour (every pixel of every frame) is nearest the mean colour of
+    the prompted name's training clips: what a regression's optimum, the mean clip given the prompt,
+    shows of the name even where no subject stands out."""
+    return float(np.mean([nearest(v.reshape(-1, 3).mean(0), tints) == o for v, o in zip(videos, owners)]))
+
+
+def name_tints(clips: list[np.ndarray], owners: list[int]) -> list[np.ndarray]:
+    """Each name's mean colour over its clips' every pixel."""
+    return [np.mean([c.reshape(-1, 3).mean(0) for c, o in zip(clips, owners) if o == k], axis=0)
+            for k in range(len(COLOURS))]
+
+
 def sampled(model, parts, cfg, seed: int) -> list[np.ndarray]:
     """One video per colour name from noise seed `seed`, uint8 [F,H,W,3]."""
     latents = generate(model, parts, cfg, [TEMPLATE.format(n) for n in COLOURS], seed=seed, guidance_scale=1.0)
@@ -112,7 +125,7 @@ def sampled(model, parts, cfg, seed: int) -> list[np.ndarray]:
 
 
 @torch.no_grad()
-def round_trips(parts, cfg, limit: int = 48) -> tuple[list[np.ndarray], list[int]]:
+def round_trips(parts, cfg, limit: int = 64) -> tuple[list[np.ndarray], list[int]]:
     """The training clips through the VAE (encode, decode) with their names' indexes."""
     samples = index_samples(cfg, verbose=False)[:limit]
     data = E2VDataset(cfg, samples)
@@ -134,26 +147,28 @@ def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list
     trained = load_trained(load_parts(cfg, device="cpu", with_encoders=False).transformer,
                            lora or run / "lora").float().eval()
     owners = list(range(len(COLOURS)))
+    clips, clip_owners = round_trips(parts, cfg)
+    tints = name_tints(clips, clip_owners)
     rows = {}
     for seed in seeds:
-        videos = sampled(trained, parts, cfg, seed)
+        videos, floor = sampled(trained, parts, cfg, seed), sampled(untrained, parts, cfg, seed)
         blocks = block_hits(videos, owners, candidates, cfg)
-        rows[seed] = (hits(videos, owners, candidates), hits(sampled(untrained, parts, cfg, seed), owners, candidates),
-                      blocks[:, 0].mean(), blocks[:, -1].mean(), blocks.all(axis=1).mean())
-    clips, clip_owners = round_trips(parts, cfg)
+        rows[seed] = (hits(videos, owners, candidates), hits(floor, owners, candidates), blocks[:, 0].mean(),
+                      blocks[:, -1].mean(), blocks.all(axis=1).mean(), tint_hits(videos, owners, tints),
+                      tint_hits(floor, owners, tints))
     ceiling = hits(clips, clip_owners, candidates)
     clip_blocks = block_hits(clips, clip_owners, candidates, cfg)
-    print("seed  trained  untrained  first block  last block  kept   (a hit: the subject in the prompted colour; "
-          "chance 1/6 = 0.17)")
-    for seed, row in rows.items():
-        print(f"{seed:>4}  {row[0]:7.2f}  {row[1]:9.2f}  {row[2]:11.2f}  {row[3]:10.2f}  {row[4]:4.2f}")
-    means = np.mean(list(rows.values()), axis=0)
-    print(f"mean  {means[0]:7.2f}  {means[1]:9.2f}  {means[2]:11.2f}  {means[3]:10.2f}  {means[4]:4.2f}")
-    print(f"the training clips' VAE round trip: {ceiling:.2f} over {len(clips)}; first block "
-          f"{clip_blocks[:, 0].mean():.2f}, last block {clip_blocks[:, -1].mean():.2f}, kept {clip_blocks.all(1).mean():.2f}")
-    return {"seeds": rows, "mean": float(means[0]), "first": float(means[2]), "last": float(means[3]),
-            "kept": float(means[4]), "ceiling": ceiling,
-            "ceiling_blocks": clip_blocks.mean(0).tolist()}
+    print("      the subject in the prompted colour (chance 1/6 = 0.17)       the mean colour nearest the name's clips'")
+    print("seed  trained  untrained  first block  last block  kept          trained  untrained")
+    for seed, r in rows.items():
+        print(f"{seed:>4}  {r[0]:7.2f}  {r[1]:9.2f}  {r[2]:11.2f}  {r[3]:10.2f}  {r[4]:4.2f}          {r[5]:7.2f}  {r[6]:9.2f}")
+    m = np.mean(list(rows.values()), axis=0)
+    print(f"mean  {m[0]:7.2f}  {m[1]:9.2f}  {m[2]:11.2f}  {m[3]:10.2f}  {m[4]:4.2f}          {m[5]:7.2f}  {m[6]:9.2f}")
+    print(f"the training clips' VAE round trip ({len(clips)}): subject {ceiling:.2f} (first block "
+          f"{clip_blocks[:, 0].mean():.2f}, last {clip_blocks[:, -1].mean():.2f}, kept {clip_blocks.all(1).mean():.2f}), "
+          f"mean colour {tint_hits(clips, clip_owners, tints):.2f}")
+    return {"seeds": rows, "mean": float(m[0]), "first": float(m[2]), "last": float(m[3]), "kept": float(m[4]),
+            "tint": float(m[5]), "ceiling": ceiling, "ceiling_blocks": clip_blocks.mean(0).tolist()}
 
 
 def main(argv=None):

@@ -45,6 +45,17 @@ def _grads(model) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _split_step(model, inputs: dict, mpu) -> tuple[torch.Tensor, dict]:
+    """A context-parallel model's gathered prediction and its parameter gradients of
+    mean(prediction^2), summed over the group (what DeepSpeed's reduction adds up)."""
+    out = model(**inputs)[0]
+    out.square().mean().backward()
+    grads = _grads(model)
+    for v in grads.values():
+        torch.distributed.all_reduce(v, group=mpu.get_sequence_parallel_group())
+    return out.detach(), grads
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
     return max((a[k] - b[k]).abs().max().item() for k in a)
@@ -97,12 +108,8 @@ def whole_model(ulysses: int, ring: int, rank: int, checkpointing: bool) -> dict
     model.zero_grad()
 
     mpu = context_parallel.enable(model, cfg, context_parallel.layout(cfg, rank, 2))
-    out = model(**_inputs())[0]
-    out.square().mean().backward()
-    grads = _grads(model)
-    for v in grads.values():
-        torch.distributed.all_reduce(v, group=mpu.get_sequence_parallel_group())
-    return {"out": (out.detach() - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
+    out, grads = _split_step(model, _inputs(), mpu)
+    return {"out": (out - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
             "grad_scale": max(v.abs().max().item() for v in ref_grads.values()),
             "sequence_parallel_size": mpu.get_sequence_parallel_world_size(),
             "sequence_data_parallel_size": mpu.get_sequence_data_parallel_world_size()}
@@ -167,12 +174,8 @@ def causal_model(rank: int, frames_per_block: int, first_alone: bool, checkpoint
     except RuntimeError as e:
         refused = str(e)
     split_sample = sample()
-    out = model(**inputs)[0]
-    out.square().mean().backward()
-    grads = _grads(model)
-    for v in grads.values():
-        torch.distributed.all_reduce(v, group=mpu.get_sequence_parallel_group())
-    return {"out": (out.detach() - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
+    out, grads = _split_step(model, inputs, mpu)
+    return {"out": (out - ref).abs().max().item(), "grads": _max_diff(grads, ref_grads),
             "grad_scale": max(v.abs().max().item() for v in ref_grads.values()),
             "bidirectional_gap": (bidirectional - ref).abs().max().item(),
             "sample": (split_sample - ref_sample).abs().max().item(), "cached_refused": refused}

@@ -310,6 +310,10 @@ def render(bench_dir: Path = BENCH_DIR) -> Path:
         from bench.benchlib.compile import render_compile
 
         lines += render_compile(json.loads((bench_dir / "results" / "compile.json").read_text()))
+    if (bench_dir / "results" / "causal.json").exists():  # bench/bench_causal.py's
+        from bench.bench_causal import render_causal
+
+        lines += render_causal(json.loads((bench_dir / "results" / "causal.json").read_text()))
     path = bench_dir / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path

@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from e2v.models.wan_rope import apply_rope
+
 ATTENTION_PATHS = ("auto", "flex", "blocks")
 FLEX_TILE = 128  # FlexAttention's default tile (BLOCK_SIZE) in tokens, both sides
 
@@ -214,10 +216,10 @@ def enable_causal(transformer, frames_per_block: int, independent_first_frame: b
     if not getattr(transformer.rope, "causal_hooked", False):  # once: a second hook would shift twice
         transformer.rope.register_forward_hook(_rope_hook)
         transformer.rope.causal_hooked = True
-    from e2v.models.context_parallel import ContextParallelSelfAttention
-
     for i, block in enumerate(transformer.blocks):
-        if isinstance(block.attn1.processor, ContextParallelSelfAttention):  # made context-parallel first
+        # made context-parallel first: its processor takes the rule (e2v.models.context_parallel; asked by
+        # name, as that module imports this one)
+        if hasattr(block.attn1.processor, "make_causal"):
             block.attn1.processor.make_causal(BlockCausalAttention(state, i))
         else:
             block.attn1.set_processor(BlockCausalAttention(state, i))
@@ -311,14 +313,12 @@ class BlockCausalAttention:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-        from e2v.models.context_parallel import _rope
-
         if encoder_hidden_states is not None or attention_mask is not None:
             raise RuntimeError("BlockCausalAttention is attn1's processor (self-attention, no mask)")
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         query, key = attn.norm_q(query), attn.norm_k(key)
         q_BLHD, k_BLHD, v_BLHD = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        q_BLHD, k_BLHD = _rope(q_BLHD, *rotary_emb), _rope(k_BLHD, *rotary_emb)
+        q_BLHD, k_BLHD = apply_rope(q_BLHD, *rotary_emb), apply_rope(k_BLHD, *rotary_emb)
         cache = self.state.cache
         if cache is None:
             out_BLHD = self.attend(q_BLHD, k_BLHD, v_BLHD)

@@ -46,6 +46,7 @@ import torch
 
 from e2v.config.schema import ConfigError
 from e2v.models.causal import RING_REFUSAL, BlockCausalAttention, block_causal_attention
+from e2v.models.wan_rope import apply_rope
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class ContextParallelSelfAttention:
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         query, key = attn.norm_q(query), attn.norm_k(key)
         q_BSHD, k_BSHD, v_BSHD = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        q_BSHD, k_BSHD = _rope(q_BSHD, *rotary_emb), _rope(k_BSHD, *rotary_emb)
+        q_BSHD, k_BSHD = apply_rope(q_BSHD, *rotary_emb), apply_rope(k_BSHD, *rotary_emb)
         if self.exchange is None:
             out_BSHD = self.attend(q_BSHD, k_BSHD, v_BSHD)
         else:
@@ -269,17 +270,6 @@ class ContextParallelSelfAttention:
         forward_op, backward_op = _ring_ops(q_BSHD)
         return TemplatedRingAttention.apply(q_BSHD, k_BSHD, v_BSHD, None, 0.0, False, None, False, False,
                                             forward_op, backward_op, self.ring_config)
-
-
-def _rope(x_BSHD, freqs_cos, freqs_sin):
-    """Wan's rotary embedding on interleaved pairs, as WanAttnProcessor applies it (a local
-    function there, so restated here)."""
-    x1, x2 = x_BSHD.unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
-    out = torch.empty_like(x_BSHD)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x_BSHD)
 
 
 # --- the local attention of a ring step ----------------------------------------------------------
