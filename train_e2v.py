@@ -407,7 +407,10 @@ def main(argv: list[str] | None = None):
         out = export.export_lora(parts.transformer, run_dir / "lora", full_names, rank=rank,
                                  comfyui_checkpoint=cfg.train.export_comfyui_checkpoint)
         if cfg.task == "causal":  # beside it, the file CausVid's own inference loads
-            export.export_causvid(parts.transformer, run_dir / "lora", full_names, rank=rank)
+            from e2v.models.load import base_state
+
+            unrounded = (lambda: base_state(cfg)) if cfg.model.base_dtype == "fp8" else None  # fp8: the plain base
+            export.export_causvid(parts.transformer, run_dir / "lora", full_names, rank=rank, base=unrounded)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
         compiled = speed.compile_summary(parts.transformer)
         if rank == 0:  # the export's outputs are rank 0's

@@ -155,6 +155,21 @@ def load_parts(cfg: Config, with_encoders: bool = True, device="cpu", ds_config:
     return parts
 
 
+def base_state(cfg: Config) -> dict:
+    """The base a run trains on, as a state dict, unrounded: the transformer `cfg` loads
+    (model.pretrained or the tiny preset, expanded as in training), model.generator_ckpt read into
+    it, in the dtype training holds it (bf16 under train.mixed_precision: bf16, diffusers' fp32
+    modules kept), before any fp8 storage (the engine's). A LoRA fuses into this base for the
+    files that hold the whole transformer (e2v_causvid.pt). Costs the base's size in host memory."""
+    from e2v.models.causvid_ckpt import load_causvid_checkpoint
+
+    transformer = load_parts(cfg, with_encoders=False).transformer
+    if cfg.model.generator_ckpt:  # read into the base before training (engine.prepare_for_training)
+        load_causvid_checkpoint(transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
+    to_inference_dtype(transformer, "cpu", _transformer_dtype(cfg))
+    return dict(transformer.state_dict())
+
+
 def expanded(transformer: WanTransformer3DModel, cfg: Config, image_width: int) -> WanTransformer3DModel:
     """The transformer widened as the config needs (e2v/models/expand.py), or itself."""
     if not needs_expansion(transformer.config, cfg):

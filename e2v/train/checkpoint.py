@@ -454,14 +454,9 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
 
 def run_base(path: Path) -> dict:
     """The frozen base a LoRA checkpoint trained on, which it does not hold (a lean save): the
-    transformer its run's config.yaml loads (model.pretrained or the tiny preset, expanded as in
-    training, model.generator_ckpt read into it), in the dtype training held it (bf16 under
-    train.mixed_precision: bf16, the modules diffusers keeps in fp32 kept), as a state dict.
-    Reading it costs the base model's size in host memory."""
+    base its run's config.yaml loads (e2v.models.load.base_state), as a state dict."""
     from e2v.config.load import load_config
-    from e2v.models.causvid_ckpt import load_causvid_checkpoint
-    from e2v.models.load import _transformer_dtype, load_parts
-    from e2v.models.precision import to_inference_dtype
+    from e2v.models.load import base_state
     from e2v.models.weights import require_weights
 
     config = Path(path).parent.parent / "config.yaml"
@@ -471,8 +466,4 @@ def run_base(path: Path) -> dict:
                                 "export from the run folder's checkpoints/step_N")
     cfg = load_config(config, check_paths=False)
     require_weights(cfg)  # a base that is not here: weights.py's one line, before any loader runs
-    transformer = load_parts(cfg, with_encoders=False).transformer
-    if cfg.model.generator_ckpt:  # the base the run trained on (engine.prepare_for_training)
-        load_causvid_checkpoint(transformer, cfg.model.generator_ckpt, cfg.model.generator_ckpt_dict)
-    to_inference_dtype(transformer, "cpu", _transformer_dtype(cfg))
-    return dict(transformer.state_dict())
+    return base_state(cfg)

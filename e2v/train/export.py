@@ -209,11 +209,15 @@ def export_lora(transformer: torch.nn.Module, out_dir: Path, full_names: list[st
     return out
 
 
-def export_causvid(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0) -> Path | None:
+def export_causvid(transformer: torch.nn.Module, out_dir: Path, full_names: list[str], rank: int = 0,
+                   base=None) -> Path | None:
     """task: causal: the trained transformer, whole (a LoRA run's LoRA and trained modules fused in),
     in export dtypes, as `<out_dir>/e2v_causvid.pt` in CausVid's generator layout (write_causvid).
-    Rank 0 holds the whole model while writing (~2.8 GB of bf16 for the 1.3B). Collective under
-    ZeRO: every rank calls it, rank 0 writes. Returns the file on rank 0, None elsewhere."""
+    `base`: a callable giving the unrounded base state (e2v.models.load.base_state), for a LoRA
+    trained on the fp8 base, whose live weights are fp8 buffers: the LoRA fuses into the base it
+    applies to, as the offline export does. Rank 0 holds the whole model while writing (~2.8 GB of
+    bf16 for the 1.3B). Collective under ZeRO: every rank calls it, rank 0 writes. Returns the file
+    on rank 0, None elsewhere."""
     keep, meta = rank == 0, export_meta(transformer)
     _one_transformer(meta)  # on every rank, before any collective
     if meta["training_type"] == "full":
@@ -221,7 +225,11 @@ def export_causvid(transformer: torch.nn.Module, out_dir: Path, full_names: list
     else:
         lora, _ = trained_state(transformer, [], keep=keep)
         _, values = trained_modules(transformer, full_names, keep=keep)
-        state = fused_state(transformer, lora, dict(values), meta, keep=keep)
+        extra = dict(values)
+        if base is None:
+            state = fused_state(transformer, lora, extra, meta, keep=keep)
+        else:  # no collective: the fp8 base is whole on every rank (ZeRO-3 is refused with it)
+            state = fuse_lora_state(base(), lora, extra, meta) if keep else {}
     return write_causvid(state, out_dir, meta) if keep else None
 
 
