@@ -8,8 +8,11 @@ beside them (`causal_metadata.csv`, columns video,prompt): "a red shape moves ac
 name is the hue's nearest of six (red, yellow, green, cyan, blue, magenta, 60 degrees apart; the
 tiny tokenizer knows them); the demo draws every hue, so the subjects of one name spread +-30 degrees.
 
-score: for each colour name and noise seed, the trained run samples "a <name> shape moves across the
-scene" block by block in its few steps (e2v.eval.sampling.generate: CausVid's rollout, no guidance),
+score: for each noise seed, the trained run samples "a <name> shape moves across the scene" for each
+colour name, `--per-colour` times (4: 24 videos a seed, so a seed's figure moves in steps of 1/24, not
+1/6), block by block in its few steps (e2v.eval.sampling.generate: CausVid's rollout, with the run's
+validation.guidance_scale: classifier-free guidance against the empty prompt, which caption dropout
+trains; 1 is none, CausVid's own setting),
 the subject's colour is read off the video (e2v.eval.fidelity.subject_colour: the blocks departing most
 from each place's median over the frames), and it is a hit when that colour is nearer the mean colour
 of the training subjects of the prompted name than of any other name. Chance is 1/6. The same rule on
@@ -118,9 +121,11 @@ def name_tints(clips: list[np.ndarray], owners: list[int]) -> list[np.ndarray]:
             for k in range(len(COLOURS))]
 
 
-def sampled(model, parts, cfg, seed: int) -> list[np.ndarray]:
-    """One video per colour name from noise seed `seed`, uint8 [F,H,W,3]."""
-    latents = generate(model, parts, cfg, [TEMPLATE.format(n) for n in COLOURS], seed=seed, guidance_scale=1.0)
+def sampled(model, parts, cfg, seed: int, per_colour: int) -> list[np.ndarray]:
+    """`per_colour` videos of each colour name (COLOURS in turn, repeated) from noise seed `seed`:
+    one batch, each video its own noise from the seed's generator; uint8 [F,H,W,3]."""
+    latents = generate(model, parts, cfg, [TEMPLATE.format(n) for n in COLOURS] * per_colour, seed=seed,
+                       guidance_scale=cfg.validation.guidance_scale)
     return list(decode(latents, parts.vae))
 
 
@@ -137,7 +142,8 @@ def round_trips(parts, cfg, limit: int = 64) -> tuple[list[np.ndarray], list[int
     return videos, owners
 
 
-def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list[str] = ()) -> dict:
+def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list[str] = (),
+          per_colour: int = 4) -> dict:
     cfg = load_config(str(run / "config.yaml"), overrides=list(overrides), check_paths=False)
     cfg.cache.enabled = False
     data = Path(cfg.data.datasets[0].data_root)
@@ -146,18 +152,20 @@ def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list
     untrained = parts.transformer.float().eval()
     trained = load_trained(load_parts(cfg, device="cpu", with_encoders=False).transformer,
                            lora or run / "lora").float().eval()
-    owners = list(range(len(COLOURS)))
+    owners = list(range(len(COLOURS))) * per_colour
     clips, clip_owners = round_trips(parts, cfg)
     tints = name_tints(clips, clip_owners)
     rows = {}
     for seed in seeds:
-        videos, floor = sampled(trained, parts, cfg, seed), sampled(untrained, parts, cfg, seed)
+        videos, floor = sampled(trained, parts, cfg, seed, per_colour), sampled(untrained, parts, cfg, seed, per_colour)
         blocks = block_hits(videos, owners, candidates, cfg)
         rows[seed] = (hits(videos, owners, candidates), hits(floor, owners, candidates), blocks[:, 0].mean(),
                       blocks[:, -1].mean(), blocks.all(axis=1).mean(), tint_hits(videos, owners, tints),
                       tint_hits(floor, owners, tints))
     ceiling = hits(clips, clip_owners, candidates)
     clip_blocks = block_hits(clips, clip_owners, candidates, cfg)
+    print(f"guidance {cfg.validation.guidance_scale:g}, listed timesteps {cfg.flow.denoising_step_list}, "
+          f"{per_colour} video(s) of each of the {len(COLOURS)} names per seed")
     print("      the subject in the prompted colour (chance 1/6 = 0.17)       the mean colour nearest the name's clips'")
     print("seed  trained  untrained  first block  last block  kept          trained  untrained")
     for seed, r in rows.items():
@@ -179,13 +187,14 @@ def main(argv=None):
     sc = sub.add_parser("score", help="the subject-colour hit rate of a trained causal run's samples")
     sc.add_argument("--run", type=Path, required=True)
     sc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    sc.add_argument("--per-colour", type=int, default=4, help="videos of each colour name per seed (default 4)")
     sc.add_argument("--lora", type=Path, help="the weights to score (default: the run's lora/ folder)")
     sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for sampling")
     args = p.parse_args(argv)
     if args.command == "prepare":
         prepare(args.data)
     else:
-        score(args.run, args.seeds, args.lora, args.set)
+        score(args.run, args.seeds, args.lora, args.set, args.per_colour)
 
 
 if __name__ == "__main__":
