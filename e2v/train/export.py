@@ -6,7 +6,7 @@ file too, the LoRA fused in, with train.export_comfyui_checkpoint). Wan2.2's exp
 same files in one folder per expert. Under ZeRO every rank
 takes part in the gathers and rank 0 alone keeps and writes the copies.
 
-Length (about 490 lines): every export format's writer, so the formats share one fuse / name /
+Length (about 500 lines): every export format's writer, so the formats share one fuse / name /
 dtype rule; the ComfyUI names are in e2v/train/comfy.py, CausVid's in e2v/models/causvid_ckpt.py.
 """
 

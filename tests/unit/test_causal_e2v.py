@@ -13,6 +13,7 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 from helpers import ROOT, train_main
+from helpers_causal import SHIFT, STEPS, rollout_step
 
 from e2v.conditioning.encode import Conditions
 from e2v.eval.sampling import CausalRollout, denoise
@@ -26,13 +27,10 @@ from e2v.models.causal import (
     reference_block,
 )
 from e2v.models.tiny import seeded, tiny_transformer_config
-from e2v.runtime.device import randn
 from e2v.train.step import predict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SHIFT = 8.0
-STEPS = (1000.0, 757.0, 522.0)  # CausVid's released list without its trailing 0
 # (frames per block, first frame alone, video latent frames, reference frames)
 LAYOUTS = [(2, True, 5, 3), (3, False, 6, 1), (1, False, 3, 2)]
 
@@ -138,14 +136,6 @@ def test_the_loss_is_the_videos_noisy_frames_alone():
     torch.testing.assert_close(loss, ((x0[:, :, :3] - s * v[:, :, 2:5] - x0[:, :, :3]) ** 2).mean())
 
 
-def grid_sigma(t: float) -> float:
-    """CausVid's scheduler: 1000 training steps from sigma 1 towards 0, shifted; a timestep's sigma
-    is the one of the nearest grid timestep (1000 x sigma)."""
-    s = torch.linspace(1.0, 0.0, 1001)[:-1]
-    sigmas = SHIFT * s / (1 + (SHIFT - 1) * s)
-    return sigmas[(sigmas.double() * 1000 - t).abs().argmin()].item()
-
-
 def full_forward_rollout(model, text, refs, noise, spans, generator):
     """The rule without a cache: each prediction is one masked full forward over [references at
     t = 0, the finished blocks at t = 0, block b at t], the model told the references' count."""
@@ -161,10 +151,7 @@ def full_forward_rollout(model, text, refs, noise, spans, generator):
             with torch.no_grad():
                 v = model(x_in, timestep=t_BT.repeat_interleave(n, 1), encoder_hidden_states=text,
                           return_dict=False)[0][:, :, r + a:r + z]
-            x0 = (x.double() - grid_sigma(t) * v.double()).float()
-            if i + 1 < len(STEPS):
-                s = grid_sigma(STEPS[i + 1])
-                x = (1 - s) * x0 + s * randn(x0.shape, generator, x0.device)
+            x0, x = rollout_step(x, v, i, generator)
         done.append(x0)
     return torch.cat(done, 2)
 

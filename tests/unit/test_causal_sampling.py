@@ -10,23 +10,13 @@ an earlier block."""
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
+from helpers_causal import SHIFT, STEPS, grid_sigma, rollout_step
 
 from e2v.conditioning.encode import Conditions
 from e2v.eval.sampling import CausalRollout, causal_rollout, denoise
 from e2v.models.causal import enable_causal
 from e2v.models.tiny import seeded, tiny_transformer_config
 from e2v.runtime.device import randn
-
-SHIFT = 8.0
-STEPS = (1000.0, 757.0, 522.0)  # CausVid's released list without its trailing 0
-
-
-def grid_sigma(t: float, shift: float = SHIFT) -> float:
-    """CausVid's scheduler: 1000 training steps from sigma 1 towards 0, shifted; a timestep's sigma
-    is the one of the nearest grid timestep (1000 x sigma)."""
-    s = torch.linspace(1.0, 0.0, 1001)[:-1]
-    sigmas = shift * s / (1 + (shift - 1) * s)
-    return sigmas[(sigmas.double() * 1000 - t).abs().argmin()].item()
 
 
 def blocks_of(frames: int, k: int, first_alone: bool) -> list[tuple[int, int]]:
@@ -56,10 +46,7 @@ def full_forward_rollout(model, text, negative, cond, clip, noise, k, first_alon
             if guidance > 1:
                 v_u = v_of(negative)
                 v = v_u + guidance * (v - v_u)
-            x0 = (x.double() - grid_sigma(t) * v.double()).float()
-            if i + 1 < len(STEPS):
-                s = grid_sigma(STEPS[i + 1])
-                x = (1 - s) * x0 + s * randn(x0.shape, generator, x0.device)
+            x0, x = rollout_step(x, v, i, generator)
         done.append(x0)
     return torch.cat(done, 2)
 
