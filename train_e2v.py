@@ -39,7 +39,7 @@ def import_stages() -> None:
     global resuming, check_comfy_mappable, lora_module_names, adam_choice, optimizer_preflight
     global resolve_deepspeed_config, initialize_engine, prepare_for_training, seed_process, step_rngs
     global training_dtype, NonFiniteGuard, fit_verdict, Log, unusable, FlopCounter, device_peak_tflops
-    global CacheError, CacheStore, reads_cache
+    global CacheError, CacheStore, reads_cache, WeightEMA
     if "Log" in globals():
         return
     import torch
@@ -63,6 +63,7 @@ def import_stages() -> None:
     from e2v.runtime.threads import set_rank_threads
     from e2v.train import checkpoint as ckpt, export, loop, outputs, resume as resuming
     from e2v.train.comfy import check_comfy_mappable, lora_module_names
+    from e2v.train.ema import WeightEMA
     from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
     from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
     from e2v.train.flops import FlopCounter, device_peak_tflops
@@ -292,14 +293,17 @@ def announce(cfg, run_dir: Path, ds_config: dict, parts, full_names: list[str], 
               f"(e.g. {bf16_trained[0]}); DeepSpeed's bf16 mode trains them in bf16 (fp32 master copies)")
 
 
-def resume(args, run_dir: Path, engine, rng, gen, rank: int) -> tuple[int, int, Path | None]:
-    """(global step, samples seen, checkpoint) of `--resume` (pick_checkpoint chose it); (0, 0,
-    None) for a fresh run."""
+def resume(args, run_dir: Path, engine, rng, gen, rank: int, ema=None) -> tuple[int, int, Path | None]:
+    """(global step, samples seen, checkpoint) of `--resume` (pick_checkpoint chose it), the EMA
+    (train.ema_weight) read back with it; (0, 0, None) for a fresh run."""
     resume_from = args.resume_from
     if resume_from is None:
         return 0, 0, None
     state = ckpt.load_checkpoint(engine, resume_from)
     ckpt.set_rng_state(state["rng"], rng, gen)
+    if ema is not None and not ema.load(resume_from / ckpt.EMA_FILE) and state["global_step"] >= ema.start_step:
+        logger.info(f"note: {resume_from} holds no EMA weights: the average starts again at step "
+                    f"{state['global_step'] + 1} (train.ema_weight)")
     logger.info(f"run {run_dir}: resumed from {resume_from} at step {state['global_step']}")
     return state["global_step"], state["samples_seen"], resume_from
 
@@ -334,7 +338,8 @@ def main(argv: list[str] | None = None):
         announce(cfg, run_dir, ds_config, parts, full_names, samples, device.type == "cuda")
     engine, scheduler = initialize_engine(parts, cfg, ds_config, lay)
     dtype = training_dtype(cfg)
-    global_step, samples_seen, resumed = resume(args, run_dir, engine, rng, gen, rank)
+    ema = WeightEMA.of(cfg, engine.module)  # train.ema_weight: the averaged weights validation samples with
+    global_step, samples_seen, resumed = resume(args, run_dir, engine, rng, gen, rank, ema)
 
     # Handlers first: DataLoader workers fork at iter() and inherit them, so a process-group
     # SIGTERM (SLURM, Ctrl-C) only sets their unused flag instead of killing them mid-batch.
@@ -342,7 +347,8 @@ def main(argv: list[str] | None = None):
     data_iter = iter(make_loader(cfg, samples, rank=lay.dp_rank, world=lay.dp_size, start_sample=samples_seen))
     log = Log(run_dir, rank, first_step=global_step + 1 if resumed else 0, cfg=cfg)  # TensorBoard and/or W&B
     vis = Visualizer(cfg, run_dir, parts.vae, rank=rank, tb=log.boards, device=device)
-    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.boards)
+    validator = Validator(cfg, val_samples, parts, run_dir, rank=rank, device=device, dtype=dtype, tb=log.boards,
+                          ema=ema)
     if resumed is None:  # step 0: the untrained baseline (a resumed step was validated before its save)
         log.scalars(global_step, validator.maybe_run(engine, global_step))
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, rank)
@@ -352,7 +358,7 @@ def main(argv: list[str] | None = None):
             engine, run_dir / "checkpoints", step,
             {"global_step": step, "samples_seen": samples_seen if seen is None else seen,
              "rng": rng_state or ckpt.rng_state(rng, gen)},
-            keep_last=cfg.train.keep_last, rank=rank)
+            keep_last=cfg.train.keep_last, rank=rank, ema=ema)
 
     bar = tqdm(total=cfg.train.max_steps, initial=global_step, disable=rank != 0, desc="train", dynamic_ncols=True,
                mininterval=1 if sys.stderr.isatty() else 30)  # logs and CI get a line every 30 s
@@ -369,6 +375,8 @@ def main(argv: list[str] | None = None):
             stepped = loop.train_step(engine, data_iter, parts, cfg, step=global_step + 1, device=device, dtype=dtype,
                                       rng=rng, gen=gen, guard=guard, vis=vis)
             global_step, samples_seen = global_step + 1, samples_seen + stepped.samples
+            if ema is not None:
+                ema.update(global_step)
             steplog.record(global_step, stepped, engine, scheduler, time.perf_counter() - t_step)
             log.scalars(global_step, validator.maybe_run(engine, global_step))
             every_min = cfg.train.checkpoint_every_minutes
@@ -411,6 +419,8 @@ def main(argv: list[str] | None = None):
 
             unrounded = (lambda: base_state(cfg)) if cfg.model.base_dtype == "fp8" else None  # fp8: the plain base
             export.export_causvid(parts.transformer, run_dir / "lora", full_names, rank=rank, base=unrounded)
+        if ema is not None and ema.shadow and rank == 0:  # the average: the same files, from its weights
+            ckpt.export_state(ema.shadow, export.export_meta(parts.transformer), run_dir / "lora_ema", run_dir)
         skipped_total = distributed.distinct_over_ranks(steplog.skipped_ids)  # every rank's skips, not rank 0's
         compiled = speed.compile_summary(parts.transformer)
         if rank == 0:  # the export's outputs are rank 0's

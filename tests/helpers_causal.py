@@ -21,12 +21,16 @@ def grid_sigma(t: float, shift: float = SHIFT) -> float:
     return sigmas[(sigmas.double() * 1000 - t).abs().argmin()].item()
 
 
-def rollout_step(x: torch.Tensor, v: torch.Tensor, i: int, generator: torch.Generator):
+def rollout_step(x: torch.Tensor, v: torch.Tensor, i: int, generator: torch.Generator, renoise: str = "fresh"):
     """Step i of the list on a block: (the x0 estimate x - sigma v in float64, the next step's input:
     that estimate at the next listed sigma with fresh noise from `generator`; the estimate itself
-    after the last step)."""
-    x0 = (x.double() - grid_sigma(STEPS[i]) * v.double()).float()
+    after the last step). `renoise="predicted"` (e2v's causal.renoise, not CausVid's): the noise is
+    the flow's own estimate eps = x + (1 - sigma) v (x = (1 - sigma) x0 + sigma eps, v = eps - x0):
+    DDIM with eta 0."""
+    sigma = grid_sigma(STEPS[i])
+    x0 = (x.double() - sigma * v.double()).float()
     if i + 1 == len(STEPS):
         return x0, x0
     s = grid_sigma(STEPS[i + 1])
-    return x0, (1 - s) * x0 + s * randn(x0.shape, generator, x0.device)
+    eps = randn(x0.shape, generator, x0.device) if renoise == "fresh" else x + (1 - sigma) * v
+    return x0, (1 - s) * x0 + s * eps

@@ -12,7 +12,8 @@ under original Wan names) and e2v_model.json. Full fine-tunes: transformer/ (bf1
 the modules diffusers keeps in fp32; save_pretrained). A causal run (task: causal) also gets
 e2v_causvid.pt, the whole transformer in CausVid's generator layout (a LoRA run's LoRA fused into
 the base its run folder's config.yaml loads). Works for any ZeRO stage (DeepSpeed's
-zero_to_fp32). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
+zero_to_fp32). `--ema`: the same files from the checkpoint's EMA weights (ema.safetensors, a run
+with train.ema_weight; what the run writes as lora_ema/). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
 and are read as data only (a file that would run code is refused).
 """
 
@@ -29,6 +30,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder (step_NNNNNN), or the run's checkpoints/latest file")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--ema", action="store_true",
+                   help="export the checkpoint's EMA weights (train.ema_weight) instead of its trained ones")
     args = p.parse_args()
     path = Path(args.checkpoint)
     if not path.exists():  # before torch's import: a wrong path answers at once
@@ -45,7 +48,7 @@ def main() -> None:
         if path is None:
             raise SystemExit(f"[export] {why}: name a checkpoint folder instead")
     try:
-        out = export_checkpoint(path, Path(args.out))
+        out = export_checkpoint(path, Path(args.out), ema=args.ema)
     except (UnsafeCheckpoint, FileNotFoundError) as e:
         raise SystemExit(f"[export] {e}")
     print(f"[export] {path} -> {out}: {', '.join(sorted(f.name for f in out.iterdir()))}")

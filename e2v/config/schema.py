@@ -360,6 +360,11 @@ class Train:
     # fine-tune always writes it): what ComfyUI needs when train.trainable holds scale_shift_table,
     # which its LoRA loader drops (docs/comfyui.md). Rank 0 holds the model in fp32 while fusing.
     export_comfyui_checkpoint: bool = False
+    # An exponential moving average of the trained weights (e2v/train/ema.py; Self-Forcing's keys):
+    # after each optimizer step from ema_start_step, ema = ema_weight * ema + (1 - ema_weight) * weights.
+    # Validation samples with it, checkpoints carry it and the run exports it as lora_ema/. 0: off.
+    ema_weight: float = bounded(0.0, min=0, lt=1, note="(0: no EMA; Self-Forcing uses 0.99)")
+    ema_start_step: int = bounded(0, min=0, note="(the first optimizer step averaged)")
 
 
 @dataclass
@@ -375,6 +380,12 @@ class Causal:
     # how the block mask is applied: flex (FlexAttention with a block mask), blocks (one exact attention
     # call per block: its queries against the keys of blocks 0..b), auto (flex where it runs, else blocks)
     attention: Literal["auto", "flex", "blocks"] = "auto"
+    # sampling: how the x0 estimate goes on to the next listed t. fresh: with new noise (CausVid's and
+    # Self-Forcing's inference, what their distilled models expect); predicted: with the noise the
+    # prediction implies, (x_t - (1 - sigma) x0) / sigma, i.e. a deterministic DDIM step (an Euler step
+    # of the flow ODE), which keeps what the earlier steps decided: sharper samples from a
+    # regression-stage model (docs/causal.md, "The demo")
+    renoise: Literal["fresh", "predicted"] = "fresh"
 
 
 @dataclass

@@ -271,7 +271,7 @@ def map_seed_flags(argv: list[str]) -> tuple[Optional[str], list[str], list[str]
 SEED_REGRESSION_KEYS = ("num_frames", "time_division_factor", "batch_size", "lr", "max_steps", "save_interval",
                         "denoising_step_list", "generator_task", "num_frame_per_block", "independent_first_frame",
                         "warp_denoising_step", "generator_ckpt", "max_grad_norm",
-                        "gradient_checkpointing")  # each -> key_home(key)
+                        "gradient_checkpointing", "ema_weight", "ema_start_step")  # each -> key_home(key)
 SEED_TASKS = {"causal_video": "causal", "bidirectional_video": "bidirectional"}  # generator_task -> task
 # CausVid's Wan wrapper trains on the 1000-point grid of a FlowMatchScheduler with shift 8 (Self-Forcing:
 # its timestep_shift, 8 by default): the grid a listed timestep's sigma is read from, and warped through.

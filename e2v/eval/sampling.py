@@ -20,7 +20,7 @@ A causal run (`task: causal`, e2v/models/causal.py) samples as CausVid does inst
 (`flow.denoising_step_list` without its trailing 0, warped as trained), each block from its own
 noise; at each listed t the model (the block's tokens, the earlier blocks' keys and values from
 the KV cache) predicts x0 = x_t - sigma v, which is re-noised to the next t with fresh noise (not
-an Euler step); the finished block then runs once at t = 0 to write its clean keys and values into
+an Euler step; `causal.renoise: predicted`: with the noise the prediction implies, a DDIM step); the finished block then runs once at t = 0 to write its clean keys and values into
 the cache. Guidance runs every pass with a cache of its own. With references in the clean_prefix
 layout (docs/causal.md, "Elements to video") their block 0 is written into each cache first, at
 t = 0, and every video block attends to it. The whole latent video is decoded at the end, by the
@@ -166,6 +166,7 @@ class CausalRollout:
     attention: str
     timesteps: tuple[float, ...]
     shift: float
+    renoise: str = "fresh"  # causal.renoise: fresh noise between steps, or the predicted noise (DDIM, eta 0)
 
 
 def causal_rollout(cfg) -> CausalRollout | None:
@@ -182,7 +183,8 @@ def causal_rollout(cfg) -> CausalRollout | None:
                          "few-step list, decreasing timesteps above 0 with an optional trailing 0 "
                          "(CausVid's: [1000, 757, 522, 0])")
     c = cfg.causal
-    return CausalRollout(c.frames_per_block, c.independent_first_frame, c.attention, tuple(steps), cfg.flow.shift)
+    return CausalRollout(c.frames_per_block, c.independent_first_frame, c.attention, tuple(steps), cfg.flow.shift,
+                         c.renoise)
 
 
 def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRollout, *, guidance_scale: float,
@@ -221,9 +223,11 @@ def causal_denoise(model, passes: dict, noise_BCTHW: torch.Tensor, r: CausalRoll
                 if on_step is not None:
                     on_step(i, t, v_BCThw)
                 x0_BCThw = frame_x0(x_BCThw, v_BCThw, torch.full((b, z - a), sigma, device=device))
-                if i + 1 < len(sigmas):  # fresh noise to the next listed t (CausVid's add_noise), not an Euler step
+                if i + 1 < len(sigmas):  # to the next listed t: CausVid's add_noise, or (predicted) DDIM's
                     sigma_BT = torch.full((b, z - a), sigmas[i + 1], device=device)
-                    x_BCThw = frame_noise(x0_BCThw, randn(x0_BCThw.shape, generator, device), sigma_BT)
+                    noise = (randn(x0_BCThw.shape, generator, device) if r.renoise == "fresh"
+                             else (x_BCThw - (1 - sigma) * x0_BCThw) / sigma)  # sigma > 0: no trailing 0 here
+                    x_BCThw = frame_noise(x0_BCThw, noise, sigma_BT)
             for name in passes:  # the finished block at t = 0: its clean keys and values into each cache
                 run(name, x0_BCThw, 0.0, a, z, write=True)
             out.append(x0_BCThw)

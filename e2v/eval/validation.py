@@ -168,10 +168,11 @@ def tiled(vae):
 
 class Validator:
     """Holds the encoded held-out samples; `maybe_run` validates at step 0, every n steps and at
-    the last step. Every rank runs the same work (ZeRO-3 forwards are collectives); rank 0 writes."""
+    the last step. Every rank runs the same work (ZeRO-3 forwards are collectives); rank 0 writes.
+    `ema` (e2v/train/ema.py): validation runs with its averaged weights once it has started."""
 
-    def __init__(self, cfg, samples: list, parts, run_dir: Path, *, rank: int, device, dtype, tb=None):
-        self.cfg, self.samples, self.parts = cfg, samples, parts
+    def __init__(self, cfg, samples: list, parts, run_dir: Path, *, rank: int, device, dtype, tb=None, ema=None):
+        self.cfg, self.samples, self.parts, self.ema = cfg, samples, parts, ema
         self.rank, self.device, self.dtype, self.tb = rank, device, dtype, tb
         self.out = Path(run_dir) / "samples"
         self.conds: list[Conditions] | None = None
@@ -192,8 +193,8 @@ class Validator:
             return {}
         was_training = model.training
         model.eval()
-        try:
-            with self.frozen_parts() as parts:
+        try:  # with the EMA weights once the average has started (train.ema_weight: what lora_ema/ exports)
+            with self.frozen_parts() as parts, self.ema.applied() if self.ema else contextlib.nullcontext():
                 scalars = self.losses(model, parts) if self.samples else {}
                 written, video_scalars = self.videos(model, step, parts)
                 scalars.update(video_scalars)

@@ -48,6 +48,7 @@ from e2v.runtime.integrity import (
     weights_only_zero_to_fp32,
 )
 from e2v.runtime.log import get_logger
+from e2v.train.ema import EMA_FILE
 from e2v.train.export import (
     BASE_FILE,
     FULL_DIR,
@@ -143,8 +144,9 @@ def check_optimizer_class(engine, path: Path) -> None:
 
 
 def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep_last: int = 3,
-                    rank: int = 0) -> Path:
-    """Collective: every rank calls it. `client_state["rng"]` (this rank's RNG) is stored per rank."""
+                    rank: int = 0, ema=None) -> Path:
+    """Collective: every rank calls it. `client_state["rng"]` (this rank's RNG) is stored per rank;
+    `ema` (e2v/train/ema.py, the same on every rank) is written by rank 0 as EMA_FILE."""
     ckpt_root = Path(ckpt_root)
     tag = _tag(step)
     partial, final = ckpt_root / f"{tag}{PARTIAL}", ckpt_root / tag
@@ -168,6 +170,9 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, client_state: dict, keep
                            (EXPORT_META, export_meta(engine.module))):
             text = json.dumps(data, indent=2, default=sorted).encode()
             mine[str(partial / name)] = record_write(partial / name, lambda f: f.write(text))
+        payload = ema.payload() if ema is not None else None
+        if payload is not None:
+            mine[str(partial / EMA_FILE)] = record_write(partial / EMA_FILE, lambda f: f.write(payload))
         if _link_or_copy(ckpt_root.parent / BASE_FILE, partial / BASE_FILE):  # a checkpoint exports alone
             mine[str(partial / BASE_FILE)] = _base_record(partial / BASE_FILE)
         for name in RECOVERY_SCRIPTS:  # DeepSpeed's rank 0 copies them in without its engine
@@ -431,11 +436,23 @@ def state_from_checkpoint(path: Path) -> tuple[dict, dict]:
     return {k: v.float() for k, v in state.items()}, meta
 
 
-def export_checkpoint(path: Path, out_dir: Path) -> Path:
+def export_checkpoint(path: Path, out_dir: Path, ema: bool = False) -> Path:
     """The same files export_lora (and, task: causal, export_causvid) write at the end of a run,
-    from a checkpoint folder."""
+    from a checkpoint folder; `ema`: from the checkpoint's EMA weights (e2v/train/ema.py) instead
+    of its trained ones (what the run exports as lora_ema/)."""
     state, meta = state_from_checkpoint(path)
-    all_base = read_base(Path(path) / BASE_FILE, Path(path).parent.parent / BASE_FILE)
+    if ema:
+        state = {**state, **ema_state(path)}
+    return export_state(state, meta, out_dir, Path(path).parent.parent, Path(path) / BASE_FILE)
+
+
+def export_state(state: dict, meta: dict, out_dir: Path, run_dir: Path, *base_files: Path) -> Path:
+    """The export files of the trained parameters `state` (fp32, module names) of a model described by
+    `meta` (export.export_meta): a checkpoint's (export_checkpoint) or, at the end of a run, its EMA
+    (train_e2v.py writes lora_ema/ with it, on rank 0 alone: no collective). The run folder `run_dir`
+    gives the base modules' copies (and base_files before them) and, for a causal LoRA's CausVid file,
+    the base its config.yaml loads."""
+    all_base = read_base(*base_files, Path(run_dir) / BASE_FILE)
     out = Path(out_dir)
     for expert in meta.get("experts") or [""]:  # Wan2.2's experts: one folder each, plain names
         folder, st = out / expert if expert else out, split_state(state, expert)
@@ -447,19 +464,30 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
         extra = {n.replace(".base_layer", ""): st[n] for n in split_names(meta["full_names"], expert)}
         write_lora_exports(folder, lora, extra, meta, base=split_state(all_base, expert))
     if meta.get("task") == "causal":  # beside them, CausVid's file (one transformer: the loop ran once)
-        whole = state if meta["training_type"] == "full" else fuse_lora_state(run_base(path), lora, extra, meta)
+        whole = state if meta["training_type"] == "full" else fuse_lora_state(run_base(run_dir), lora, extra, meta)
         write_causvid(whole, Path(out_dir), meta)
     return out
 
 
-def run_base(path: Path) -> dict:
-    """The frozen base a LoRA checkpoint trained on, which it does not hold (a lean save): the
-    base its run's config.yaml loads (e2v.models.load.base_state), as a state dict."""
+def ema_state(path: Path) -> dict:
+    """A checkpoint's EMA weights (fp32, module names), an error naming the file when it has none."""
+    from safetensors.torch import load_file
+
+    file = Path(path) / EMA_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: the checkpoint holds no EMA weights (its run had train.ema_weight "
+                                "0, or saved before train.ema_start_step); export without --ema")
+    return {n: t.float() for n, t in load_file(str(file)).items()}
+
+
+def run_base(run_dir: Path) -> dict:
+    """The frozen base a LoRA run trained on, which its checkpoints do not hold (a lean save): the
+    base the run folder's config.yaml loads (e2v.models.load.base_state), as a state dict."""
     from e2v.config.load import load_config
     from e2v.models.load import base_state
     from e2v.models.weights import require_weights
 
-    config = Path(path).parent.parent / "config.yaml"
+    config = Path(run_dir) / "config.yaml"
     if not config.is_file():
         raise FileNotFoundError(f"{config} is missing: a LoRA checkpoint of task: causal exports e2v_causvid.pt "
                                 "(the LoRA fused into its base) from its run's config.yaml beside checkpoints/; "

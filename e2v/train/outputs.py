@@ -14,6 +14,8 @@ def output_lines(run_dir: Path, exported: Path, what: str, cfg) -> list[str]:
     vis = vis if vis.is_absolute() else run_dir / vis  # relative to the run folder (schema)
     rows = [
         (Path(exported), f"{what}: {exported} (diffusers load_lora_weights / ComfyUI: docs/outputs.md)"),
+        (run_dir / "lora_ema", f"EMA weights: {run_dir / 'lora_ema'} (the same files from the averaged weights, "
+                               "train.ema_weight; docs/outputs.md)"),
         (run_dir / "samples", f"samples: {run_dir / 'samples'} (videos and sheets generated at validation)"),
         (vis, f"visualizations: {vis} (contact sheets: references | target | prediction per sigma)"),
         (run_dir / "tb", f"TensorBoard: tensorboard --logdir {run_dir / 'tb'}"),

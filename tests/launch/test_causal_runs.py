@@ -8,12 +8,14 @@ process does. The rule itself is checked in-process against CausVid's (tests/uni
 and under Ulysses against the unsplit model (tests/unit/test_context_parallel.py)."""
 
 import pytest
+import torch
 from helpers import ROOT, read_scalars
 from helpers_launch import launch_python, launch_train, run_train, wait_all
 from helpers_t2v import make_csv_videos
 
 CONFIG = str(ROOT / "configs/causal_regression.yaml")
 FRAMES, SIZE, STEPS = 21, 32, 4  # 21 frames: 6 latent frames, two blocks of the seed's 3
+EMA = ("train.ema_weight=0.5", "train.ema_start_step=2", "train.checkpoint_every=1")  # Self-Forcing's EMA, from step 2
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +35,10 @@ def tiny(data, out, run_id: str, *sets: str) -> tuple:
 
 @pytest.fixture(scope="module")
 def full_zero2(clips, tmp_path_factory):
-    """The seed's regression as it is (the whole transformer), ZeRO-2, 2 processes, a save every 2 steps."""
+    """The seed's regression as it is (the whole transformer), ZeRO-2, 2 processes, a save every step,
+    an EMA of the weights from step 2."""
     out = tmp_path_factory.mktemp("causal_runs")
-    proc = run_train(CONFIG, *tiny(clips, out, "full", f"train.max_steps={STEPS}", "train.checkpoint_every=2"),
-                     num_gpus=2)
+    proc = run_train(CONFIG, *tiny(clips, out, "full", f"train.max_steps={STEPS}", *EMA), num_gpus=2)
     return out / "full", proc
 
 
@@ -55,7 +57,6 @@ def test_the_seed_yaml_trains_the_causal_task_through_the_launcher(full_zero2):
         assert buckets and buckets <= {f"train/loss_at_time_{k}" for k in (0, 250, 500, 750, 1000)}, buckets
     assert (run / "lora/transformer/config.json").is_file()  # the whole transformer, exported
     # and CausVid's generator file beside it: the same weights under CausVid's names
-    import torch
     from diffusers import WanTransformer3DModel
 
     from e2v.models.causvid_ckpt import load_causvid_checkpoint
@@ -71,13 +72,47 @@ def test_the_seed_yaml_trains_the_causal_task_through_the_launcher(full_zero2):
 def test_a_resume_continues_with_the_uninterrupted_losses(full_zero2, clips):
     run, _ = full_zero2
     out = run.parent
-    resumed = run_train(CONFIG, *tiny(clips, out, "resumed", f"train.max_steps={STEPS}", "train.checkpoint_every=2"),
+    resumed = run_train(CONFIG, *tiny(clips, out, "resumed", f"train.max_steps={STEPS}", *EMA),
                         num_gpus=2, extra=("--resume", str(run / "checkpoints/step_000002")))
     assert "resumed from" in resumed.stdout + resumed.stderr
     whole, again = read_scalars(run), read_scalars(out / "resumed")
     assert sorted(again) == [3, 4]
     for step in (3, 4):
         assert again[step]["train/loss"] == pytest.approx(whole[step]["train/loss"], rel=1e-6, abs=0), step
+    # the EMA went on from the checkpoint's: the resumed run's equals the uninterrupted one's
+    from safetensors.torch import load_file
+
+    ema, ema_again = (load_file(r / "checkpoints/step_000004/ema.safetensors") for r in (run, out / "resumed"))
+    assert sorted(ema) == sorted(ema_again)
+    for name, value in ema.items():
+        torch.testing.assert_close(ema_again[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_the_ema_is_the_average_of_the_steps_weights_and_exports_as_lora_ema(full_zero2):
+    """Oracle: the checkpoints' trained weights after steps 2, 3 and 4 (DeepSpeed's zero_to_fp32);
+    with weight 0.5 from step 2 the average is 0.25 W2 + 0.25 W3 + 0.5 W4. lora_ema/ holds it in the
+    export's dtypes, and its CausVid file the same weights."""
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file
+
+    from e2v.models.causvid_ckpt import load_causvid_checkpoint
+    from e2v.models.tiny import tiny_transformer_config
+    from e2v.train.checkpoint import state_from_checkpoint
+
+    run, proc = full_zero2
+    w2, w3, w4 = (state_from_checkpoint(run / f"checkpoints/step_00000{k}")[0] for k in (2, 3, 4))
+    ema = load_file(run / "checkpoints/step_000004/ema.safetensors")
+    assert sorted(ema) == sorted(w4)
+    for name in w4:
+        torch.testing.assert_close(ema[name], 0.25 * w2[name] + 0.25 * w3[name] + 0.5 * w4[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(ema[n], w4[n]) for n in w4)  # not the last weights
+    exported = WanTransformer3DModel.from_pretrained(run / "lora_ema/transformer").state_dict()
+    fresh = WanTransformer3DModel(**tiny_transformer_config("t2v"))
+    load_causvid_checkpoint(fresh, run / "lora_ema/e2v_causvid.pt")
+    for name, value in exported.items():
+        torch.testing.assert_close(value.float(), ema[name], rtol=1e-2, atol=1e-2)  # bf16 where the export rounds
+        assert torch.equal(fresh.state_dict()[name], value.to(fresh.state_dict()[name].dtype)), name
+    assert f"EMA weights: {run / 'lora_ema'}" in proc.stdout + proc.stderr
 
 
 def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_zero2, clips, tmp_path_factory):

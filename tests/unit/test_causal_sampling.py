@@ -2,7 +2,8 @@
 rule, restated here without the KV cache: for block b, at each listed t, the x0 estimate of the
 block is what ONE masked full forward over [the finished earlier blocks at t = 0, block b at t]
 predicts for block b's frames (x0 = x_t - sigma v, sigma the training grid's nearest point);
-between listed timesteps the estimate is re-noised with fresh noise. The cached rollout must give
+between listed timesteps the estimate is re-noised with fresh noise (or, causal.renoise: predicted,
+with the flow's own noise estimate: DDIM). The cached rollout must give
 the same latents (fp32, 1e-5), with and without guidance (each pass its own cache), also with the
 first frame alone; a causal config samples through `generate`; a later block's noise never moves
 an earlier block."""
@@ -24,7 +25,7 @@ def blocks_of(frames: int, k: int, first_alone: bool) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def full_forward_rollout(model, text, negative, cond, clip, noise, k, first_alone, guidance, generator):
+def full_forward_rollout(model, text, negative, cond, clip, noise, k, first_alone, guidance, generator, renoise):
     """The rule without a cache: every prediction is one full forward over the prefix, with the
     block-causal mask (the model's) and a timestep per frame on diffusers' per-token path."""
     b, _, frames, h, w = noise.shape
@@ -46,7 +47,7 @@ def full_forward_rollout(model, text, negative, cond, clip, noise, k, first_alon
             if guidance > 1:
                 v_u = v_of(negative)
                 v = v_u + guidance * (v - v_u)
-            x0, x = rollout_step(x, v, i, generator)
+            x0, x = rollout_step(x, v, i, generator, renoise)
         done.append(x0)
     return torch.cat(done, 2)
 
@@ -57,8 +58,9 @@ def tiny_i2v(k, first_alone):
     return enable_causal(model, k, first_alone, "blocks")
 
 
-@pytest.mark.parametrize("k, first_alone, frames, guidance", [(2, True, 5, 1.0), (1, False, 3, 3.0), (3, False, 6, 1.0)])
-def test_the_cached_rollout_equals_masked_full_forwards(k, first_alone, frames, guidance):
+@pytest.mark.parametrize("k, first_alone, frames, guidance, renoise", [
+    (2, True, 5, 1.0, "fresh"), (1, False, 3, 3.0, "fresh"), (3, False, 6, 1.0, "fresh"), (2, False, 4, 3.0, "predicted")])
+def test_the_cached_rollout_equals_masked_full_forwards(k, first_alone, frames, guidance, renoise):
     model = tiny_i2v(k, first_alone)
     with seeded(1):
         noise = torch.randn(1, 16, frames, 4, 4)
@@ -66,12 +68,12 @@ def test_the_cached_rollout_equals_masked_full_forwards(k, first_alone, frames, 
         text, negative = torch.randn(1, 512, 32), torch.randn(1, 512, 32)
         clip = torch.randn(1, 17, 32)
     c = Conditions(latents_BCTHW=torch.zeros_like(noise), text_BLD=text, cond_BCTHW=cond, clip_BLD=clip)
-    rollout = CausalRollout(k, first_alone, "blocks", STEPS, SHIFT)
+    rollout = CausalRollout(k, first_alone, "blocks", STEPS, SHIFT, renoise)
     seen = []
     cached = denoise(model, c, negative, noise, num_steps=0, guidance_scale=guidance, shift=0.0, rollout=rollout,
                      generator=torch.Generator().manual_seed(3), on_step=lambda i, t, v: seen.append(t))
     expected = full_forward_rollout(model, text, negative, cond, clip, noise, k, first_alone, guidance,
-                                    torch.Generator().manual_seed(3))
+                                    torch.Generator().manual_seed(3), renoise)
     assert seen == list(STEPS) * len(blocks_of(frames, k, first_alone))
     torch.testing.assert_close(cached, expected, atol=1e-5, rtol=1e-5)
 
@@ -109,6 +111,7 @@ def test_the_rollout_of_a_config():
     # CausVid's warp at shift 8: the grid's timestep 1000 - t places from its noisy end
     assert [round(t, 1) for t in warped.timesteps] == [1000.0, round(1000 * grid_sigma(960.0), 1),
                                                        round(1000 * grid_sigma(888.9), 1), round(1000 * grid_sigma(727.3), 1)]
+    assert causal_rollout(causal_config(**{"causal.renoise": "predicted"})).renoise == "predicted"
     cfg.task = "bidirectional"
     assert causal_rollout(cfg) is None
 
