@@ -63,8 +63,8 @@ def import_stages() -> None:
     from e2v.runtime.threads import set_rank_threads
     from e2v.train import checkpoint as ckpt, export, loop, outputs, resume as resuming
     from e2v.train.comfy import check_comfy_mappable, lora_module_names
-    from e2v.train.ema import WeightEMA
     from e2v.train.ds_config import adam_choice, optimizer_preflight, resolve_deepspeed_config
+    from e2v.train.ema import WeightEMA
     from e2v.train.engine import initialize_engine, prepare_for_training, seed_process, step_rngs, training_dtype
     from e2v.train.flops import FlopCounter, device_peak_tflops
     from e2v.train.guard import NonFiniteGuard

@@ -5,6 +5,7 @@ Through the launcher (resume, lora_ema/): tests/launch/test_causal_runs.py."""
 
 import pytest
 import torch
+from helpers import ROOT
 
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
@@ -91,3 +92,39 @@ def test_self_forcings_keys_load_and_zero3_is_refused(tmp_path, monkeypatch):
     assert "use ds_configs/zero2.json" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"train.ema_weight=1.0 must be within \[0, 1\)"):
         load_config(tmp_path / "seed.yaml", ["train.ema_weight=1.0"])
+
+
+def test_validation_runs_with_the_average_and_gives_the_weights_back(demo_data, tiny_parts, tmp_path):
+    """Oracle: the same Validator on a model whose weights were set to the average by hand."""
+    import copy
+
+    from e2v.data.dataset import index_samples
+    from e2v.eval.validation import Validator, split_held_out
+
+    cfg = load_config(ROOT / "configs/e2v_tiny.yaml", [f"data.datasets.0.data_root={demo_data}", f"output_dir={tmp_path}",
+                                                       "validation.every_n_steps=2", "validation.num_samples=2",
+                                                       "validation.num_videos=0", "validation.subject_colour=null",
+                                                       "cache.enabled=false"])
+    _, held = split_held_out(index_samples(cfg, verbose=False), cfg)
+    model = copy.deepcopy(tiny_parts.transformer).float()
+    for p in model.parameters():
+        p.requires_grad_(p.dim() > 1)  # some trained, some frozen
+    ema = WeightEMA(model, 0.5)
+    ema.update(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    by_hand = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in by_hand.named_parameters():
+            if n in ema.shadow:
+                p.copy_(ema.shadow[n])
+
+    def validate(m, average=None):
+        return Validator(cfg, held, tiny_parts, tmp_path, rank=0, device="cpu", dtype=torch.float32,
+                         ema=average).maybe_run(m, 2)
+
+    averaged = validate(model, ema)
+    assert averaged and averaged == validate(by_hand) and averaged != validate(model)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
