@@ -6,6 +6,7 @@ Through the launcher (resume, lora_ema/): tests/launch/test_causal_runs.py."""
 import pytest
 import torch
 from helpers import ROOT
+from safetensors.torch import load_file
 
 from e2v.config.load import load_config
 from e2v.config.schema import ConfigError
@@ -128,3 +129,35 @@ def test_validation_runs_with_the_average_and_gives_the_weights_back(demo_data, 
     averaged = validate(model, ema)
     assert averaged and averaged == validate(by_hand) and averaged != validate(model)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_a_lora_runs_average_exports_the_files_of_a_model_holding_it(tmp_path):
+    """lora_ema/ of a LoRA run (LoRA plus modules trained in full, e2v_tiny_lora): export_state from
+    the average's names gives, file for file, what the end-of-run export writes from a model whose
+    trained weights are the average."""
+    from e2v.models.tiny import build_tiny_parts
+    from e2v.models.trainable import setup_training
+    from e2v.train.checkpoint import export_state
+    from e2v.train.export import export_lora, export_meta, save_base_modules
+
+    cfg = load_config(ROOT / "configs/e2v_tiny_lora.yaml", check_paths=False)
+    model = build_tiny_parts(seed=0, with_encoders=False).transformer
+    full_names = setup_training(model, cfg, expanded=False)
+    save_base_modules(model, full_names, tmp_path)
+    ema = WeightEMA(model, 0.5)
+    torch.manual_seed(0)
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in ema.params.values():
+                p.add_(0.01 * torch.randn_like(p))
+        ema.update(step)
+    assert any("lora_" in n for n in ema.shadow) and any("lora_" not in n for n in ema.shadow)
+    export_state(ema.shadow, export_meta(model), tmp_path / "lora_ema", tmp_path)
+    with ema.applied():
+        export_lora(model, tmp_path / "live", full_names)
+    written = sorted(f.name for f in (tmp_path / "live").iterdir())
+    assert written == sorted(f.name for f in (tmp_path / "lora_ema").iterdir()) and len(written) >= 4, written
+    for name in written:
+        if name.endswith(".safetensors"):
+            a, b = load_file(str(tmp_path / "live" / name)), load_file(str(tmp_path / "lora_ema" / name))
+            assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
