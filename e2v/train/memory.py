@@ -260,6 +260,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
     val = validation_bytes(cfg, s, ctx, counts, e, u * r)
     host_fp8, in_flight = fp8_on_host(cfg, counts)
     dequant = dequant_bytes(counts, e)
+    ema = 4 * counts.trainable if cfg.train.ema_weight > 0 else 0  # train.ema_weight: fp32 on every rank's host
     rows = []
     for ds_name in SHIPPED[:2] if counts.fp8 else SHIPPED:
         st = model_states(counts, ds_name, gpus, nodes, weight_bytes=e, optimizer=cfg.deepspeed.optimizer)
@@ -275,7 +276,7 @@ def estimate(cfg: Config, gpus: int, gpu_mem_gb: float, nodes: int = 1, counts: 
                              params_gb=params / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
                              activations_gb=act_gpu / GB, buffers_gb=buffers / GB, encoders_gb=encoders / GB,
                              gpu_total_gb=gpu / GB, validation_gb=validation / GB,
-                             cpu_per_node_gb=(st["cpu"] + act_cpu * gpus + host_fp8 * gpus) / GB,
+                             cpu_per_node_gb=(st["cpu"] + (act_cpu + host_fp8 + ema) * gpus) / GB,
                              pcie_per_step_gb=pcie_bytes(host_fp8, ckpt, act_cpu, counts, ds_name, e) / GB,
                              fits=max(gpu, validation) <= gpu_mem_gb * GB))
     configured = next(r for r in rows if r["ds_config"] == Path(cfg.deepspeed.config).name
