@@ -12,7 +12,7 @@ score: for each noise seed, the trained run samples "a <name> shape moves across
 colour name, `--per-colour` times (4: 24 videos a seed, so a seed's figure moves in steps of 1/24, not
 1/6), block by block in its few steps (e2v.eval.sampling.generate: CausVid's rollout, with the run's
 validation.guidance_scale: classifier-free guidance against the empty prompt, which caption dropout
-trains; 1 is none, CausVid's own setting),
+trains; 1 is none, CausVid's own setting; and its causal.renoise between the steps),
 the subject's colour is read off the video (e2v.eval.fidelity.subject_colour: the blocks departing most
 from each place's median over the frames), and it is a hit when that colour is nearer the mean colour
 of the training subjects of the prompted name than of any other name. Chance is 1/6. The same rule on
@@ -164,7 +164,8 @@ def score(run: Path, seeds: list[int], lora: Path | None = None, overrides: list
                       tint_hits(floor, owners, tints))
     ceiling = hits(clips, clip_owners, candidates)
     clip_blocks = block_hits(clips, clip_owners, candidates, cfg)
-    print(f"guidance {cfg.validation.guidance_scale:g}, listed timesteps {cfg.flow.denoising_step_list}, "
+    print(f"guidance {cfg.validation.guidance_scale:g}, renoise {cfg.causal.renoise}, listed timesteps "
+          f"{cfg.flow.denoising_step_list}, "
           f"{per_colour} video(s) of each of the {len(COLOURS)} names per seed")
     print("      the subject in the prompted colour (chance 1/6 = 0.17)       the mean colour nearest the name's clips'")
     print("seed  trained  untrained  first block  last block  kept          trained  untrained")
