@@ -88,10 +88,11 @@ def test_a_resume_continues_with_the_uninterrupted_losses(full_zero2, clips):
         torch.testing.assert_close(ema_again[name], value, rtol=1e-6, atol=1e-7)
 
 
-def test_the_ema_is_the_average_of_the_steps_weights_and_exports_as_lora_ema(full_zero2):
+def test_the_ema_is_the_average_of_the_steps_weights_and_exports_as_lora_ema(full_zero2, tmp_path):
     """Oracle: the checkpoints' trained weights after steps 2, 3 and 4 (DeepSpeed's zero_to_fp32);
     with weight 0.5 from step 2 the average is 0.25 W2 + 0.25 W3 + 0.5 W4. lora_ema/ holds it in the
-    export's dtypes, and its CausVid file the same weights."""
+    export's dtypes, and its CausVid file the same weights; the offline export of the last
+    checkpoint with --ema writes the same transformer."""
     from diffusers import WanTransformer3DModel
     from safetensors.torch import load_file
 
@@ -113,6 +114,11 @@ def test_the_ema_is_the_average_of_the_steps_weights_and_exports_as_lora_ema(ful
         torch.testing.assert_close(value.float(), ema[name], rtol=1e-2, atol=1e-2)  # bf16 where the export rounds
         assert torch.equal(fresh.state_dict()[name], value.to(fresh.state_dict()[name].dtype)), name
     assert f"EMA weights: {run / 'lora_ema'}" in proc.stdout + proc.stderr
+    from e2v.train.checkpoint import export_checkpoint
+
+    export_checkpoint(run / "checkpoints/step_000004", tmp_path / "offline", ema=True)
+    offline = WanTransformer3DModel.from_pretrained(tmp_path / "offline/transformer").state_dict()
+    assert sorted(offline) == sorted(exported) and all(torch.equal(offline[n], exported[n]) for n in exported)
 
 
 def test_a_lora_trains_under_zero3_in_two_processes_from_a_generator_ckpt(full_zero2, clips, tmp_path_factory):

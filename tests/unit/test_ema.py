@@ -161,3 +161,11 @@ def test_a_lora_runs_average_exports_the_files_of_a_model_holding_it(tmp_path):
         if name.endswith(".safetensors"):
             a, b = load_file(str(tmp_path / "live" / name)), load_file(str(tmp_path / "lora_ema" / name))
             assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_exporting_the_average_of_a_checkpoint_without_one_names_the_file(tmp_path):
+    from e2v.train.checkpoint import ema_state
+
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'ema.safetensors'} is missing: the checkpoint holds "
+                                                "no EMA weights .*export without --ema"):
+        ema_state(tmp_path)
