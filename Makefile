@@ -147,7 +147,7 @@ demo-r2v: demo-data
 
 # The causal task's CPU demo (configs/causal_tiny.yaml; docs/causal.md, "The demo"): the demo's clips
 # with prompts naming the subject's colour, a tiny block-causal T2V trained by CausVid's regression,
-# then its three-step block-by-block samples scored on the named colour at 3 noise seeds (~35 min on 2 cores;
+# then its five-step block-by-block samples scored on the named colour at 3 noise seeds (~35 min on 2 cores;
 # OMP_NUM_THREADS=1 on a machine shared with other jobs).
 DEMO_CAUSAL ?= demo_causal
 .PHONY: demo-causal
