@@ -13,8 +13,9 @@ the modules diffusers keeps in fp32; save_pretrained). A causal run (task: causa
 e2v_causvid.pt, the whole transformer in CausVid's generator layout (a LoRA run's LoRA fused into
 the base its run folder's config.yaml loads). Works for any ZeRO stage (DeepSpeed's
 zero_to_fp32). `--ema`: the same files from the checkpoint's EMA weights (ema.safetensors, a run
-with train.ema_weight; what the run writes as lora_ema/). The checkpoint's files must match the sizes and SHA-256 in its COMPLETE manifest,
-and are read as data only (a file that would run code is refused).
+with train.ema_weight; what the run writes as lora_ema/). The checkpoint's files must match the
+sizes and SHA-256 in its COMPLETE manifest, and are read as data only (a file that would run code
+is refused).
 """
 
 from __future__ import annotations

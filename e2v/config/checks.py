@@ -147,11 +147,16 @@ def validate(cfg: Config, base_dir: Path = Path("."), check_paths: bool = True) 
     zero_stage = json.loads(ds_path.read_text()).get("zero_optimization", {}).get("stage", 0)
     _validate_fp8_base(cfg, zero_stage)
     _validate_generator_ckpt(cfg, zero_stage)
+    _validate_ema(cfg, zero_stage)
+    _validate_speed(cfg)
+
+
+def _validate_ema(cfg: Config, zero_stage: int) -> None:
+    """train.ema_weight averages whole parameters on every rank (e2v/train/ema.py), which ZeRO-3 partitions."""
     if cfg.train.ema_weight > 0 and zero_stage == 3:
         raise ConfigError(f"train.ema_weight averages whole weights on every rank, but {cfg.deepspeed.config} "
                           "(ZeRO-3) partitions them: use ds_configs/zero2.json (or zero2_offload.json), or set "
                           "train.ema_weight: 0")
-    _validate_speed(cfg)
 
 
 def _validate_generator_ckpt(cfg: Config, zero_stage: int) -> None:

@@ -5,7 +5,7 @@ Legend: F frames, H/W height/width, C=3 channels. Videos leave this module as ui
 (the per-sample slice of the diffusers [B,C,F,H,W] layout; pixels in [-1, 1] are made on the
 device, e2v/runtime/device.py), images as float32 image_CHW in [-1, 1].
 
-About 560 lines, one concern: every read of a pixel goes through here (the loader, the start-up
+About 570 lines, one concern: every read of a pixel goes through here (the loader, the start-up
 check, the validator, the cache, OpenS2V's frame ranges and crops), so the frame-index and
 resize arithmetic that must agree across them has one home.
 """

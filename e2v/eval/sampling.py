@@ -20,8 +20,8 @@ A causal run (`task: causal`, e2v/models/causal.py) samples as CausVid does inst
 (`flow.denoising_step_list` without its trailing 0, warped as trained), each block from its own
 noise; at each listed t the model (the block's tokens, the earlier blocks' keys and values from
 the KV cache) predicts x0 = x_t - sigma v, which is re-noised to the next t with fresh noise (not
-an Euler step; `causal.renoise: predicted`: with the noise the prediction implies, a DDIM step); the finished block then runs once at t = 0 to write its clean keys and values into
-the cache. Guidance runs every pass with a cache of its own. With references in the clean_prefix
+an Euler step; `causal.renoise: predicted`: with the noise the prediction implies, a DDIM step);
+the finished block then runs once at t = 0 to write its clean keys and values into the cache. Guidance runs every pass with a cache of its own. With references in the clean_prefix
 layout (docs/causal.md, "Elements to video") their block 0 is written into each cache first, at
 t = 0, and every video block attends to it. The whole latent video is decoded at the end, by the
 caller.

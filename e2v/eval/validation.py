@@ -51,16 +51,12 @@ Wan2.2's two experts (e2v/config/experts.py): each sigma is scored by its expert
 expert scores only that expert's sigmas, and its videos take the other expert's base weights for
 the other timesteps, switched at the boundary as diffusers' pipeline switches.
 
-Length (about 560 lines): one Validator whose parts share the held-out conditions, the noise and
-the generated videos of one validation (losses, reference gaps, videos, their sheet and fidelity);
-the pieces other modules can own already live there (sampling.py, fidelity.py, viz.py,
-models.load's visits).
+Length (about 570 lines): one Validator whose parts share the held-out conditions, the noise and
+the generated videos of one validation (losses, reference gaps and their pairing rule, videos, their
+sheet and fidelity); the pieces other modules can own already live there (sampling.py, fidelity.py,
+viz.py, models.load's visits). Next to split when it grows: the video half.
 
 Legend: B batch, C channels, T latent frames, h/w latent size, L tokens, D width.
-
-Length (about 560 lines): one Validator, whose losses, pairing rule (a sample's partner within its
-bucket) and videos read the same held-out conditions; the fidelity measures and the sampler live
-in e2v/eval/fidelity.py and e2v/eval/sampling.py. Next to split when it grows: the video half.
 """
 
 from __future__ import annotations

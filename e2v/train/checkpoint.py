@@ -18,7 +18,7 @@ Exact resume: DeepSpeed's client_state is written by rank 0 only, so each rank's
 into their own `rng_rank_NNNN.safetensors`; the data order is the sampler offset (`samples_seen`).
 Nothing is unpickled beyond data: see e2v/runtime/integrity.py.
 
-Length (about 470 lines): saving and resuming are one concern (what a save writes is what resume
+Length (about 500 lines): saving and resuming are one concern (what a save writes is what resume
 reads); the export writers it calls live in e2v/train/export.py.
 """
 
@@ -48,7 +48,7 @@ from e2v.runtime.integrity import (
     weights_only_zero_to_fp32,
 )
 from e2v.runtime.log import get_logger
-from e2v.train.ema import EMA_FILE
+from e2v.train.ema import EMA_FILE, read_ema
 from e2v.train.export import (
     BASE_FILE,
     FULL_DIR,
@@ -471,13 +471,11 @@ def export_state(state: dict, meta: dict, out_dir: Path, run_dir: Path, *base_fi
 
 def ema_state(path: Path) -> dict:
     """A checkpoint's EMA weights (fp32, module names), an error naming the file when it has none."""
-    from safetensors.torch import load_file
-
-    file = Path(path) / EMA_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: the checkpoint holds no EMA weights (its run had train.ema_weight "
-                                "0, or saved before train.ema_start_step); export without --ema")
-    return {n: t.float() for n, t in load_file(str(file)).items()}
+    state = read_ema(Path(path) / EMA_FILE)
+    if state is None:
+        raise FileNotFoundError(f"{Path(path) / EMA_FILE} is missing: the checkpoint holds no EMA weights (its run had "
+                                "train.ema_weight 0, or saved before train.ema_start_step); export without --ema")
+    return state
 
 
 def run_base(run_dir: Path) -> dict:

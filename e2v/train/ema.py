@@ -25,6 +25,13 @@ import torch
 EMA_FILE = "ema.safetensors"
 
 
+def read_ema(path: Path) -> dict[str, torch.Tensor] | None:
+    """A checkpoint's EMA_FILE as fp32 tensors by parameter name; None when there is none."""
+    from safetensors.torch import load_file
+
+    return {n: t.float() for n, t in load_file(str(path)).items()} if Path(path).is_file() else None
+
+
 class WeightEMA:
     """The average of the trained parameters of `module` (those with requires_grad), by name."""
 
@@ -56,7 +63,7 @@ class WeightEMA:
         if not self.shadow:
             yield
             return
-        saved = {n: p.detach().clone() for n, p in self.params.items()}
+        saved = {n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}  # no second copy on the GPU
         try:
             with torch.no_grad():
                 for n, p in self.params.items():
@@ -79,14 +86,12 @@ class WeightEMA:
         """Read a checkpoint's average; False when it has none (saved before ema_start_step, or by a
         run without an EMA: the average starts again at the next step that reaches ema_start_step).
         A file whose names differ from the trained parameters' is an error naming it."""
-        from safetensors.torch import load_file
-
-        if not Path(path).is_file():
+        shadow = read_ema(path)
+        if shadow is None:
             return False
-        shadow = load_file(str(path))
         if set(shadow) != set(self.params):
             missing, extra = sorted(set(self.params) - set(shadow)), sorted(set(shadow) - set(self.params))
             raise RuntimeError(f"{path} does not fit this run's trained parameters (missing {missing[:3]}, unexpected "
                                f"{extra[:3]}): resume with the config it was saved with (lora, train.trainable)")
-        self.shadow = {n: t.float() for n, t in shadow.items()}
+        self.shadow = shadow
         return True

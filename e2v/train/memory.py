@@ -70,7 +70,7 @@ tensor's memory goes back to the OS, which e2v's processes arrange at start (e2v
 glibc's default malloc a process keeps the high-water mark of what it once held (the 1.3B ZeRO-3
 smoke peaked at 1.39x this estimate that way).
 
-Length (about 480 lines): one model, read top to bottom: what the transformer holds (count_model),
+Length (about 500 lines): one model, read top to bottom: what the transformer holds (count_model),
 what its states take per ZeRO stage, what activations and validation add, the host's share, and the
 plans that fit; each term is used by the next, and the GPU check compares its peaks with the same
 functions, so splitting it would scatter one formula's parts.
